@@ -1,0 +1,38 @@
+"""twinserve: serve one model in the sync and the async architecture, measure both, and choose."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from twinserve.config import Config, load_config
+from twinserve.errors import (
+    ClientError,
+    ModelFailed,
+    ModelNotFound,
+    ServerError,
+    TwinserveError,
+    ValidationFailed,
+)
+from twinserve.model import Model, import_model
+
+__all__ = [
+    "ClientError",
+    "Config",
+    "Model",
+    "ModelFailed",
+    "ModelNotFound",
+    "ServerError",
+    "TwinserveError",
+    "ValidationFailed",
+    "__version__",
+    "import_model",
+    "load_config",
+    "serve",
+]
+
+
+def serve(config: Config) -> None:
+    """Serve `config.models` in `config.arch` (blocks until the server stops)."""
+    from twinserve.servers import serve as _serve
+
+    _serve(config)

@@ -1,0 +1,5 @@
+import sys
+
+from twinserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""One exception hierarchy; each error carries the HTTP status it maps to.
+
+    TwinserveError                      500 internal
+    ├── ConfigError                     (start-up only; never reaches a client)
+    ├── ModelImportError                (start-up only; never reaches a client)
+    ├── ClientError                     4xx
+    │   ├── MalformedRequest            400 malformed_json / bad_request
+    │   ├── NotFound                    404 not_found
+    │   │   └── ModelNotFound           404 model_not_found
+    │   ├── MethodNotAllowed            405 method_not_allowed
+    │   ├── PayloadTooLarge             413 payload_too_large
+    │   ├── UnsupportedMediaType        415 unsupported_media_type
+    │   └── ValidationFailed            422 validation_failed
+    └── ServerError                     5xx
+        ├── ModelFailed                 500 model_error
+        ├── OutputMismatch              500 output_mismatch
+        └── ModelNotReady               503 model_not_ready
+
+Fronts never choose a status themselves: they raise (or catch) one of these and render it with
+`error_payload`, so every architecture answers the same status and body for the same fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ClientError",
+    "ConfigError",
+    "MalformedRequest",
+    "MethodNotAllowed",
+    "ModelFailed",
+    "ModelImportError",
+    "ModelNotFound",
+    "ModelNotReady",
+    "NotFound",
+    "OutputMismatch",
+    "PayloadTooLarge",
+    "ServerError",
+    "TwinserveError",
+    "UnsupportedMediaType",
+    "ValidationFailed",
+    "error_payload",
+]
+
+
+class TwinserveError(Exception):
+    """Base of every error twinserve raises on purpose."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+    headers: dict[str, str]
+
+    def __init__(self, message: str, *, details: Any = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+
+class ConfigError(TwinserveError):
+    """An invalid setting, reported in one line before any port is bound."""
+
+    code = "config"
+
+
+class ModelImportError(TwinserveError):
+    """MODEL could not be imported or is not a model class."""
+
+    code = "model_import"
+
+
+class ClientError(TwinserveError):
+    status = 400
+    code = "bad_request"
+
+
+class MalformedRequest(ClientError):
+    status = 400
+    code = "malformed_json"
+
+
+class NotFound(ClientError):
+    status = 404
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(ClientError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(ClientError):
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(ClientError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class ValidationFailed(ClientError):
+    status = 422
+    code = "validation_failed"
+
+
+class ServerError(TwinserveError):
+    status = 500
+    code = "internal"
+
+
+class ModelFailed(ServerError):
+    """The model's own code raised."""
+
+    code = "model_error"
+
+
+class OutputMismatch(ServerError):
+    """`predict` returned a different number of outputs than it was given inputs."""
+
+    code = "output_mismatch"
+
+
+class ModelNotReady(ServerError):
+    status = 503
+    code = "model_not_ready"
+
+
+def error_payload(error: TwinserveError, request_id: str) -> dict[str, Any]:
+    """The JSON body of an error response: `{"error": {"code", "message", "request_id"[, "details"]}}`."""
+    body: dict[str, Any] = {"code": error.code, "message": error.message, "request_id": request_id}
+    if error.details is not None:
+        body["details"] = error.details
+    return {"error": body}

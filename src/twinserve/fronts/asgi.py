@@ -1,0 +1,156 @@
+"""The async front: a FastAPI app; one event loop serves every connection, model work is awaited (S9, S10).
+
+The routes are plain Starlette endpoints over the shared `Service`: FastAPI's per-request dependency and
+validation machinery would only duplicate what the codec already does in one pass. FastAPI still provides
+`/docs`, fed by an OpenAPI document built from the route table and each model's own schemas.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from fastapi import FastAPI
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from twinserve import __version__
+from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.fronts.contract import (
+    JSON,
+    MODEL_NAME_PATTERN,
+    REQUEST_ID_HEADER,
+    ROUTES,
+    Reply,
+    Service,
+    error_reply,
+    request_id_from,
+)
+from twinserve.fronts.openapi import openapi_document
+
+__all__ = ["create_asgi_app"]
+
+logger = logging.getLogger("twinserve.asgi")
+
+
+class _ModelNameConvertor(Convertor[str]):
+    regex = MODEL_NAME_PATTERN
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("model", _ModelNameConvertor())
+
+
+def _respond(reply: Reply, request_id: str) -> Response:
+    headers = {REQUEST_ID_HEADER: request_id}
+    if reply.headers:
+        headers.update(reply.headers)
+    return Response(reply.body, status_code=reply.status, headers=headers, media_type=JSON)
+
+
+async def _read_body(request: Request, service: Service) -> bytes:
+    """The request body, refusing (413) as soon as it grows past the limit, chunked or not."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > service.max_body_bytes:
+            raise service.too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _content_length(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    return int(value) if value and value.isdigit() else None
+
+
+Endpoint = Callable[[Request], Awaitable[Reply]]
+
+
+def create_asgi_app(service: Service) -> FastAPI:
+    """A FastAPI app serving the shared route table over `service`; models load in its lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for runtime in service.runtimes.values():
+            await runtime.aload()
+        yield
+        for runtime in service.runtimes.values():
+            runtime.close()
+
+    app = FastAPI(title="twinserve", version=__version__, lifespan=lifespan, redoc_url=None)
+
+    async def predict(request: Request) -> Reply:
+        runtime = service.admit(
+            request.path_params["model"], request.headers.get("content-type"), _content_length(request)
+        )
+        instances = runtime.codec.decode(await _read_body(request, service))
+        outputs = await runtime.apredict(instances)
+        return Reply(200, runtime.codec.encode(outputs, len(instances)))
+
+    async def list_models(request: Request) -> Reply:
+        return service.list_models()
+
+    async def model_metadata(request: Request) -> Reply:
+        return service.model_metadata(request.path_params["model"])
+
+    async def live(request: Request) -> Reply:
+        return service.live()
+
+    async def ready(request: Request) -> Reply:
+        return service.ready()
+
+    endpoints: dict[str, Endpoint] = {
+        "list_models": list_models,
+        "model_metadata": model_metadata,
+        "predict": predict,
+        "live": live,
+        "ready": ready,
+    }
+    for route in ROUTES:
+        path = route.path.replace("{model}", "{model:model}")
+        app.router.add_route(path, _handled(endpoints[route.name]), methods=[route.method], name=route.name)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        error: TwinserveError
+        if exc.status_code == 404:
+            error = NotFound(f"no route for {request.method} {request.url.path}")
+        elif exc.status_code == 405:
+            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+            error.headers.update(exc.headers or {})
+        else:
+            error = ClientError(str(exc.detail))
+            error.status = exc.status_code  # type: ignore[misc]
+        return _respond(error_reply(error, request_id), request_id)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.openapi = lambda: openapi_document(service, app.title, app.version)  # type: ignore[method-assign]
+    return app
+
+
+def _handled(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap an endpoint: request id in and out, every error rendered by the shared contract."""
+
+    async def handle(request: Request) -> Response:
+        request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        try:
+            reply = await endpoint(request)
+        except TwinserveError as exc:
+            reply = error_reply(exc, request_id)
+        except Exception as exc:
+            logger.exception("unhandled error on %s %s", request.method, request.url.path)
+            reply = error_reply(TwinserveError(f"internal error: {type(exc).__name__}"), request_id)
+        return _respond(reply, request_id)
+
+    handle.__name__ = endpoint.__name__
+    return handle

@@ -1,0 +1,128 @@
+"""The HTTP contract both fronts serve: one route table, one set of handlers, one error rendering.
+
+Everything here is framework-free. A front maps each `Route` onto its framework, turns the request into the
+arguments below, and differs from the other front only in how it waits for `ModelRuntime.predict`.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from twinserve.core.runtime import ModelRuntime
+from twinserve.errors import (
+    ModelNotFound,
+    ModelNotReady,
+    PayloadTooLarge,
+    TwinserveError,
+    UnsupportedMediaType,
+    error_payload,
+)
+from twinserve.protocol.v1 import dumps
+
+__all__ = [
+    "JSON",
+    "REQUEST_ID_HEADER",
+    "ROUTES",
+    "Reply",
+    "Route",
+    "Service",
+    "error_reply",
+    "request_id_from",
+]
+
+JSON = "application/json"
+REQUEST_ID_HEADER = "X-Request-ID"
+#: Model names never contain '/' or ':' so that `/v1/models/{model}:predict` is unambiguous.
+MODEL_NAME_PATTERN = r"[^/:]+"
+
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint: the handler name on `Service` (or the front, for `predict`), method and path template."""
+
+    name: str
+    method: str
+    path: str  # `{model}` marks the model-name segment
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("list_models", "GET", "/v1/models"),
+    Route("model_metadata", "GET", "/v1/models/{model}"),
+    Route("predict", "POST", "/v1/models/{model}:predict"),
+    Route("live", "GET", "/v2/health/live"),
+    Route("ready", "GET", "/v2/health/ready"),
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A complete response: status, JSON body bytes, extra headers."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] | None = None
+
+
+def request_id_from(header: str | None) -> str:
+    """Echo a client's request id when it is safe to put in headers and logs, else make one."""
+    if header and _CLIENT_ID.match(header):
+        return header
+    return uuid.uuid4().hex
+
+
+def error_reply(error: TwinserveError, request_id: str) -> Reply:
+    return Reply(error.status, dumps(error_payload(error, request_id)), error.headers or None)
+
+
+class Service:
+    """The transport-free handlers behind every route, over the models this process serves."""
+
+    def __init__(self, runtimes: Mapping[str, ModelRuntime], max_body_bytes: int) -> None:
+        self.runtimes = dict(runtimes)
+        self.max_body_bytes = max_body_bytes
+
+    # -- metadata and health -----------------------------------------------------------------------------
+    def list_models(self) -> Reply:
+        return Reply(200, dumps({"models": [r.summary() for r in self.runtimes.values()]}))
+
+    def model_metadata(self, model: str) -> Reply:
+        return Reply(200, dumps(self.runtime(model).metadata()))
+
+    def live(self) -> Reply:
+        return Reply(200, b'{"live":true}')
+
+    def ready(self) -> Reply:
+        not_ready = [name for name, r in self.runtimes.items() if not r.ready]
+        if not_ready:
+            return Reply(503, dumps({"ready": False, "loading": not_ready}))
+        return Reply(200, b'{"ready":true}')
+
+    # -- predict, in the steps each front calls around its own way of waiting --------------------------------
+    def runtime(self, model: str) -> ModelRuntime:
+        runtime = self.runtimes.get(model)
+        if runtime is None:
+            raise ModelNotFound(f"model {model!r} is not served here; GET /v1/models lists the served models")
+        return runtime
+
+    def admit(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
+        """Checks that need only the request line and headers, done before the body is read."""
+        runtime = self.runtime(model)
+        if content_type:
+            media_type = content_type.split(";", 1)[0].strip().lower()
+            if not _JSON_TYPE.match(media_type):
+                raise UnsupportedMediaType(f"Content-Type must be {JSON}, got {media_type!r}")
+        if content_length is not None and content_length > self.max_body_bytes:
+            raise self.too_large()
+        if not runtime.ready:
+            raise ModelNotReady(f"model {model!r} is still loading", headers={"Retry-After": "1"})
+        return runtime
+
+    def too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")

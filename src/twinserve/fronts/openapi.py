@@ -1,0 +1,102 @@
+"""An OpenAPI 3.1 document for the shared route table, with each served model's real request schema.
+
+Each model gets its own concrete predict path (`/v1/models/iris:predict`) so `/docs` shows the exact instance
+schema and a ready-to-send example body for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinserve.fronts.contract import JSON, ROUTES, Service
+from twinserve.protocol.v1 import json_default
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/{model}"
+
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "request_id": {"type": "string"},
+                "details": {},
+            },
+            "required": ["code", "message", "request_id"],
+        }
+    },
+    "required": ["error"],
+}
+
+_ERRORS = {
+    "400": "Malformed JSON",
+    "404": "Unknown model",
+    "413": "Body too large",
+    "415": "Wrong content type",
+    "422": "Instance fails the model's schema",
+    "500": "The model raised or returned a wrong number of outputs",
+    "503": "Model still loading",
+}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    try:
+        return json_default(value)
+    except TypeError:
+        return value
+
+
+def openapi_document(service: Service, title: str, version: str) -> dict[str, Any]:
+    schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA}
+    error_responses = {code: _json({"$ref": _REF.format(model="Error")}, text) for code, text in _ERRORS.items()}
+    paths: dict[str, Any] = {}
+    for route in ROUTES:
+        if "{model}" in route.path:
+            continue
+        paths[route.path] = {route.method.lower(): {"operationId": route.name, "responses": {"200": _json({})}}}
+    for name, runtime in service.runtimes.items():
+        codec = runtime.codec
+        request_schema = codec.request_schema(_REF)
+        output_schema = codec.output_adapter.json_schema(mode="serialization", ref_template=_REF)
+        for part in (request_schema, output_schema):
+            schemas.update(part.pop("$defs", {}))
+        request_name = f"{name}_predict_request"
+        schemas[request_name] = request_schema
+        body: dict[str, Any] = {"schema": {"$ref": _REF.format(model=request_name)}}
+        examples = runtime.spec.examples()
+        if examples:
+            body["example"] = {"instances": _jsonable(examples)}
+        paths[f"/v1/models/{name}"] = {
+            "get": {"operationId": f"{name}_metadata", "responses": {"200": _json({}), **error_responses}}
+        }
+        paths[f"/v1/models/{name}:predict"] = {
+            "post": {
+                "operationId": f"{name}_predict",
+                "summary": f"Predict with {name!r}",
+                "requestBody": {"required": True, "content": {JSON: body}},
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "properties": {"predictions": {"type": "array", "items": output_schema}}}
+                    ),
+                    **error_responses,
+                },
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }

@@ -1,0 +1,122 @@
+"""The sync front: a Flask WSGI app; each request runs start to end in the thread that received it (S1, S3)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import BaseConverter
+
+from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.fronts.contract import (
+    JSON,
+    MODEL_NAME_PATTERN,
+    REQUEST_ID_HEADER,
+    ROUTES,
+    Reply,
+    Service,
+    error_reply,
+    request_id_from,
+)
+
+__all__ = ["create_wsgi_app"]
+
+logger = logging.getLogger("twinserve.wsgi")
+
+
+class _ModelNameConverter(BaseConverter):
+    regex = MODEL_NAME_PATTERN
+
+
+def _respond(reply: Reply) -> Response:
+    return Response(reply.body, status=reply.status, content_type=JSON, headers=reply.headers)
+
+
+def _translate(exc: HTTPException, service: Service) -> TwinserveError:
+    """Werkzeug's own routing and limit errors, in twinserve's vocabulary."""
+    if exc.code == 404:
+        return NotFound(f"no route for {request.method} {request.path}")
+    if exc.code == 405:
+        allowed = getattr(exc, "valid_methods", None) or []
+        error: TwinserveError = MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+        error.headers["Allow"] = ", ".join(allowed)
+        return error
+    if exc.code == 413:
+        return service.too_large()
+    error = ClientError(exc.description or exc.name)
+    error.status = exc.code or 400  # type: ignore[misc]
+    return error
+
+
+def _read_body(service: Service) -> bytes:
+    """The request body, refusing (413) one byte past the limit, chunked or not."""
+    if request.content_length is not None:  # already checked against the limit by Service.admit
+        return request.get_data(cache=False)
+    # Chunked: the server de-chunks wsgi.input and marks its end (wsgi.input_terminated).
+    body: bytes = request.environ["wsgi.input"].read(service.max_body_bytes + 1)
+    if len(body) > service.max_body_bytes:
+        raise service.too_large()
+    return body
+
+
+def create_wsgi_app(service: Service) -> Flask:
+    """A Flask app serving the shared route table over `service`."""
+    app = Flask("twinserve")
+    app.url_map.converters["model"] = _ModelNameConverter
+
+    def predict(model: str) -> Response:
+        runtime = service.admit(model, request.content_type, request.content_length)
+        instances = runtime.codec.decode(_read_body(service))
+        outputs = runtime.predict(instances)
+        return Response(runtime.codec.encode(outputs, len(instances)), status=200, content_type=JSON)
+
+    views: dict[str, Callable[..., Response]] = {
+        "list_models": lambda: _respond(service.list_models()),
+        "model_metadata": lambda model: _respond(service.model_metadata(model)),
+        "predict": predict,
+        "live": lambda: _respond(service.live()),
+        "ready": lambda: _respond(service.ready()),
+    }
+    for route in ROUTES:
+        rule = route.path.replace("{model}", "<model:model>")
+        app.add_url_rule(
+            rule,
+            endpoint=route.name,
+            view_func=views[route.name],
+            methods=[route.method],
+            provide_automatic_options=False,
+        )
+
+    @app.before_request
+    def _start() -> None:
+        g.request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+
+    @app.after_request
+    def _finish(response: Response) -> Response:
+        response.headers[REQUEST_ID_HEADER] = _request_id()
+        return response
+
+    @app.errorhandler(TwinserveError)
+    def _twinserve_error(exc: TwinserveError) -> Response:
+        return _respond(error_reply(exc, _request_id()))
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> Response:
+        return _respond(error_reply(_translate(exc, service), _request_id()))
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return _respond(error_reply(TwinserveError(f"internal error: {type(exc).__name__}"), _request_id()))
+
+    return app
+
+
+def _request_id() -> str:
+    rid: Any = g.get("request_id")
+    if rid is None:
+        rid = g.request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+    return str(rid)

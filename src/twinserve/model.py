@@ -1,0 +1,174 @@
+"""The public model contract, and how twinserve reads a model class.
+
+A model is any class with a batch-first `predict`; subclassing `Model` is optional and only adds defaults::
+
+    class Iris(twinserve.Model):
+        name = "iris"
+
+        def load(self) -> None:                       # or `async def`; once per process
+            self.clf = train()
+
+        def predict(self, batch: list[Features]) -> list[Label]:   # or `async def`
+            return [...]                              # exactly one output per input
+
+Optional hooks: `preprocess(instance)` (per instance, `def` or `async def`, for I/O such as fetching
+features) and `examples()` (a few valid instances). A model that has both a blocking and a coroutine version
+of a hook names the coroutine one with an `a` prefix (`apreprocess`, `apredict`); the async front prefers
+those, the sync front prefers the plain ones.
+
+Instance types come from the annotations: the parameter of `preprocess` if there is one, else the element
+type of `predict`'s `batch`. Pydantic models and plain JSON types both work; unannotated means "any JSON".
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from twinserve.errors import ModelImportError
+
+if TYPE_CHECKING:
+    from twinserve.config import Config
+
+__all__ = ["Hook", "Model", "ModelSpec", "import_model"]
+
+
+class Model:
+    """Optional base class for models; documents the contract and supplies defaults."""
+
+    #: Served name; defaults to the class name in lower case.
+    name: ClassVar[str | None] = None
+    #: Reported by `GET /v1/models/{name}`.
+    version: ClassVar[str] = "1"
+    #: Set by twinserve before `load()` is called.
+    config: Config
+
+    def load(self) -> None:
+        """Load weights, open pools. Called once per process, before the server reports ready."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        """Return one output per instance of `batch`, in order."""
+        raise NotImplementedError
+
+    def examples(self) -> list[Any]:
+        """A few valid instances, used as default payloads by the lab and shown in model metadata."""
+        return []
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One bound model hook and whether calling it returns a coroutine."""
+
+    fn: Callable[..., Any]
+    is_async: bool
+
+
+def _hook(obj: object, name: str) -> Hook | None:
+    fn = getattr(obj, name, None)
+    if fn is None or not callable(fn):
+        return None
+    return Hook(fn, inspect.iscoroutinefunction(fn))
+
+
+def _element_type(annotation: Any) -> Any:
+    """`list[X]` / `Sequence[X]` -> X; anything else -> Any."""
+    origin = typing.get_origin(annotation)
+    if origin is not None and isinstance(origin, type) and issubclass(origin, Sequence):
+        args = typing.get_args(annotation)
+        if args:
+            return args[0]
+    return Any
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: treat as unannotated
+        return {}
+
+
+def _first_param_hint(fn: Callable[..., Any]) -> Any:
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    if not params:
+        return Any
+    return _hints(fn).get(params[0].name, Any)
+
+
+class ModelSpec:
+    """What twinserve knows about one model instance: its name, hooks and instance types."""
+
+    def __init__(self, model: object) -> None:
+        cls = type(model)
+        self.model = model
+        self.name: str = getattr(model, "name", None) or cls.__name__.lower()
+        self.version: str = str(getattr(model, "version", "1"))
+        predict = _hook(model, "predict")
+        apredict = _hook(model, "apredict")
+        if predict is None and apredict is None:
+            raise ModelImportError(f"{cls.__qualname__} has no predict(batch) method")
+        self.load = _hook(model, "load")
+        # Sync callers prefer the blocking hook, async callers the coroutine one; each falls back to the other.
+        self.predict: Hook = predict or apredict  # type: ignore[assignment]
+        self.apredict: Hook = apredict or predict  # type: ignore[assignment]
+        preprocess = _hook(model, "preprocess")
+        apreprocess = _hook(model, "apreprocess")
+        self.preprocess = preprocess or apreprocess
+        self.apreprocess = apreprocess or preprocess
+
+        predict_fn = self.predict.fn
+        self.output_type: Any = _element_type(_hints(predict_fn).get("return", Any))
+        if self.preprocess is not None:
+            self.input_type: Any = _first_param_hint(self.preprocess.fn)
+        else:
+            self.input_type = _element_type(_first_param_hint(predict_fn))
+
+    def examples(self) -> list[Any]:
+        fn = getattr(self.model, "examples", None)
+        return list(fn()) if callable(fn) else []
+
+
+def _import_from_file(path: Path) -> Any:
+    module_name = "twinserve_user_" + path.stem
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ModelImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def import_model(target: str) -> type:
+    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class."""
+    module_part, sep, attr = target.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ModelImportError(f"MODEL must look like 'pkg.module:Class' or 'file.py:Class', got {target!r}")
+    try:
+        if module_part.endswith(".py"):
+            path = Path(module_part).resolve()
+            if not path.is_file():
+                raise ModelImportError(f"no such file: {module_part}")
+            module = _import_from_file(path)
+        else:
+            module = importlib.import_module(module_part)
+    except ModelImportError:
+        raise
+    except Exception as exc:
+        raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ModelImportError(f"{module_part!r} has no attribute {attr!r}")
+    if not isinstance(obj, type):
+        raise ModelImportError(f"{target!r} is not a class")
+    if not callable(getattr(obj, "predict", None)) and not callable(getattr(obj, "apredict", None)):
+        raise ModelImportError(f"{target!r} has no predict(batch) method")
+    return obj

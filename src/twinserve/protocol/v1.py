@@ -1,0 +1,89 @@
+"""The V1 (TF-Serving / KServe V1) codec: `{"instances": [...]}` in, `{"predictions": [...]}` out.
+
+Parsing and validation happen in one pass in pydantic-core straight from the request bytes, so malformed JSON
+(400) and schema violations (422, naming the instance index and field) come from the same call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+
+from twinserve.errors import MalformedRequest, OutputMismatch, ValidationFailed
+
+__all__ = ["V1Codec", "dumps", "json_default"]
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, set | frozenset):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def dumps(payload: Any) -> bytes:
+    """JSON bytes for anything a model may return: numpy arrays and scalars, pydantic models, sets."""
+    return orjson.dumps(payload, default=json_default, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class V1Codec:
+    """Decodes predict requests and encodes responses for one model's instance types."""
+
+    def __init__(self, model_name: str, input_type: Any, output_type: Any) -> None:
+        self._request = create_model(
+            f"{model_name.title().replace('-', '').replace('_', '')}PredictRequest",
+            __config__=ConfigDict(extra="ignore"),
+            instances=(list[input_type], Field(min_length=1)),  # type: ignore[valid-type]
+        )
+        self.input_adapter: TypeAdapter[Any] = TypeAdapter(input_type)
+        self.output_adapter: TypeAdapter[Any] = TypeAdapter(output_type)
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_adapter.json_schema()
+
+    def request_schema(self, ref_template: str) -> dict[str, Any]:
+        return self._request.model_json_schema(ref_template=ref_template)
+
+    def output_schema(self) -> dict[str, Any]:
+        return self.output_adapter.json_schema(mode="serialization")
+
+    def decode(self, body: bytes) -> list[Any]:
+        """Request bytes -> validated instances. Raises MalformedRequest (400) or ValidationFailed (422)."""
+        try:
+            return self._request.model_validate_json(body).instances  # type: ignore[attr-defined, no-any-return]
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            if errors and errors[0]["type"] == "json_invalid":
+                raise MalformedRequest(f"request body is not valid JSON: {errors[0]['msg']}") from None
+            if errors and errors[0]["type"] == "model_type":
+                raise ValidationFailed("request body must be a JSON object with an 'instances' list") from None
+            first = errors[0]
+            message = f"{_location(first['loc'])}: {first['msg']}"
+            if len(errors) > 1:
+                message += f" (and {len(errors) - 1} more)"
+            details = [{"loc": _location(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors[:20]]
+            raise ValidationFailed(message, details=details) from None
+
+    def encode(self, predictions: Any, expected: int) -> bytes:
+        """Model outputs -> response bytes. Raises OutputMismatch (500) if the count or type is wrong."""
+        if not isinstance(predictions, list | tuple | np.ndarray):
+            raise OutputMismatch(f"predict must return a list, got {type(predictions).__name__}")
+        if len(predictions) != expected:
+            raise OutputMismatch(f"predict returned {len(predictions)} outputs for {expected} inputs")
+        try:
+            return dumps({"predictions": predictions})
+        except TypeError as exc:
+            raise OutputMismatch(f"predict returned output that is not JSON serialisable: {exc}") from None

@@ -1,0 +1,30 @@
+"""Server runners, one per architecture, chosen by name from one registry."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from twinserve.config import Config
+from twinserve.model import import_model
+
+__all__ = ["SERVERS", "serve"]
+
+#: `--arch` name -> the runner that serves a Config in that architecture (imported only when chosen).
+SERVERS: dict[str, str] = {
+    "sync": "twinserve.servers.gunicorn:run",
+    "async": "twinserve.servers.uvicorn:run",
+}
+
+
+def _runner(arch: str) -> Callable[[Config], None]:
+    module, _, attr = SERVERS[arch].partition(":")
+    runner: Callable[[Config], None] = getattr(importlib.import_module(module), attr)
+    return runner
+
+
+def serve(config: Config) -> None:
+    """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs fail before a port is bound."""
+    for target in config.models:
+        import_model(target)
+    _runner(config.arch)(config)

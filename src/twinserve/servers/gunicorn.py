@@ -1,0 +1,66 @@
+"""The sync architecture's server: the Flask front under gunicorn (S1, S2), or one foreground thread (S6)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flask import Flask
+from gunicorn.app.base import BaseApplication
+
+from twinserve.config import Config
+from twinserve.core.runtime import load_runtimes
+from twinserve.fronts.contract import Service
+from twinserve.fronts.wsgi import create_wsgi_app
+
+__all__ = ["build_wsgi_app", "run"]
+
+
+def build_wsgi_app(config: Config) -> Flask:
+    """Import and load every model in this process (the per-worker singleton, S4), then build the app."""
+    runtimes = load_runtimes(config)
+    for runtime in runtimes.values():
+        runtime.load()
+    return create_wsgi_app(Service(runtimes, config.max_body_bytes))
+
+
+class GunicornServer(BaseApplication):  # type: ignore[misc]
+    """gunicorn driven programmatically: no config file, settings from `Config`, app built in each worker."""
+
+    def __init__(self, config: Config) -> None:
+        self.twinserve_config = config
+        super().__init__()
+
+    def load_config(self) -> None:
+        config = self.twinserve_config
+        # gunicorn silently turns `sync` into `gthread` when threads > 1; keep `sync` meaning one request at a time.
+        threads = 1 if config.worker_class == "sync" else config.threads
+        settings: dict[str, Any] = {
+            "bind": [f"{config.host}:{config.port}"],
+            "workers": config.effective_workers,
+            "worker_class": config.worker_class,
+            "threads": threads,
+            "graceful_timeout": math.ceil(config.graceful_timeout),  # gunicorn takes whole seconds
+            "loglevel": config.log_level,
+            "proc_name": "twinserve-sync",
+            "preload_app": False,
+            "accesslog": None,
+            "errorlog": "-",
+        }
+        if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
+            settings["control_socket_disable"] = True
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Flask:
+        return build_wsgi_app(self.twinserve_config)
+
+
+def run(config: Config) -> None:
+    if config.debug:
+        from werkzeug.serving import run_simple
+
+        # One process, one thread, no reloader: a breakpoint() in the model stops right here in the terminal.
+        run_simple(config.host, config.port, build_wsgi_app(config), threaded=False, use_reloader=False)
+        return
+    GunicornServer(config).run()

@@ -1,0 +1,41 @@
+"""The async architecture's server: the FastAPI front under uvicorn with uvloop and httptools (S11)."""
+
+from __future__ import annotations
+
+import os
+
+import uvicorn
+from fastapi import FastAPI
+
+from twinserve.config import Config
+from twinserve.core.runtime import load_runtimes
+from twinserve.fronts.asgi import create_asgi_app
+from twinserve.fronts.contract import Service
+
+__all__ = ["app_factory", "run"]
+
+#: uvicorn's worker processes are spawned, not forked: they rebuild the Config from this variable.
+CONFIG_ENV = "TWINSERVE_SERVE_CONFIG_JSON"
+
+
+def app_factory() -> FastAPI:
+    """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
+    config = Config.model_validate_json(os.environ[CONFIG_ENV])
+    return create_asgi_app(Service(load_runtimes(config), config.max_body_bytes))
+
+
+def run(config: Config) -> None:
+    os.environ[CONFIG_ENV] = config.model_dump_json()
+    uvicorn.run(
+        "twinserve.servers.uvicorn:app_factory",
+        factory=True,
+        host=config.host,
+        port=config.port,
+        workers=config.effective_workers,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level=config.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=config.graceful_timeout,
+    )

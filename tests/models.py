@@ -1,0 +1,97 @@
+"""Models used by the tests, served through the `path/file.py:Class` form of MODEL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+import twinserve
+
+
+class Echo(twinserve.Model):
+    """Returns each instance unchanged: any JSON in, the same JSON out."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return list(batch)
+
+
+class AsyncEcho:
+    """Every hook a coroutine, and no base class: the sync front must run them on its per-thread loop."""
+
+    name = "async-echo"
+
+    async def load(self) -> None:
+        await asyncio.sleep(0)
+        self.loaded_in = "async load"
+
+    async def preprocess(self, instance: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {**instance, "preprocessed": True}
+
+    async def predict(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        await asyncio.sleep(0)
+        return [{**item, "by": self.loaded_in} for item in batch]
+
+
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+class Mixed(twinserve.Model):
+    """Blocking predict, coroutine preprocess: each front must cross over once."""
+
+    async def preprocess(self, instance: Point) -> int:
+        await asyncio.sleep(0)
+        return instance.x * instance.y
+
+    def predict(self, batch: list[int]) -> list[int]:
+        return [value + 1 for value in batch]
+
+
+class Faulty(twinserve.Model):
+    """Raises on an instance equal to "boom"."""
+
+    def predict(self, batch: list[str]) -> list[str]:
+        if "boom" in batch:
+            raise RuntimeError("exploded on purpose")
+        return [s.upper() for s in batch]
+
+
+class Mismatch(twinserve.Model):
+    """Returns one output too few."""
+
+    def predict(self, batch: list[int]) -> list[int]:
+        return batch[:-1]
+
+
+class Gate(twinserve.Model):
+    """Blocks inside predict until the test releases it: `{"gate": "/tmp/x"}` touches /tmp/x.started and waits
+    for /tmp/x.release (at most 60 s). Lets tests act while requests are provably in flight, with no sleeps."""
+
+    def predict(self, batch: list[dict[str, str]]) -> list[str]:
+        for item in batch:
+            gate = Path(item["gate"])
+            gate.with_suffix(".started").touch()
+            deadline = time.monotonic() + 60
+            while not gate.with_suffix(".release").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("gate never released")
+                time.sleep(0.01)
+        return ["released" for _ in batch]
+
+
+class WhereAmI(twinserve.Model):
+    """Reports the process and thread that ran predict."""
+
+    name = "where"
+
+    def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
+        thread = threading.current_thread()
+        return [{"pid": os.getpid(), "thread": thread.name, "main": thread is threading.main_thread()} for _ in batch]

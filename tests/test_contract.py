@@ -1,0 +1,238 @@
+"""The HTTP contract, identical in every architecture: real servers on loopback, one parametrised suite."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.serving import Server
+from twinserve.examples.io import entity_features
+
+SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
+VIRGINICA = {"sepal_length": 6.3, "sepal_width": 3.3, "petal_length": 6.0, "petal_width": 2.5}
+
+
+def predict(server: Server, model: str, instances: Any, **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances}, timeout=30, **kwargs)
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert error["message"]
+    assert error["request_id"] == response.headers["x-request-id"]
+    return dict(error)
+
+
+# -- metadata and health ---------------------------------------------------------------------------------------
+def test_health(server: Server) -> None:
+    assert httpx.get(server.url + "/v2/health/live").json() == {"live": True}
+    assert httpx.get(server.url + "/v2/health/ready").json() == {"ready": True}
+
+
+def test_list_models(server: Server) -> None:
+    models = httpx.get(server.url + "/v1/models").json()["models"]
+    names = {m["name"] for m in models}
+    assert {"iris", "feature-lookup", "echo", "async-echo", "faulty", "gate", "where"} <= names
+    assert all(m["ready"] and m["version"] == "1" for m in models)
+
+
+def test_model_metadata(server: Server) -> None:
+    meta = httpx.get(server.url + "/v1/models/iris").json()
+    assert meta["name"] == "iris" and meta["ready"] is True
+    assert set(meta["input_schema"]["required"]) == set(SETOSA)
+    assert meta["output_schema"]["title"] == "IrisPrediction"
+    assert meta["examples"][0] == SETOSA
+
+
+# -- predictions -------------------------------------------------------------------------------------------
+def test_tabular_prediction(server: Server) -> None:
+    response = predict(server, "iris", [SETOSA, VIRGINICA])
+    assert response.status_code == 200
+    labels = [p["label"] for p in response.json()["predictions"]]
+    assert labels == ["setosa", "virginica"]
+
+
+def test_same_answers_in_every_architecture(servers: dict[str, Server]) -> None:
+    cases: list[tuple[str, list[Any]]] = [
+        ("iris", [SETOSA, VIRGINICA, {**SETOSA, "petal_length": 4.5, "petal_width": 1.5}]),
+        ("echo", [1, "two", {"three": [3.0, None, True]}]),
+        ("async-echo", [{"n": 1}, {"n": 2}]),
+        ("mixed", [{"x": 3, "y": 4}, {"x": -2, "y": 5}]),
+        ("feature-lookup", [{"entity_id": "user:1"}, {"entity_id": "user:42"}]),
+        ("iris", [{"sepal_length": 5.1}]),
+        ("nope", [1]),
+        ("faulty", ["boom"]),
+    ]
+    for model, instances in cases:
+        answers = {arch: predict(s, model, instances) for arch, s in servers.items()}
+        statuses = {r.status_code for r in answers.values()}
+        assert len(statuses) == 1, (model, {a: r.text for a, r in answers.items()})
+        bodies = []
+        for response in answers.values():
+            body = response.json()
+            if "error" in body:
+                body["error"].pop("request_id")
+            bodies.append(body)
+        assert all(b == bodies[0] for b in bodies), (model, bodies)
+
+
+def test_async_hooks_run_in_every_front(server: Server) -> None:
+    response = predict(server, "async-echo", [{"n": 7}])
+    assert response.json() == {"predictions": [{"n": 7, "preprocessed": True, "by": "async load"}]}
+    assert predict(server, "mixed", [{"x": 3, "y": 4}]).json() == {"predictions": [13]}
+
+
+def test_feature_lookup_reads_redis(server: Server) -> None:
+    response = predict(server, "feature-lookup", [{"entity_id": "user:3"}, {"entity_id": "user:4"}])
+    assert response.status_code == 200, response.text
+    scores = response.json()["predictions"]
+    assert [s["entity_id"] for s in scores] == ["user:3", "user:4"]
+    assert all(0.0 <= s["score"] <= 1.0 for s in scores)
+    assert entity_features(3) != entity_features(4)
+    assert scores[0]["score"] != scores[1]["score"]
+
+
+def test_concurrent_requests_get_their_own_answers(server: Server) -> None:
+    def one(i: int) -> tuple[int, httpx.Response]:
+        return i, predict(server, "echo", [{"client": i, "k": k} for k in range(i % 5 + 1)])
+
+    with concurrent.futures.ThreadPoolExecutor(100) as pool:
+        results = list(pool.map(one, range(100)))
+    for i, response in results:
+        assert response.status_code == 200
+        assert response.json() == {"predictions": [{"client": i, "k": k} for k in range(i % 5 + 1)]}
+
+
+# -- request ids -------------------------------------------------------------------------------------------
+def test_request_id_is_echoed_or_generated(server: Server) -> None:
+    echoed = predict(server, "echo", [1], headers={"X-Request-ID": "abc-123"})
+    assert echoed.headers["x-request-id"] == "abc-123"
+    generated = httpx.get(server.url + "/v2/health/live")
+    assert len(generated.headers["x-request-id"]) == 32
+    unsafe = predict(server, "echo", [1], headers={"X-Request-ID": "bad id\twith spaces"})
+    assert unsafe.headers["x-request-id"] != "bad id\twith spaces"
+    error = predict(server, "nope", [1], headers={"X-Request-ID": "err-9"})
+    assert error.json()["error"]["request_id"] == "err-9" == error.headers["x-request-id"]
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+def test_malformed_json_is_400(server: Server) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/models/iris:predict", content=b'{"instances": [', headers={"content-type": "application/json"}
+    )
+    assert "not valid JSON" in assert_error(response, 400, "malformed_json")["message"]
+
+
+def test_schema_violation_is_422_naming_index_and_field(server: Server) -> None:
+    bad = {**VIRGINICA, "petal_width": "wide"}
+    error = assert_error(predict(server, "iris", [SETOSA, bad]), 422, "validation_failed")
+    assert error["message"].startswith("instances[1].petal_width:")
+    assert error["details"][0]["loc"] == "instances[1].petal_width"
+    missing = assert_error(predict(server, "iris", [{k: v for k, v in SETOSA.items() if k != "sepal_width"}]), 422,
+                           "validation_failed")
+    assert missing["message"] == "instances[0].sepal_width: Field required"
+    no_instances = httpx.post(f"{server.url}/v1/models/iris:predict", json={"rows": []})
+    assert assert_error(no_instances, 422, "validation_failed")["message"].startswith("instances:")
+    not_object = httpx.post(f"{server.url}/v1/models/iris:predict", json=[1, 2])
+    assert_error(not_object, 422, "validation_failed")
+    assert_error(predict(server, "iris", []), 422, "validation_failed")
+
+
+def test_unknown_model_is_404(server: Server) -> None:
+    assert "'nope'" in assert_error(predict(server, "nope", [1]), 404, "model_not_found")["message"]
+    assert_error(httpx.get(server.url + "/v1/models/nope"), 404, "model_not_found")
+    assert_error(httpx.get(server.url + "/v1/nothing/here"), 404, "not_found")
+
+
+def test_wrong_method_is_405(server: Server) -> None:
+    response = httpx.get(server.url + "/v1/models/iris:predict")
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
+    assert_error(httpx.post(server.url + "/v1/models", json={}), 405, "method_not_allowed")
+    assert_error(httpx.delete(server.url + "/v2/health/live"), 405, "method_not_allowed")
+
+
+def test_oversized_body_is_413(server: Server) -> None:
+    big = ["x" * 1000] * 100  # ~100 kB, over the 64 KiB limit the suite's servers run with
+    assert_error(predict(server, "echo", big), 413, "payload_too_large")
+
+    def chunks() -> Any:  # no Content-Length: the limit must hold while streaming too
+        yield b'{"instances": ['
+        for _ in range(100):
+            yield b'"' + b"x" * 1000 + b'",'
+        yield b'"end"]}'
+
+    chunked = httpx.post(
+        f"{server.url}/v1/models/echo:predict", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert_error(chunked, 413, "payload_too_large")
+    assert predict(server, "echo", ["small"]).status_code == 200
+
+
+def test_wrong_content_type_is_415(server: Server) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/models/echo:predict", content=b'{"instances": [1]}', headers={"content-type": "text/plain"}
+    )
+    assert "text/plain" in assert_error(response, 415, "unsupported_media_type")["message"]
+    charset = httpx.post(
+        f"{server.url}/v1/models/echo:predict",
+        content=b'{"instances": [1]}',
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
+    assert charset.status_code == 200
+
+
+def test_model_exception_is_500_and_server_keeps_serving(server: Server) -> None:
+    error = assert_error(predict(server, "faulty", ["ok", "boom"]), 500, "model_error")
+    assert "RuntimeError: exploded on purpose" in error["message"]
+    assert predict(server, "faulty", ["ok"]).json() == {"predictions": ["OK"]}
+    assert predict(server, "iris", [SETOSA]).status_code == 200
+
+
+def test_output_length_mismatch_is_500(server: Server) -> None:
+    error = assert_error(predict(server, "mismatch", [1, 2, 3]), 500, "output_mismatch")
+    assert error["message"] == "predict returned 2 outputs for 3 inputs"
+
+
+def test_unknown_entity_is_422(server: Server) -> None:
+    error = assert_error(predict(server, "feature-lookup", [{"entity_id": "ghost"}]), 422, "validation_failed")
+    assert "'ghost'" in error["message"]
+
+
+# -- the loop never blocks ---------------------------------------------------------------------------------
+def test_blocking_predict_does_not_stall_health(server: Server, tmp_path: Path) -> None:
+    gate = tmp_path / "slow"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(predict, server, "gate", [{"gate": str(gate)}])
+        wait_for_file(gate.with_suffix(".started"))
+        # predict is now blocked inside the model; the server must still answer other requests.
+        assert httpx.get(server.url + "/v2/health/ready", timeout=10).status_code == 200
+        assert predict(server, "echo", [1]).status_code == 200
+        assert not pending.done()
+        gate.with_suffix(".release").touch()
+        assert pending.result(timeout=30).json() == {"predictions": ["released"]}
+
+
+def wait_for_file(path: Path, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("arch", ["sync", "async"])
+def test_blocking_model_code_runs_off_the_async_loop(servers: dict[str, Server], arch: str) -> None:
+    where = predict(servers[arch], "where", [1]).json()["predictions"][0]
+    # async: a blocking predict runs on a worker thread, never the loop's (main) thread.
+    # sync: it runs in the request's own thread (gthread worker pool), also not the main thread.
+    assert where["main"] is False
