@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.serving import RedisServer, Server, test_model
+from tests.serving import RedisServer, Server, model_path
 from twinserve.examples.io import populate
 
 ARCHS = ("sync", "async")
@@ -13,7 +13,7 @@ ARCHS = ("sync", "async")
 CONTRACT_MODELS = (
     "twinserve.examples.tabular:Classifier",
     "twinserve.examples.io:FeatureLookup",
-    *(test_model(name) for name in ("Echo", "AsyncEcho", "Mixed", "Faulty", "Mismatch", "Gate", "WhereAmI")),
+    *(model_path(name) for name in ("Echo", "AsyncEcho", "Mixed", "Faulty", "Mismatch", "Gate", "WhereAmI")),
 )
 
 
@@ -34,10 +34,14 @@ def servers(redis_server: RedisServer) -> Iterator[dict[str, Server]]:
             started[arch] = Server(
                 CONTRACT_MODELS,
                 arch,
-                "--workers", "2",
-                "--threads", "8",
-                "--max-body-bytes", "65536",
-                "--redis-url", redis_server.url,
+                "--workers",
+                "2",
+                "--threads",
+                "8",
+                "--max-body-bytes",
+                "65536",
+                "--redis-url",
+                redis_server.url,
             ).start()
         yield started
     finally:

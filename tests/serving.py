@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 
@@ -27,8 +27,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_model(name: str) -> str:
+def model_path(name: str) -> str:
     return f"{TEST_MODELS}:{name}"
+
+
+def predict(server: Server, model: str, instances: Any, **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances}, timeout=30, **kwargs)
+
+
+def wait_for_file(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} never appeared")
+        time.sleep(0.01)
 
 
 class Server:
@@ -37,7 +49,18 @@ class Server:
     def __init__(self, models: Sequence[str], arch: str, *extra: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "twinserve", "serve", *models, "--arch", arch, "--port", str(self.port), *extra]
+        self.args = [
+            sys.executable,
+            "-m",
+            "twinserve",
+            "serve",
+            *models,
+            "--arch",
+            arch,
+            "--port",
+            str(self.port),
+            *extra,
+        ]
         self.env = {**os.environ, **(env or {})}
         self.log: IO[bytes] = tempfile.NamedTemporaryFile(prefix=f"twinserve-{arch}-", suffix=".log")  # noqa: SIM115
         self.process: subprocess.Popen[bytes] | None = None

@@ -9,15 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serving import Server
+from tests.serving import Server, predict, wait_for_file
 from twinserve.examples.io import entity_features
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 VIRGINICA = {"sepal_length": 6.3, "sepal_width": 3.3, "petal_length": 6.0, "petal_width": 2.5}
-
-
-def predict(server: Server, model: str, instances: Any, **kwargs: Any) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances}, timeout=30, **kwargs)
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -125,7 +121,9 @@ def test_request_id_is_echoed_or_generated(server: Server) -> None:
 # -- errors ------------------------------------------------------------------------------------------------
 def test_malformed_json_is_400(server: Server) -> None:
     response = httpx.post(
-        f"{server.url}/v1/models/iris:predict", content=b'{"instances": [', headers={"content-type": "application/json"}
+        f"{server.url}/v1/models/iris:predict",
+        content=b'{"instances": [',
+        headers={"content-type": "application/json"},
     )
     assert "not valid JSON" in assert_error(response, 400, "malformed_json")["message"]
 
@@ -135,8 +133,11 @@ def test_schema_violation_is_422_naming_index_and_field(server: Server) -> None:
     error = assert_error(predict(server, "iris", [SETOSA, bad]), 422, "validation_failed")
     assert error["message"].startswith("instances[1].petal_width:")
     assert error["details"][0]["loc"] == "instances[1].petal_width"
-    missing = assert_error(predict(server, "iris", [{k: v for k, v in SETOSA.items() if k != "sepal_width"}]), 422,
-                           "validation_failed")
+    missing = assert_error(
+        predict(server, "iris", [{k: v for k, v in SETOSA.items() if k != "sepal_width"}]),
+        422,
+        "validation_failed",
+    )
     assert missing["message"] == "instances[0].sepal_width: Field required"
     no_instances = httpx.post(f"{server.url}/v1/models/iris:predict", json={"rows": []})
     assert assert_error(no_instances, 422, "validation_failed")["message"].startswith("instances:")
@@ -178,7 +179,9 @@ def test_oversized_body_is_413(server: Server) -> None:
 
 def test_wrong_content_type_is_415(server: Server) -> None:
     response = httpx.post(
-        f"{server.url}/v1/models/echo:predict", content=b'{"instances": [1]}', headers={"content-type": "text/plain"}
+        f"{server.url}/v1/models/echo:predict",
+        content=b'{"instances": [1]}',
+        headers={"content-type": "text/plain"},
     )
     assert "text/plain" in assert_error(response, 415, "unsupported_media_type")["message"]
     charset = httpx.post(
@@ -218,16 +221,6 @@ def test_blocking_predict_does_not_stall_health(server: Server, tmp_path: Path) 
         assert not pending.done()
         gate.with_suffix(".release").touch()
         assert pending.result(timeout=30).json() == {"predictions": ["released"]}
-
-
-def wait_for_file(path: Path, timeout: float = 30.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} never appeared")
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("arch", ["sync", "async"])

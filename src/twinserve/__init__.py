@@ -1,7 +1,5 @@
 """twinserve: serve one model in the sync and the async architecture, measure both, and choose."""
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 from twinserve.config import Config, load_config

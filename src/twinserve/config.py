@@ -48,16 +48,10 @@ class Config(BaseSettings):
     worker_class: Literal["gthread", "sync"] = Field(
         "gthread", description="Gunicorn worker class for --arch sync (`sync`: one request per process)."
     )
-    debug: bool = Field(
-        False, description="Serve every request in one foreground thread so breakpoint()/pdb work."
-    )
+    debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
-    graceful_timeout: float = Field(
-        30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM."
-    )
-    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
-        "info", description="Log level."
-    )
+    graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )

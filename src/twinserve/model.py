@@ -89,7 +89,7 @@ def _element_type(annotation: Any) -> Any:
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=True)
     except Exception:  # unresolvable forward references: treat as unannotated
         return {}
 

@@ -7,6 +7,7 @@ both run the same hooks, validate the same way and raise the same errors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -43,10 +44,8 @@ class ModelRuntime:
     def __init__(self, model_cls: type, config: Config) -> None:
         self.config = config
         self.model = model_cls()
-        try:
+        with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
-        except AttributeError:  # __slots__ or a read-only attribute: the model simply does not see it
-            pass
         self.spec = ModelSpec(self.model)
         self.name = self.spec.name
         self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type)
@@ -105,7 +104,8 @@ class ModelRuntime:
         if pre.is_async:
             # Independent I/O per instance: overlap it.
             return list(await asyncio.gather(*(pre.fn(i) for i in instances)))
-        return await self._offload(lambda: [pre.fn(i) for i in instances])
+        processed: list[Any] = await self._offload(lambda: [pre.fn(i) for i in instances])
+        return processed
 
     def _call(self, hook: Hook, *args: Any) -> Any:
         if hook.is_async:

@@ -34,7 +34,11 @@ class MiniLM(Model):
 
     def predict(self, batch: list[Sentence]) -> list[list[float]]:
         vectors = self.encoder.encode(
-            batch, batch_size=len(batch), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            batch,
+            batch_size=len(batch),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
         )
         return vectors  # type: ignore[no-any-return]  # an (n, 384) float32 array: serialised without copies
 

@@ -10,6 +10,7 @@ Load demo features with `python -m twinserve.examples.io --redis-url redis://127
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,10 @@ def populate(redis_url: str, entities: int = 1000) -> int:
     try:
         with client.pipeline(transaction=False) as pipe:
             for index in range(entities):
-                pipe.hset(feature_key(f"user:{index}"), mapping=dict(zip(FIELDS, entity_features(index), strict=True)))
+                pipe.hset(
+                    feature_key(f"user:{index}"),
+                    mapping=dict(zip(FIELDS, entity_features(index), strict=True)),
+                )
             pipe.execute()
     finally:
         client.close()
@@ -85,7 +89,7 @@ class FeatureLookup(Model):
         y = (x @ np.linspace(-1.0, 1.0, N_FEATURES) > 0).astype(int)
         self.scorer = LogisticRegression(random_state=0).fit(x, y)
 
-    def _features(self, entity_id: str, values: list[str | None]) -> Features:
+    def _features(self, entity_id: str, values: Sequence[bytes | str | None]) -> Features:
         if any(v is None for v in values):
             raise ValidationFailed(f"no features stored for entity {entity_id!r}")
         return Features(entity_id, [float(v) for v in values])  # type: ignore[arg-type]
@@ -94,12 +98,14 @@ class FeatureLookup(Model):
         return self._features(instance.entity_id, self.redis.hmget(feature_key(instance.entity_id), FIELDS))
 
     async def apreprocess(self, instance: EntityRequest) -> Features:
-        values = await self.aredis.hmget(feature_key(instance.entity_id), FIELDS)  # type: ignore[misc]
+        values = await self.aredis.hmget(feature_key(instance.entity_id), FIELDS)
         return self._features(instance.entity_id, values)
 
     def predict(self, batch: list[Features]) -> list[Score]:
         probabilities = self.scorer.predict_proba(np.array([f.values for f in batch]))[:, 1]
-        return [Score(entity_id=f.entity_id, score=round(float(p), 6)) for f, p in zip(batch, probabilities, strict=True)]
+        return [
+            Score(entity_id=f.entity_id, score=round(float(p), 6)) for f, p in zip(batch, probabilities, strict=True)
+        ]
 
     def examples(self) -> list[Any]:
         return [EntityRequest(entity_id="user:1"), EntityRequest(entity_id="user:2")]

@@ -11,7 +11,8 @@ from twinserve.model import Model
 
 __all__ = ["Classifier", "IrisFeatures", "IrisPrediction"]
 
-LABELS = ("setosa", "versicolor", "virginica")
+Label = Literal["setosa", "versicolor", "virginica"]
+LABELS: tuple[Label, ...] = ("setosa", "versicolor", "virginica")
 
 
 class IrisFeatures(BaseModel):
@@ -26,7 +27,7 @@ class IrisFeatures(BaseModel):
 
 
 class IrisPrediction(BaseModel):
-    label: Literal["setosa", "versicolor", "virginica"]
+    label: Label
     class_id: int
     probabilities: list[float]
 

@@ -10,7 +10,6 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (

@@ -88,7 +88,10 @@ def openapi_document(service: Service, title: str, version: str) -> dict[str, An
                 "requestBody": {"required": True, "content": {JSON: body}},
                 "responses": {
                     "200": _json(
-                        {"type": "object", "properties": {"predictions": {"type": "array", "items": output_schema}}}
+                        {
+                            "type": "object",
+                            "properties": {"predictions": {"type": "array", "items": output_schema}},
+                        }
                     ),
                     **error_responses,
                 },

@@ -46,7 +46,7 @@ class V1Codec:
         self._request = create_model(
             f"{model_name.title().replace('-', '').replace('_', '')}PredictRequest",
             __config__=ConfigDict(extra="ignore"),
-            instances=(list[input_type], Field(min_length=1)),  # type: ignore[valid-type]
+            instances=(list[input_type], Field(min_length=1)),
         )
         self.input_adapter: TypeAdapter[Any] = TypeAdapter(input_type)
         self.output_adapter: TypeAdapter[Any] = TypeAdapter(output_type)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
+import signal
+import sys
 
 import uvicorn
 from fastapi import FastAPI
@@ -24,8 +27,14 @@ def app_factory() -> FastAPI:
     return create_asgi_app(Service(load_runtimes(config), config.max_body_bytes))
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    sys.exit(0)
+
+
 def run(config: Config) -> None:
     os.environ[CONFIG_ENV] = config.model_dump_json()
+    # uvicorn re-raises the SIGTERM it caught once shutdown is done; a graceful stop should exit 0, as gunicorn's does.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         "twinserve.servers.uvicorn:app_factory",
         factory=True,
@@ -37,5 +46,5 @@ def run(config: Config) -> None:
         lifespan="on",
         log_level=config.log_level,
         access_log=False,
-        timeout_graceful_shutdown=config.graceful_timeout,
+        timeout_graceful_shutdown=math.ceil(config.graceful_timeout),
     )

