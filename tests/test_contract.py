@@ -47,6 +47,25 @@ def test_model_metadata(server: Server) -> None:
     assert meta["examples"][0] == SETOSA
 
 
+def test_openapi_documents_each_model(server: Server) -> None:
+    doc = httpx.get(server.url + "/openapi.json").json()
+    body = doc["paths"]["/v1/models/iris:predict"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["example"]["instances"][0] == SETOSA
+    request_schema = doc["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert request_schema["properties"]["instances"]["items"]["$ref"] == "#/components/schemas/IrisFeatures"
+    assert "petal_width" in doc["components"]["schemas"]["IrisFeatures"]["properties"]
+    assert "/v2/health/ready" in doc["paths"]
+    page = httpx.get(server.url + "/docs")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert 'url: "/openapi.json"' in page.text
+
+
+def test_openapi_is_the_same_in_every_architecture(servers: dict[str, Server]) -> None:
+    docs = [httpx.get(s.url + "/openapi.json").json() for s in servers.values()]
+    assert all(d == docs[0] for d in docs)
+
+
 # -- predictions -------------------------------------------------------------------------------------------
 def test_tabular_prediction(server: Server) -> None:
     response = predict(server, "iris", [SETOSA, VIRGINICA])

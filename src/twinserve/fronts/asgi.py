@@ -1,8 +1,8 @@
 """The async front: a FastAPI app; one event loop serves every connection, model work is awaited (S9, S10).
 
 The routes are plain Starlette endpoints over the shared `Service`: FastAPI's per-request dependency and
-validation machinery would only duplicate what the codec already does in one pass. FastAPI still provides
-`/docs`, fed by an OpenAPI document built from the route table and each model's own schemas.
+validation machinery would only duplicate what the codec already does in one pass. `/docs` and
+`/openapi.json` come from the shared route table, built from each model's own schemas.
 """
 
 from __future__ import annotations
@@ -19,17 +19,8 @@ from starlette.responses import Response
 
 from twinserve import __version__
 from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
-from twinserve.fronts.contract import (
-    JSON,
-    MODEL_NAME_PATTERN,
-    REQUEST_ID_HEADER,
-    ROUTES,
-    Reply,
-    Service,
-    error_reply,
-    request_id_from,
-)
-from twinserve.fronts.openapi import openapi_document
+from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
+from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
 
 __all__ = ["create_asgi_app"]
 
@@ -53,7 +44,7 @@ def _respond(reply: Reply, request_id: str) -> Response:
     headers = {REQUEST_ID_HEADER: request_id}
     if reply.headers:
         headers.update(reply.headers)
-    return Response(reply.body, status_code=reply.status, headers=headers, media_type=JSON)
+    return Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type)
 
 
 async def _read_body(request: Request, service: Service) -> bytes:
@@ -87,7 +78,10 @@ def create_asgi_app(service: Service) -> FastAPI:
         for runtime in service.runtimes.values():
             runtime.close()
 
-    app = FastAPI(title="twinserve", version=__version__, lifespan=lifespan, redoc_url=None)
+    # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
+    app = FastAPI(
+        title="twinserve", version=__version__, lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
+    )
 
     async def predict(request: Request) -> Reply:
         runtime = service.admit(
@@ -109,12 +103,20 @@ def create_asgi_app(service: Service) -> FastAPI:
     async def ready(request: Request) -> Reply:
         return service.ready()
 
+    async def openapi(request: Request) -> Reply:
+        return service.openapi()
+
+    async def docs(request: Request) -> Reply:
+        return service.docs()
+
     endpoints: dict[str, Endpoint] = {
         "list_models": list_models,
         "model_metadata": model_metadata,
         "predict": predict,
         "live": live,
         "ready": ready,
+        "openapi": openapi,
+        "docs": docs,
     }
     for route in ROUTES:
         path = route.path.replace("{model}", "{model:model}")
@@ -135,7 +137,6 @@ def create_asgi_app(service: Service) -> FastAPI:
         return _respond(error_reply(error, request_id), request_id)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.openapi = lambda: openapi_document(service, app.title, app.version)  # type: ignore[method-assign]
     return app
 
 

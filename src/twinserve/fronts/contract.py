@@ -10,6 +10,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
@@ -20,6 +21,8 @@ from twinserve.errors import (
     UnsupportedMediaType,
     error_payload,
 )
+from twinserve.fronts.openapi import openapi_document, swagger_page
+from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.protocol.v1 import dumps
 
 __all__ = [
@@ -33,31 +36,8 @@ __all__ = [
     "request_id_from",
 ]
 
-JSON = "application/json"
-REQUEST_ID_HEADER = "X-Request-ID"
-#: Model names never contain '/' or ':' so that `/v1/models/{model}:predict` is unambiguous.
-MODEL_NAME_PATTERN = r"[^/:]+"
-
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
-
-
-@dataclass(frozen=True)
-class Route:
-    """One endpoint: the handler name on `Service` (or the front, for `predict`), method and path template."""
-
-    name: str
-    method: str
-    path: str  # `{model}` marks the model-name segment
-
-
-ROUTES: tuple[Route, ...] = (
-    Route("list_models", "GET", "/v1/models"),
-    Route("model_metadata", "GET", "/v1/models/{model}"),
-    Route("predict", "POST", "/v1/models/{model}:predict"),
-    Route("live", "GET", "/v2/health/live"),
-    Route("ready", "GET", "/v2/health/ready"),
-)
 
 
 @dataclass(frozen=True)
@@ -67,6 +47,7 @@ class Reply:
     status: int
     body: bytes
     headers: Mapping[str, str] | None = None
+    content_type: str = JSON
 
 
 def request_id_from(header: str | None) -> str:
@@ -93,6 +74,18 @@ class Service:
 
     def model_metadata(self, model: str) -> Reply:
         return Reply(200, dumps(self.runtime(model).metadata()))
+
+    @cached_property
+    def _openapi(self) -> bytes:
+        from twinserve import __version__
+
+        return dumps(openapi_document(self.runtimes, "twinserve", __version__))
+
+    def openapi(self) -> Reply:
+        return Reply(200, self._openapi)
+
+    def docs(self) -> Reply:
+        return Reply(200, swagger_page("/openapi.json", "twinserve"), content_type=HTML)
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')

@@ -6,12 +6,14 @@ schema and a ready-to-send example body for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from twinserve.fronts.contract import JSON, ROUTES, Service
+from twinserve.core.runtime import ModelRuntime
+from twinserve.fronts.routes import JSON, ROUTES
 from twinserve.protocol.v1 import json_default
 
-__all__ = ["openapi_document"]
+__all__ = ["openapi_document", "swagger_page"]
 
 _REF = "#/components/schemas/{model}"
 
@@ -58,15 +60,15 @@ def _jsonable(value: Any) -> Any:
         return value
 
 
-def openapi_document(service: Service, title: str, version: str) -> dict[str, Any]:
+def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: str) -> dict[str, Any]:
     schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA}
     error_responses = {code: _json({"$ref": _REF.format(model="Error")}, text) for code, text in _ERRORS.items()}
     paths: dict[str, Any] = {}
     for route in ROUTES:
-        if "{model}" in route.path:
+        if "{model}" in route.path or route.name in ("openapi", "docs"):
             continue
         paths[route.path] = {route.method.lower(): {"operationId": route.name, "responses": {"200": _json({})}}}
-    for name, runtime in service.runtimes.items():
+    for name, runtime in runtimes.items():
         codec = runtime.codec
         request_schema = codec.request_schema(_REF)
         output_schema = codec.output_adapter.json_schema(mode="serialization", ref_template=_REF)
@@ -103,3 +105,18 @@ def openapi_document(service: Service, title: str, version: str) -> dict[str, An
         "paths": paths,
         "components": {"schemas": schemas},
     }
+
+
+_SWAGGER = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{url: "{url}", dom_id: "#swagger-ui"}});</script>
+</body></html>
+"""
+
+
+def swagger_page(openapi_url: str, title: str) -> bytes:
+    """Swagger UI for the document at `openapi_url` (the browser fetches the UI's assets from a CDN)."""
+    return _SWAGGER.format(title=title, url=openapi_url).encode()

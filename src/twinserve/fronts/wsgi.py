@@ -11,16 +11,8 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
-from twinserve.fronts.contract import (
-    JSON,
-    MODEL_NAME_PATTERN,
-    REQUEST_ID_HEADER,
-    ROUTES,
-    Reply,
-    Service,
-    error_reply,
-    request_id_from,
-)
+from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
+from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
 
 __all__ = ["create_wsgi_app"]
 
@@ -32,7 +24,7 @@ class _ModelNameConverter(BaseConverter):
 
 
 def _respond(reply: Reply) -> Response:
-    return Response(reply.body, status=reply.status, content_type=JSON, headers=reply.headers)
+    return Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
 
 
 def _translate(exc: HTTPException, service: Service) -> TwinserveError:
@@ -79,6 +71,8 @@ def create_wsgi_app(service: Service) -> Flask:
         "predict": predict,
         "live": lambda: _respond(service.live()),
         "ready": lambda: _respond(service.ready()),
+        "openapi": lambda: _respond(service.openapi()),
+        "docs": lambda: _respond(service.docs()),
     }
     for route in ROUTES:
         rule = route.path.replace("{model}", "<model:model>")
