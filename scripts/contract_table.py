@@ -1,0 +1,76 @@
+"""Print, as a Markdown table, the status every architecture returns for each endpoint and error case.
+
+Starts one real server per architecture on loopback (plus Redis), sends the same requests to each, and
+prints what came back: `python scripts/contract_table.py` (from the repository root, in the dev venv).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.conftest import ARCHS, CONTRACT_MODELS
+from tests.serving import RedisServer, Server
+
+from twinserve.examples.io import populate
+
+IRIS = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
+J = {"content-type": "application/json"}
+
+CASES: list[tuple[str, str, str, dict[str, object]]] = [
+    ("GET /v2/health/live", "GET", "/v2/health/live", {}),
+    ("GET /v2/health/ready", "GET", "/v2/health/ready", {}),
+    ("GET /v1/models", "GET", "/v1/models", {}),
+    ("GET /v1/models/iris", "GET", "/v1/models/iris", {}),
+    ("GET /openapi.json", "GET", "/openapi.json", {}),
+    ("GET /docs", "GET", "/docs", {}),
+    ("POST /v1/models/iris:predict", "POST", "/v1/models/iris:predict", {"json": {"instances": [IRIS]}}),
+    ("malformed JSON", "POST", "/v1/models/iris:predict", {"content": b'{"instances": [', "headers": J}),
+    ("schema violation", "POST", "/v1/models/iris:predict", {"json": {"instances": [{"sepal_length": "x"}]}}),
+    ("unknown model", "POST", "/v1/models/nope:predict", {"json": {"instances": [1]}}),
+    ("unknown route", "GET", "/v1/nothing", {}),
+    ("wrong method", "GET", "/v1/models/iris:predict", {}),
+    ("body over --max-body-bytes", "POST", "/v1/models/echo:predict", {"json": {"instances": ["x" * 70_000]}}),
+    (
+        "wrong content type",
+        "POST",
+        "/v1/models/echo:predict",
+        {"content": b"{}", "headers": {"content-type": "text/plain"}},
+    ),
+    ("model raises", "POST", "/v1/models/faulty:predict", {"json": {"instances": ["boom"]}}),
+    ("wrong output count", "POST", "/v1/models/mismatch:predict", {"json": {"instances": [1, 2]}}),
+]
+
+
+def main() -> None:
+    redis = RedisServer()
+    populate(redis.url, entities=10)
+    servers = {
+        arch: Server(CONTRACT_MODELS, arch, "--workers", "2", "--max-body-bytes", "65536", "--redis-url", redis.url)
+        for arch in ARCHS
+    }
+    try:
+        for server in servers.values():
+            server.start()
+        print("| request | " + " | ".join(ARCHS) + " | error code |")
+        print("|---|" + "---|" * (len(ARCHS) + 1))
+        for label, method, path, kwargs in CASES:
+            row, code = [], ""
+            for server in servers.values():
+                response = httpx.request(method, server.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
+                row.append(str(response.status_code))
+                if response.status_code >= 400:
+                    code = response.json()["error"]["code"]
+            print(f"| {label} | " + " | ".join(row) + f" | {code} |")
+    finally:
+        for server in servers.values():
+            server.stop()
+        redis.stop()
+
+
+if __name__ == "__main__":
+    main()
