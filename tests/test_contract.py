@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.serving import Server, predict, wait_for_file
 from twinserve.examples.io import entity_features
@@ -216,6 +215,8 @@ def test_model_exception_is_500_and_server_keeps_serving(server: Server) -> None
     assert "RuntimeError: exploded on purpose" in error["message"]
     assert predict(server, "faulty", ["ok"]).json() == {"predictions": ["OK"]}
     assert predict(server, "iris", [SETOSA]).status_code == 200
+    server.wait_for_output("RuntimeError: exploded on purpose")  # the traceback reaches the server log
+    assert "model 'faulty' raised in predict" in server.output()
 
 
 def test_output_length_mismatch_is_500(server: Server) -> None:
@@ -242,9 +243,8 @@ def test_blocking_predict_does_not_stall_health(server: Server, tmp_path: Path) 
         assert pending.result(timeout=30).json() == {"predictions": ["released"]}
 
 
-@pytest.mark.parametrize("arch", ["sync", "async"])
-def test_blocking_model_code_runs_off_the_async_loop(servers: dict[str, Server], arch: str) -> None:
-    where = predict(servers[arch], "where", [1]).json()["predictions"][0]
+def test_blocking_model_code_runs_off_the_main_thread(server: Server) -> None:
+    where = predict(server, "where", [1]).json()["predictions"][0]
     # async: a blocking predict runs on a worker thread, never the loop's (main) thread.
     # sync: it runs in the request's own thread (gthread worker pool), also not the main thread.
     assert where["main"] is False

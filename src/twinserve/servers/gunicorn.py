@@ -12,12 +12,14 @@ from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
+from twinserve.observability.logging import configure_logging
 
 __all__ = ["build_wsgi_app", "run"]
 
 
 def build_wsgi_app(config: Config) -> Flask:
     """Import and load every model in this process (the per-worker singleton, S4), then build the app."""
+    configure_logging(config.log_level)
     runtimes = load_runtimes(config)
     for runtime in runtimes.values():
         runtime.load()

@@ -14,6 +14,7 @@ from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
+from twinserve.observability.logging import configure_logging
 
 __all__ = ["app_factory", "run"]
 
@@ -24,6 +25,7 @@ CONFIG_ENV = "TWINSERVE_SERVE_CONFIG_JSON"
 def app_factory() -> FastAPI:
     """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
+    configure_logging(config.log_level)
     return create_asgi_app(Service(load_runtimes(config), config.max_body_bytes))
 
 
