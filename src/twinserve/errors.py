@@ -14,7 +14,10 @@
     └── ServerError                     5xx
         ├── ModelFailed                 500 model_error
         ├── OutputMismatch              500 output_mismatch
-        └── ModelNotReady               503 model_not_ready
+        ├── ModelNotReady               503 model_not_ready
+        ├── QueueFull                   503 queue_full (Retry-After)
+        ├── WorkerDied                  503 worker_died
+        └── DeadlineExceeded            504 deadline_exceeded
 
 Fronts never choose a status themselves: they raise (or catch) one of these and render it with
 `error_payload`, so every architecture answers the same status and body for the same fault.
@@ -27,6 +30,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ClientError",
     "ConfigError",
+    "DeadlineExceeded",
     "MalformedRequest",
     "MethodNotAllowed",
     "ModelFailed",
@@ -36,10 +40,12 @@ __all__ = [
     "NotFound",
     "OutputMismatch",
     "PayloadTooLarge",
+    "QueueFull",
     "ServerError",
     "TwinserveError",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "WorkerDied",
     "error_payload",
 ]
 
@@ -129,6 +135,27 @@ class OutputMismatch(ServerError):
 class ModelNotReady(ServerError):
     status = 503
     code = "model_not_ready"
+
+
+class QueueFull(ServerError):
+    """Admission control: the queue of waiting instances is at its bound (`--max-queue`)."""
+
+    status = 503
+    code = "queue_full"
+
+
+class WorkerDied(ServerError):
+    """The model-worker process computing this request died; the pool replaces it."""
+
+    status = 503
+    code = "worker_died"
+
+
+class DeadlineExceeded(ServerError):
+    """The request's deadline passed before its result was ready; queued requests are never computed."""
+
+    status = 504
+    code = "deadline_exceeded"
 
 
 def error_payload(error: TwinserveError, request_id: str) -> dict[str, Any]:

@@ -1,0 +1,374 @@
+"""Dynamic batching: a pure policy over a queue, driven by an asyncio driver or a thread driver.
+
+`BatchQueue` decides what to flush and when, from the queue and a clock reading passed in; it never sleeps,
+locks or touches a future, so its decisions are unit-tested directly. A batch is flushed when it is full
+(`max_batch_size` instances), when its oldest request has waited `max_delay` seconds, and only while fewer than
+`max_in_flight` batches are computing; with `max_delay=0` requests go out as soon as a slot is free and batches
+form by themselves while the model is busy. A request's instances stay together, in order. Expired and
+cancelled requests are taken out before compute.
+
+`AsyncBatcher` (async and hybrid fronts) and `ThreadBatcher` (the sync front, opt-in) own the waiting: they put
+requests in, sleep until `next_flush_at`, run batches on an `Executor`, split results back, and resolve every
+waiter in all cases (result, model error, worker death, deadline), so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from twinserve.errors import DeadlineExceeded, OutputMismatch, QueueFull, TwinserveError
+
+__all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher"]
+
+W = TypeVar("W")  # the driver's waiter: an asyncio.Future or a concurrent.futures.Future
+
+
+@dataclass(eq=False)
+class Pending(Generic[W]):
+    """One request waiting in the queue."""
+
+    instances: list[Any]
+    enqueued_at: float
+    deadline: float | None
+    waiter: W
+    cancelled: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.instances)
+
+
+@dataclass
+class Batch(Generic[W]):
+    """What `BatchQueue.take` hands a driver: requests to compute together, and requests to fail as expired."""
+
+    requests: list[Pending[W]] = field(default_factory=list)
+    expired: list[Pending[W]] = field(default_factory=list)
+    dropped: list[Pending[W]] = field(default_factory=list)  # cancelled while queued
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.requests)
+
+    def instances(self) -> list[Any]:
+        return [i for r in self.requests for i in r.instances]
+
+
+@dataclass
+class BatchStats:
+    """Counters a driver keeps; read by tests now and by the metrics layer later."""
+
+    batches: int = 0
+    instances: int = 0
+    sizes: list[int] = field(default_factory=list)
+    expired: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+
+    def record(self, size: int) -> None:
+        self.batches += 1
+        self.instances += size
+        if len(self.sizes) < 100_000:
+            self.sizes.append(size)
+
+
+class BatchQueue(Generic[W]):
+    """The batching and admission policy. Not thread-safe: each driver serialises access itself."""
+
+    def __init__(self, max_batch_size: int, max_delay: float, max_queue: int, max_in_flight: int) -> None:
+        if max_batch_size < 1 or max_delay < 0 or max_queue < 1 or max_in_flight < 1:
+            raise ValueError("batch size, queue and in-flight bounds must be >= 1 and the delay >= 0")
+        self.max_batch_size = max_batch_size
+        self.max_delay = max_delay
+        self.max_queue = max_queue
+        self.max_in_flight = max_in_flight
+        self._queue: deque[Pending[W]] = deque()
+        self.queued_instances = 0
+        self.in_flight = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, request: Pending[W]) -> None:
+        """Admit a request, or raise QueueFull (503) if its instances would overflow the queue bound."""
+        if self.queued_instances + request.size > self.max_queue:
+            raise QueueFull(
+                f"the queue holds {self.queued_instances} instances (--max-queue {self.max_queue}); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+        self._queue.append(request)
+        self.queued_instances += request.size
+
+    def next_flush_at(self) -> float | None:
+        """When the oldest queued request's delay runs out (None if nothing is queued)."""
+        if not self._queue:
+            return None
+        return self._queue[0].enqueued_at + self.max_delay
+
+    def next_deadline(self) -> float | None:
+        deadlines = [r.deadline for r in self._queue if r.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def wake_at(self) -> float | None:
+        """When a driver must call `take` again if no request arrives and no batch finishes before then."""
+        times = [self.next_deadline()]
+        if self.in_flight < self.max_in_flight:
+            times.append(self.next_flush_at())
+        pending = [t for t in times if t is not None]
+        return min(pending) if pending else None
+
+    def take(self, now: float) -> Batch[W] | None:
+        """The next batch to compute now, if any; expired and cancelled requests come out with it.
+
+        Returns None when nothing is to be done yet (wait until `next_flush_at` or a new request).
+        """
+        outcome: Batch[W] = Batch()
+        self._drop_dead(now, outcome)
+        if self._queue and self.in_flight < self.max_in_flight:
+            ready = self.queued_instances >= self.max_batch_size or now >= self._queue[0].enqueued_at + self.max_delay
+            if ready:
+                while self._queue:
+                    head = self._queue[0]
+                    # A request larger than a batch goes alone; otherwise never split one across batches.
+                    if outcome.requests and outcome.size + head.size > self.max_batch_size:
+                        break
+                    self._pop()
+                    outcome.requests.append(head)
+                    if outcome.size >= self.max_batch_size:
+                        break
+        if outcome.requests:
+            self.in_flight += 1
+        if outcome.requests or outcome.expired or outcome.dropped:
+            return outcome
+        return None
+
+    def done(self) -> None:
+        """A batch handed out by `take` has finished computing."""
+        self.in_flight -= 1
+
+    def drain(self) -> list[Pending[W]]:
+        """Everything still queued (for shutdown)."""
+        requests = list(self._queue)
+        self._queue.clear()
+        self.queued_instances = 0
+        return requests
+
+    def _pop(self) -> Pending[W]:
+        request = self._queue.popleft()
+        self.queued_instances -= request.size
+        return request
+
+    def _drop_dead(self, now: float, outcome: Batch[W]) -> None:
+        if not any(r.cancelled or (r.deadline is not None and r.deadline <= now) for r in self._queue):
+            return
+        alive: deque[Pending[W]] = deque()
+        for request in self._queue:
+            if request.cancelled:
+                outcome.dropped.append(request)
+            elif request.deadline is not None and request.deadline <= now:
+                outcome.expired.append(request)
+            else:
+                alive.append(request)
+        self._queue = alive
+        self.queued_instances = sum(r.size for r in alive)
+
+
+def _split(batch: Batch[Any], outputs: Any) -> list[list[Any]]:
+    """Outputs of a whole batch -> one list per request, in order; the count must match exactly."""
+    size = batch.size
+    try:
+        count = len(outputs)
+    except TypeError:
+        raise OutputMismatch(f"predict must return a list, got {type(outputs).__name__}") from None
+    if count != size:
+        raise OutputMismatch(f"predict returned {count} outputs for {size} inputs")
+    parts, start = [], 0
+    for request in batch.requests:
+        parts.append(list(outputs[start : start + request.size]))
+        start += request.size
+    return parts
+
+
+def _expired_error() -> DeadlineExceeded:
+    return DeadlineExceeded("the request's deadline passed before it was computed")
+
+
+class AsyncBatcher:
+    """Asyncio driver: one collector task per model; batches run as tasks, at most `max_in_flight` at once."""
+
+    def __init__(self, queue: BatchQueue[asyncio.Future[list[Any]]], run: Callable[[list[Any]], Awaitable[Any]]):
+        self.queue = queue
+        self.stats = BatchStats()
+        self._run = run
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._collect(), name="twinserve-batcher")
+
+    async def submit(self, instances: list[Any], deadline: float | None) -> list[Any]:
+        """Queue `instances` as one request and wait for their outputs (503 if the queue is full)."""
+        loop = asyncio.get_running_loop()
+        request = Pending(instances, time.monotonic(), deadline, loop.create_future())
+        try:
+            self.queue.put(request)
+        except QueueFull:
+            self.stats.rejected += 1
+            raise
+        self._wake.set()
+        try:
+            if deadline is None:
+                return await request.waiter
+            return await asyncio.wait_for(asyncio.shield(request.waiter), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            request.cancelled = True  # if still queued it is dropped; if computing, its result is discarded
+            self._wake.set()
+            raise _expired_error() from None
+        except asyncio.CancelledError:  # the client went away
+            request.cancelled = True
+            self._wake.set()
+            raise
+
+    async def _collect(self) -> None:
+        while True:
+            now = time.monotonic()
+            batch = self.queue.take(now)
+            if batch is None:
+                self._wake.clear()
+                wake_at = self.queue.wake_at()
+                timeout = None if wake_at is None else max(0.0, wake_at - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            self.stats.expired += len(batch.expired)
+            self.stats.cancelled += len(batch.dropped)
+            self._fail(batch.expired, _expired_error())
+            if batch.requests:
+                task = asyncio.get_running_loop().create_task(self._compute(batch))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+
+    async def _compute(self, batch: Batch[asyncio.Future[list[Any]]]) -> None:
+        self.stats.record(batch.size)
+        try:
+            parts = _split(batch, await self._run(batch.instances()))
+        except TwinserveError as exc:
+            self._fail(batch.requests, exc)
+        except Exception as exc:  # the executor should have wrapped it; never leave a waiter hanging
+            self._fail(batch.requests, TwinserveError(f"internal error: {type(exc).__name__}: {exc}"))
+        else:
+            for request, part in zip(batch.requests, parts, strict=True):
+                if not request.waiter.done():
+                    request.waiter.set_result(part)
+        finally:
+            self.queue.done()
+            self._wake.set()
+            self._fail(batch.requests, TwinserveError("batch ended without a result"))
+
+    def _fail(self, requests: list[Pending[asyncio.Future[list[Any]]]], exc: Exception) -> None:
+        for request in requests:
+            if not request.waiter.done():
+                request.waiter.set_exception(exc)
+                request.waiter.exception()  # mark retrieved: a waiter that timed out will never read it
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
+        self._fail(self.queue.drain(), TwinserveError("the server is shutting down"))
+
+
+class ThreadBatcher:
+    """Thread driver: request threads block on a Future while one collector thread forms and runs batches."""
+
+    def __init__(
+        self,
+        queue: BatchQueue[concurrent.futures.Future[list[Any]]],
+        run: Callable[[list[Any]], Any],
+        workers: int,
+    ) -> None:
+        self.queue = queue
+        self.stats = BatchStats()
+        self._run = run
+        self._cond = threading.Condition()
+        self._closed = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="twinserve-batch")
+        self._thread = threading.Thread(target=self._collect, name="twinserve-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, instances: list[Any], deadline: float | None) -> list[Any]:
+        request: Pending[concurrent.futures.Future[list[Any]]] = Pending(
+            instances, time.monotonic(), deadline, concurrent.futures.Future()
+        )
+        with self._cond:
+            try:
+                self.queue.put(request)
+            except QueueFull:
+                self.stats.rejected += 1
+                raise
+            self._cond.notify()
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return request.waiter.result(timeout)
+        except concurrent.futures.TimeoutError:
+            with self._cond:
+                request.cancelled = True
+                self._cond.notify()
+            raise _expired_error() from None
+
+    def _collect(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    batch = self.queue.take(now)
+                    if batch is not None:
+                        break
+                    wake_at = self.queue.wake_at()
+                    self._cond.wait(None if wake_at is None else max(0.0, wake_at - now))
+            for request in batch.expired:
+                self.stats.expired += 1
+                request.waiter.set_exception(_expired_error())
+            self.stats.cancelled += len(batch.dropped)
+            if batch.requests:
+                self._pool.submit(self._compute, batch)
+
+    def _compute(self, batch: Batch[concurrent.futures.Future[list[Any]]]) -> None:
+        self.stats.record(batch.size)
+        try:
+            parts = _split(batch, self._run(batch.instances()))
+        except Exception as exc:
+            error = exc if isinstance(exc, TwinserveError) else TwinserveError(f"internal error: {exc}")
+            for request in batch.requests:
+                if not request.waiter.done():
+                    request.waiter.set_exception(error)
+        else:
+            for request, part in zip(batch.requests, parts, strict=True):
+                if not request.waiter.done():
+                    request.waiter.set_result(part)
+        finally:
+            with self._cond:
+                self.queue.done()
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            leftover = self.queue.drain()
+            self._cond.notify()
+        for request in leftover:
+            request.waiter.set_exception(TwinserveError("the server is shutting down"))
+        self._pool.shutdown(wait=True)

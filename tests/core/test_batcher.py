@@ -1,0 +1,278 @@
+"""The batching policy on its own (no threads, no sockets), then each driver over a fake executor."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+from twinserve.core.batcher import AsyncBatcher, BatchQueue, Pending, ThreadBatcher
+from twinserve.errors import DeadlineExceeded, ModelFailed, OutputMismatch, QueueFull
+
+
+def pending(n: int, at: float = 0.0, deadline: float | None = None, tag: str = "r") -> Pending[str]:
+    return Pending([f"{tag}{i}" for i in range(n)], at, deadline, tag)
+
+
+def queue(size: int = 4, delay: float = 0.010, max_queue: int = 100, in_flight: int = 1) -> BatchQueue[str]:
+    return BatchQueue(size, delay, max_queue, in_flight)
+
+
+# -- the pure policy -------------------------------------------------------------------------------------------
+def test_waits_for_delay_then_flushes_partial_batch() -> None:
+    q = queue()
+    q.put(pending(1, at=0.0))
+    q.put(pending(1, at=0.004))
+    assert q.take(now=0.009) is None
+    assert q.next_flush_at() == pytest.approx(0.010)
+    batch = q.take(now=0.010)
+    assert batch is not None and batch.size == 2
+    assert q.in_flight == 1 and len(q) == 0
+
+
+def test_full_batch_flushes_without_waiting() -> None:
+    q = queue(size=3)
+    for i in range(4):
+        q.put(pending(1, at=0.0, tag=f"t{i}"))
+    batch = q.take(now=0.0)
+    assert batch is not None
+    assert [r.waiter for r in batch.requests] == ["t0", "t1", "t2"]
+    assert q.queued_instances == 1
+
+
+def test_requests_are_never_split_and_big_ones_go_alone() -> None:
+    q = queue(size=4, delay=0)
+    q.put(pending(3, tag="a"))
+    q.put(pending(2, tag="b"))
+    q.put(pending(6, tag="c"))
+    sizes = []
+    while (batch := q.take(now=1.0)) is not None:
+        sizes.append([r.waiter for r in batch.requests])
+        q.done()
+    assert sizes == [["a"], ["b"], ["c"]]
+
+
+def test_order_is_preserved_within_a_batch() -> None:
+    q = queue(size=8, delay=0)
+    q.put(pending(2, tag="x"))
+    q.put(pending(3, tag="y"))
+    batch = q.take(now=0.0)
+    assert batch is not None
+    assert batch.instances() == ["x0", "x1", "y0", "y1", "y2"]
+
+
+def test_in_flight_bound_holds_batches_back() -> None:
+    q = queue(size=2, delay=0, in_flight=1)
+    q.put(pending(2, tag="a"))
+    q.put(pending(2, tag="b"))
+    assert q.take(now=0.0) is not None
+    assert q.take(now=5.0) is None  # one batch computing: the next waits even though it is full
+    assert q.wake_at() is None
+    q.done()
+    batch = q.take(now=5.0)
+    assert batch is not None and batch.requests[0].waiter == "b"
+
+
+def test_zero_delay_dispatches_immediately() -> None:
+    q = queue(size=32, delay=0)
+    q.put(pending(1, at=3.0))
+    batch = q.take(now=3.0)
+    assert batch is not None and batch.size == 1
+
+
+def test_queue_bound_counts_instances() -> None:
+    q = queue(max_queue=5)
+    q.put(pending(3))
+    with pytest.raises(QueueFull) as info:
+        q.put(pending(3))
+    assert info.value.status == 503 and info.value.headers["Retry-After"] == "1"
+    q.put(pending(2))
+    assert q.queued_instances == 5
+
+
+def test_expired_and_cancelled_requests_are_removed_before_compute() -> None:
+    q = queue(size=8, delay=0.010)
+    q.put(pending(1, at=0.0, deadline=0.005, tag="late"))
+    q.put(pending(1, at=0.0, tag="gone"))
+    q.put(pending(1, at=0.0, deadline=1.0, tag="ok"))
+    q._queue[1].cancelled = True
+    assert q.wake_at() == pytest.approx(0.005)
+    early = q.take(now=0.006)
+    assert early is not None
+    assert [r.waiter for r in early.expired] == ["late"]
+    assert [r.waiter for r in early.dropped] == ["gone"]
+    assert early.requests == [] and q.in_flight == 0
+    batch = q.take(now=0.010)
+    assert batch is not None and [r.waiter for r in batch.requests] == ["ok"]
+
+
+# -- the asyncio driver ------------------------------------------------------------------------------------------
+def run_async(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_async_driver_batches_concurrent_requests_and_splits_results() -> None:
+    seen: list[int] = []
+
+    async def model(batch: list[Any]) -> list[Any]:
+        seen.append(len(batch))
+        await asyncio.sleep(0.01)
+        return [x * 10 for x in batch]
+
+    async def main() -> list[list[Any]]:
+        batcher = AsyncBatcher(BatchQueue(8, 0.0, 100, 1), model)
+        batcher.start()
+        results = await asyncio.gather(*(batcher.submit([i, i + 100], None) for i in range(12)))
+        await batcher.close()
+        return list(results)
+
+    results = run_async(main())
+    assert results == [[i * 10, (i + 100) * 10] for i in range(12)]
+    assert max(seen) > 2  # batches formed while the model was busy
+    assert sum(seen) == 24
+
+
+def test_async_driver_fails_only_the_failing_batch() -> None:
+    async def model(batch: list[Any]) -> list[Any]:
+        if "boom" in batch:
+            raise ModelFailed("exploded")
+        return batch
+
+    async def main() -> tuple[Any, Any, Any]:
+        batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
+        batcher.start()
+        outcome = await asyncio.gather(
+            batcher.submit(["a"], None), batcher.submit(["boom"], None), batcher.submit(["c"], None),
+            return_exceptions=True,
+        )
+        await batcher.close()
+        return tuple(outcome)
+
+    a, boom, c = run_async(main())
+    assert a == ["a"] and c == ["c"]
+    assert isinstance(boom, ModelFailed)
+
+
+def test_async_driver_checks_output_count() -> None:
+    async def model(batch: list[Any]) -> list[Any]:
+        return batch[:-1]
+
+    async def main() -> Any:
+        batcher = AsyncBatcher(BatchQueue(4, 0.0, 100, 1), model)
+        batcher.start()
+        try:
+            return await batcher.submit([1, 2], None)
+        finally:
+            await batcher.close()
+
+    with pytest.raises(OutputMismatch, match="returned 1 outputs for 2 inputs"):
+        run_async(main())
+
+
+def test_async_driver_expires_queued_requests_without_computing_them() -> None:
+    computed: list[Any] = []
+    release = asyncio.Event
+
+    async def main() -> tuple[Any, list[Any]]:
+        gate = release()
+
+        async def model(batch: list[Any]) -> list[Any]:
+            computed.extend(batch)
+            await gate.wait()
+            return batch
+
+        batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(["first"], None))
+        await asyncio.sleep(0)
+        late = batcher.submit(["late"], time.monotonic() + 0.05)
+        outcome = await asyncio.gather(late, return_exceptions=True)
+        gate.set()
+        result = await first
+        await asyncio.sleep(0.01)
+        await batcher.close()
+        return outcome[0], result
+
+    late, first = run_async(main())
+    assert isinstance(late, DeadlineExceeded) and late.status == 504
+    assert first == ["first"]
+    assert computed == ["first"]
+
+
+def test_async_driver_rejects_when_queue_is_full() -> None:
+    async def main() -> Any:
+        gate = asyncio.Event()
+
+        async def model(batch: list[Any]) -> list[Any]:
+            await gate.wait()
+            return batch
+
+        batcher = AsyncBatcher(BatchQueue(1, 0.0, 2, 1), model)
+        batcher.start()
+        tasks = [asyncio.create_task(batcher.submit([0], None))]
+        await asyncio.sleep(0.01)  # the first is computing
+        tasks += [asyncio.create_task(batcher.submit([i], None)) for i in (1, 2)]
+        await asyncio.sleep(0.01)  # two are queued: the queue is full
+        with pytest.raises(QueueFull):
+            await batcher.submit([99], None)
+        gate.set()
+        results = await asyncio.gather(*tasks)
+        await batcher.close()
+        return results, batcher.stats.rejected
+
+    results, rejected = run_async(main())
+    assert results == [[0], [1], [2]] and rejected == 1
+
+
+# -- the thread driver -------------------------------------------------------------------------------------------
+def test_thread_driver_batches_across_threads() -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def model(batch: list[Any]) -> list[Any]:
+        with lock:
+            seen.append(len(batch))
+        time.sleep(0.005)  # a model that takes time, so batches form while it runs
+        return [x + 1 for x in batch]
+
+    batcher = ThreadBatcher(BatchQueue(16, 0.002, 1000, 1), model, workers=1)
+    results: dict[int, list[Any]] = {}
+
+    def client(i: int) -> None:
+        results[i] = batcher.submit([i, -i], None)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    batcher.close()
+    assert results == {i: [i + 1, -i + 1] for i in range(24)}
+    assert max(seen) > 2 and sum(seen) == 48
+
+
+def test_thread_driver_deadline_and_errors() -> None:
+    gate = threading.Event()
+
+    def model(batch: list[Any]) -> list[Any]:
+        if batch == ["boom"]:
+            raise ModelFailed("exploded")
+        gate.wait(timeout=30)
+        return batch
+
+    batcher = ThreadBatcher(BatchQueue(1, 0.0, 100, 1), model, workers=1)
+    with pytest.raises(ModelFailed):
+        batcher.submit(["boom"], None)
+    blocker = threading.Thread(target=batcher.submit, args=(["slow"], None))
+    blocker.start()
+    with pytest.raises(DeadlineExceeded):
+        batcher.submit(["late"], time.monotonic() + 0.05)
+    gate.set()
+    blocker.join(timeout=30)
+    assert batcher.submit(["after"], None) == ["after"]
+    batcher.close()
