@@ -17,7 +17,20 @@ SHUTDOWN_STARTED = {"sync": "Handling signal: term", "async": "Shutting down"}
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sigterm_lets_in_flight_requests_finish(arch: str, tmp_path: Path) -> None:
-    server = Server([model_path("Gate")], arch, "--workers", "1", "--threads", "4", "--graceful-timeout", "60")
+    server = Server(
+        [model_path("Gate")],
+        arch,
+        "--workers",
+        "1",
+        "--threads",
+        "4",
+        "--model-workers",
+        "4",
+        "--max-batch-size",
+        "1",
+        "--graceful-timeout",
+        "60",
+    )
     with server, concurrent.futures.ThreadPoolExecutor(4) as pool:
         gates = [tmp_path / f"request{i}" for i in range(4)]
         pending = [pool.submit(predict, server, "gate", [{"gate": str(g)}]) for g in gates]

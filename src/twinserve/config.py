@@ -15,9 +15,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from twinserve.errors import ConfigError
 
-__all__ = ["DEFAULT_MODEL", "Architecture", "Config", "load_config"]
+__all__ = ["DEFAULT_MODEL", "Architecture", "Config", "ExecutorName", "load_config"]
 
-Architecture = Literal["sync", "async"]
+Architecture = Literal["sync", "async", "hybrid"]
+ExecutorName = Literal["auto", "inline", "thread", "process"]
 DEFAULT_MODEL = "twinserve.examples.tabular:Classifier"
 
 MiB = 1024 * 1024
@@ -33,7 +34,9 @@ class Config(BaseSettings):
         min_length=1,
         description="Model import strings, `pkg.mod:Class` or `path/file.py:Class`.",
     )
-    arch: Architecture = Field("sync", description="Serving architecture.")
+    arch: Architecture = Field(
+        "sync", description="sync: Flask/gunicorn; async: FastAPI/uvicorn; hybrid: async + a model-process pool."
+    )
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind (0: any free port).")
     workers: int | None = Field(
@@ -48,6 +51,37 @@ class Config(BaseSettings):
     worker_class: Literal["gthread", "sync"] = Field(
         "gthread", description="Gunicorn worker class for --arch sync (`sync`: one request per process)."
     )
+    executor: ExecutorName = Field(
+        "auto",
+        description="Where predict runs: inline (awaited on the loop), thread, or process "
+        "(auto: process for hybrid, inline for an async predict, else thread).",
+    )
+    model_workers: int = Field(
+        1, ge=1, le=256, description="Threads (thread executor) or processes (process executor) running predict."
+    )
+    max_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Most instances per predict call (default: 1 for sync, i.e. predict in the request "
+        "thread; 32 for async and hybrid).",
+    )
+    max_batch_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="How long the oldest request may wait for a batch to fill (0: go as soon as a model worker "
+        "is free; batches still form while it is busy).",
+    )
+    max_queue: int = Field(
+        1024, ge=1, description="Most instances waiting for a model worker; past it requests get 503 + Retry-After."
+    )
+    timeout_ms: int | None = Field(
+        None, ge=1, description="Default deadline per request (504 past it; a queued request is not computed)."
+    )
+    max_timeout_ms: int = Field(
+        60_000, ge=1, description="Cap on the deadline a client may ask for in the X-Request-Timeout-Ms header."
+    )
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
@@ -60,7 +94,22 @@ class Config(BaseSettings):
     def _check_combinations(self) -> Config:
         if self.debug and self.workers not in (None, 1):
             raise ValueError("--debug serves from one process: drop --workers or set it to 1")
+        if self.arch == "hybrid" and self.executor not in ("auto", "process"):
+            raise ValueError("--arch hybrid runs predict in model-worker processes: use --executor process or auto")
+        if self.debug and self.resolved_arch_executor == "process":
+            raise ValueError("--debug runs everything in one thread: it cannot use model-worker processes")
         return self
+
+    @property
+    def resolved_arch_executor(self) -> str:
+        """The executor the architecture implies, before the model's own hooks are known."""
+        return "process" if self.arch == "hybrid" and self.executor == "auto" else self.executor
+
+    @property
+    def effective_max_batch_size(self) -> int:
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        return 1 if self.arch == "sync" else 32
 
     @property
     def effective_workers(self) -> int:

@@ -10,7 +10,8 @@
     │   ├── MethodNotAllowed            405 method_not_allowed
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── UnsupportedMediaType        415 unsupported_media_type
-    │   └── ValidationFailed            422 validation_failed
+    │   ├── ValidationFailed            422 validation_failed
+    │   └── ClientDisconnected          499 client_disconnected (logged; nobody is left to read it)
     └── ServerError                     5xx
         ├── ModelFailed                 500 model_error
         ├── OutputMismatch              500 output_mismatch
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "ClientDisconnected",
     "ClientError",
     "ConfigError",
     "DeadlineExceeded",
@@ -46,6 +48,7 @@ __all__ = [
     "UnsupportedMediaType",
     "ValidationFailed",
     "WorkerDied",
+    "error_from_code",
     "error_payload",
 ]
 
@@ -115,6 +118,11 @@ class ValidationFailed(ClientError):
     code = "validation_failed"
 
 
+class ClientDisconnected(ClientError):
+    status = 499
+    code = "client_disconnected"
+
+
 class ServerError(TwinserveError):
     status = 500
     code = "internal"
@@ -156,6 +164,18 @@ class DeadlineExceeded(ServerError):
 
     status = 504
     code = "deadline_exceeded"
+
+
+def _descendants(cls: type[TwinserveError]) -> list[type[TwinserveError]]:
+    return [cls, *(d for sub in cls.__subclasses__() for d in _descendants(sub))]
+
+
+def error_from_code(code: str, message: str) -> TwinserveError:
+    """Rebuild an error sent as (code, message) across a process boundary."""
+    for cls in _descendants(TwinserveError):
+        if cls.code == code:
+            return cls(message)
+    return ModelFailed(message)
 
 
 def error_payload(error: TwinserveError, request_id: str) -> dict[str, Any]:

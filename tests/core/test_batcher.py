@@ -147,7 +147,9 @@ def test_async_driver_fails_only_the_failing_batch() -> None:
         batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
         batcher.start()
         outcome = await asyncio.gather(
-            batcher.submit(["a"], None), batcher.submit(["boom"], None), batcher.submit(["c"], None),
+            batcher.submit(["a"], None),
+            batcher.submit(["boom"], None),
+            batcher.submit(["c"], None),
             return_exceptions=True,
         )
         await batcher.close()

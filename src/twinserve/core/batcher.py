@@ -217,8 +217,8 @@ class AsyncBatcher:
 
     async def submit(self, instances: list[Any], deadline: float | None) -> list[Any]:
         """Queue `instances` as one request and wait for their outputs (503 if the queue is full)."""
-        loop = asyncio.get_running_loop()
-        request = Pending(instances, time.monotonic(), deadline, loop.create_future())
+        waiter: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        request = Pending(instances, time.monotonic(), deadline, waiter)
         try:
             self.queue.put(request)
         except QueueFull:
@@ -228,7 +228,10 @@ class AsyncBatcher:
         try:
             if deadline is None:
                 return await request.waiter
-            return await asyncio.wait_for(asyncio.shield(request.waiter), max(0.0, deadline - time.monotonic()))
+            outputs: list[Any] = await asyncio.wait_for(
+                asyncio.shield(request.waiter), max(0.0, deadline - time.monotonic())
+            )
+            return outputs
         except TimeoutError:
             request.cancelled = True  # if still queued it is dropped; if computing, its result is discarded
             self._wake.set()

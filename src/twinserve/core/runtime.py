@@ -1,7 +1,13 @@
-"""One model in one process: load it once, then preprocess and predict, from blocking or coroutine callers.
+"""One model in one process: load it once, then preprocess, batch and predict, from threads or an event loop.
 
-`ModelRuntime` knows nothing of HTTP. The sync front calls `predict`, the async front awaits `apredict`;
-both run the same hooks, validate the same way and raise the same errors.
+`ModelRuntime` knows nothing of HTTP. The sync front calls `predict`, the async fronts await `apredict`; both
+run the same hooks, the same admission and batching policy, and raise the same errors.
+
+How a request reaches `predict`:
+- sync, no batching (`--max-batch-size 1`, the default): called directly in the request thread (S3);
+- sync with batching: request threads wait while a `ThreadBatcher` gathers their instances into batches;
+- async / hybrid: coroutines wait while an `AsyncBatcher` gathers batches for the executor (inline coroutine,
+  dedicated threads, or model-worker processes).
 """
 
 from __future__ import annotations
@@ -10,14 +16,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 from twinserve.config import Config
-from twinserve.core.bridge import run_coroutine, run_in_executor
-from twinserve.errors import ModelFailed, TwinserveError
+from twinserve.core.batcher import AsyncBatcher, BatchQueue, BatchStats, ThreadBatcher
+from twinserve.core.bridge import run_in_executor
+from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
+from twinserve.core.hooks import call_async, call_blocking, model_code
+from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.protocol.v1 import V1Codec
 
@@ -26,24 +33,13 @@ __all__ = ["ModelRuntime", "load_runtimes"]
 logger = logging.getLogger("twinserve.runtime")
 
 
-@contextmanager
-def _model_code(model: str, stage: str) -> Iterator[None]:
-    """Turn anything the model's own code raises into a ModelFailed (500), keeping deliberate errors."""
-    try:
-        yield
-    except TwinserveError:
-        raise
-    except Exception as exc:
-        logger.exception("model %r raised in %s", model, stage)
-        raise ModelFailed(f"model {model!r} raised in {stage}: {type(exc).__name__}: {exc}") from exc
-
-
 class ModelRuntime:
-    """A loaded model plus its codec, callable from either front."""
+    """A model plus its codec, executor and batcher, callable from either front."""
 
-    def __init__(self, model_cls: type, config: Config) -> None:
+    def __init__(self, target: str, config: Config) -> None:
+        self.target = target
         self.config = config
-        self.model = model_cls()
+        self.model = import_model(target)()
         with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
         self.spec = ModelSpec(self.model)
@@ -51,54 +47,110 @@ class ModelRuntime:
         self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type)
         self.ready = False
         self.load_seconds: float | None = None
-        # Blocking hooks called from the event loop run here; in debug mode they run inline so pdb works.
-        self._executor: ThreadPoolExecutor | None = None
-        if config.arch == "async" and not config.debug:
-            self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix=f"twinserve-{self.name}")
+        self.max_batch_size = config.effective_max_batch_size
+        self.executor_name = resolve_executor(config, self.spec)
+        self.executor: Executor | None = None
+        self._async_batcher: AsyncBatcher | None = None
+        self._thread_batcher: ThreadBatcher | None = None
+        # Blocking preprocess hooks called from the event loop run here; in debug mode they run inline.
+        self._hooks_pool: ThreadPoolExecutor | None = None
+        if config.arch != "sync" and not config.debug:
+            self._hooks_pool = ThreadPoolExecutor(config.threads, thread_name_prefix=f"twinserve-{self.name}")
+
+    @property
+    def stats(self) -> BatchStats | None:
+        batcher = self._async_batcher or self._thread_batcher
+        return batcher.stats if batcher is not None else None
+
+    def _new_queue(self, max_in_flight: int) -> BatchQueue[Any]:
+        return BatchQueue(
+            self.max_batch_size, self.config.max_batch_delay_ms / 1000, self.config.max_queue, max_in_flight
+        )
+
+    def _new_executor(self) -> Executor:
+        return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config))
+
+    @property
+    def _loads_in_process(self) -> bool:
+        # With model-worker processes the server process needs the model only to run `preprocess` itself.
+        return self.executor_name != "process" or self.spec.preprocess is not None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def load(self) -> None:
+        """Load for the sync front: in this process; a batcher only if batching is on."""
         start = time.perf_counter()
-        if self.spec.load is not None:
-            with _model_code(self.name, "load"):
-                self._call(self.spec.load)
+        if self.spec.load is not None and self._loads_in_process:
+            with model_code(self.name, "load"):
+                call_blocking(self.spec.load)
+        if self.max_batch_size > 1 or self.executor_name == "process":
+            executor = self.executor = self._new_executor()
+            executor.start()
+            self._thread_batcher = ThreadBatcher(
+                self._new_queue(executor.max_in_flight), executor.run, executor.max_in_flight
+            )
         self._loaded(start)
 
     async def aload(self) -> None:
+        """Load for the async fronts: in this process (off the loop) and in the executor; start the batcher."""
         start = time.perf_counter()
-        if self.spec.load is not None:
-            with _model_code(self.name, "load"):
-                await self._acall(self.spec.load)
+        if self.spec.load is not None and self._loads_in_process:
+            with model_code(self.name, "load"):
+                await call_async(self.spec.load, offload=self._offload)
+        executor = self.executor = self._new_executor()
+        await executor.astart()
+        self._async_batcher = AsyncBatcher(self._new_queue(executor.max_in_flight), executor.arun)
+        self._async_batcher.start()
         self._loaded(start)
 
     def _loaded(self, start: float) -> None:
         self.load_seconds = time.perf_counter() - start
         self.ready = True
-        logger.info("model %r loaded in %.3f s", self.name, self.load_seconds)
+        logger.info(
+            "model %r ready in %.3f s (executor %s, max batch %d)",
+            self.name,
+            self.load_seconds,
+            self.executor_name,
+            self.max_batch_size,
+        )
 
     def close(self) -> None:
         self.ready = False
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._thread_batcher is not None:
+            self._thread_batcher.close()
+        if self.executor is not None:
+            self.executor.close()
+        if self._hooks_pool is not None:
+            self._hooks_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def aclose(self) -> None:
+        self.ready = False
+        if self._async_batcher is not None:
+            await self._async_batcher.close()
+        self.close()
 
     # -- inference ---------------------------------------------------------------------------------------
-    def predict(self, instances: list[Any]) -> list[Any]:
-        """Blocking path: preprocess each instance, then one `predict` call for the whole batch."""
-        with _model_code(self.name, "preprocess"):
+    def predict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
+        """Blocking path (sync front): preprocess each instance, then predict directly or through the batcher."""
+        _check_deadline(deadline)
+        with model_code(self.name, "preprocess"):
             pre = self.spec.preprocess
             if pre is not None:
-                instances = [self._call(pre, i) for i in instances]
-        with _model_code(self.name, "predict"):
-            return self._call(self.spec.predict, instances)  # type: ignore[no-any-return]
+                instances = [call_blocking(pre, i) for i in instances]
+        if self._thread_batcher is not None:
+            return self._thread_batcher.submit(instances, deadline)
+        with model_code(self.name, "predict"):
+            return call_blocking(self.spec.predict, instances)  # type: ignore[no-any-return]
 
-    async def apredict(self, instances: list[Any]) -> list[Any]:
-        """Coroutine path: same hooks; blocking ones run off the event loop."""
-        with _model_code(self.name, "preprocess"):
+    async def apredict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
+        """Coroutine path (async fronts): preprocess (blocking hooks off the loop), then the batcher."""
+        _check_deadline(deadline)
+        with model_code(self.name, "preprocess"):
             pre = self.spec.apreprocess
             if pre is not None:
                 instances = await self._apreprocess(pre, instances)
-        with _model_code(self.name, "predict"):
-            return await self._acall(self.spec.apredict, instances)  # type: ignore[no-any-return]
+        if self._async_batcher is None:
+            raise TwinserveError(f"model {self.name!r} was not loaded for the event loop")
+        return await self._async_batcher.submit(instances, deadline)
 
     async def _apreprocess(self, pre: Hook, instances: list[Any]) -> list[Any]:
         if pre.is_async:
@@ -107,39 +159,38 @@ class ModelRuntime:
         processed: list[Any] = await self._offload(lambda: [pre.fn(i) for i in instances])
         return processed
 
-    def _call(self, hook: Hook, *args: Any) -> Any:
-        if hook.is_async:
-            return run_coroutine(hook.fn(*args))
-        return hook.fn(*args)
-
-    async def _acall(self, hook: Hook, *args: Any) -> Any:
-        if hook.is_async:
-            return await hook.fn(*args)
-        return await self._offload(hook.fn, *args)
-
     async def _offload(self, fn: Any, *args: Any) -> Any:
-        if self._executor is None:
+        if self._hooks_pool is None:
             return fn(*args)
-        return await run_in_executor(self._executor, fn, *args)
+        return await run_in_executor(self._hooks_pool, fn, *args)
 
     # -- description -------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.spec.version, "ready": self.ready}
 
     def metadata(self) -> dict[str, Any]:
+        serving: dict[str, Any] = {"max_batch_size": self.max_batch_size, "executor": self.executor_name}
+        if self.executor is not None:
+            serving.update(self.executor.describe())
         return {
             **self.summary(),
             "input_schema": self.codec.input_schema(),
             "output_schema": self.codec.output_schema(),
             "examples": self.spec.examples(),
+            "serving": serving,
         }
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and deadline <= time.monotonic():
+        raise DeadlineExceeded("the request's deadline passed before it was computed")
 
 
 def load_runtimes(config: Config) -> dict[str, ModelRuntime]:
     """Import and instantiate every configured model (not yet loaded), keyed by served name."""
     runtimes: dict[str, ModelRuntime] = {}
     for target in config.models:
-        runtime = ModelRuntime(import_model(target), config)
+        runtime = ModelRuntime(target, config)
         if runtime.name in runtimes:
             raise TwinserveError(f"two models are served under the name {runtime.name!r}")
         runtimes[runtime.name] = runtime

@@ -7,9 +7,12 @@ validation machinery would only duplicate what the codec already does in one pas
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.convertors import Convertor, register_url_convertor
@@ -18,13 +21,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from twinserve import __version__
-from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
 from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
 
 __all__ = ["create_asgi_app"]
 
 logger = logging.getLogger("twinserve.asgi")
+
+T = TypeVar("T")
 
 
 class _ModelNameConvertor(Convertor[str]):
@@ -64,6 +70,28 @@ def _content_length(request: Request) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Await `work`, cancelling it if the client goes away first (a queued request then leaves the queue)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnected("the client closed the connection before the answer was ready")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # With the body read, the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 Endpoint = Callable[[Request], Awaitable[Reply]]
 
 
@@ -76,7 +104,7 @@ def create_asgi_app(service: Service) -> FastAPI:
             await runtime.aload()
         yield
         for runtime in service.runtimes.values():
-            runtime.close()
+            await runtime.aclose()
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
     app = FastAPI(
@@ -87,8 +115,9 @@ def create_asgi_app(service: Service) -> FastAPI:
         runtime = service.admit(
             request.path_params["model"], request.headers.get("content-type"), _content_length(request)
         )
+        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(await _read_body(request, service))
-        outputs = await runtime.apredict(instances)
+        outputs = await _unless_disconnected(request, runtime.apredict(instances, deadline))
         return Reply(200, runtime.codec.encode(outputs, len(instances)))
 
     async def list_models(request: Request) -> Reply:

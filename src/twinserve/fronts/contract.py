@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from twinserve.config import Config
+from twinserve.core.admission import deadline_from
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ModelNotFound,
@@ -64,9 +66,13 @@ def error_reply(error: TwinserveError, request_id: str) -> Reply:
 class Service:
     """The transport-free handlers behind every route, over the models this process serves."""
 
-    def __init__(self, runtimes: Mapping[str, ModelRuntime], max_body_bytes: int) -> None:
+    def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config) -> None:
         self.runtimes = dict(runtimes)
-        self.max_body_bytes = max_body_bytes
+        self.config = config
+        self.max_body_bytes = config.max_body_bytes
+
+    def deadline(self, timeout_header: str | None) -> float | None:
+        return deadline_from(timeout_header, self.config)
 
     # -- metadata and health -----------------------------------------------------------------------------
     def list_models(self) -> Reply:

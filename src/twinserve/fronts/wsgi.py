@@ -10,6 +10,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
+from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
 from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
 from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
@@ -61,8 +62,9 @@ def create_wsgi_app(service: Service) -> Flask:
 
     def predict(model: str) -> Response:
         runtime = service.admit(model, request.content_type, request.content_length)
+        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(_read_body(service))
-        outputs = runtime.predict(instances)
+        outputs = runtime.predict(instances, deadline)
         return Response(runtime.codec.encode(outputs, len(instances)), status=200, content_type=JSON)
 
     views: dict[str, Callable[..., Response]] = {

@@ -23,7 +23,7 @@ def build_wsgi_app(config: Config) -> Flask:
     runtimes = load_runtimes(config)
     for runtime in runtimes.values():
         runtime.load()
-    return create_wsgi_app(Service(runtimes, config.max_body_bytes))
+    return create_wsgi_app(Service(runtimes, config))
 
 
 class GunicornServer(BaseApplication):  # type: ignore[misc]

@@ -26,7 +26,7 @@ def app_factory() -> FastAPI:
     """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level)
-    return create_asgi_app(Service(load_runtimes(config), config.max_body_bytes))
+    return create_asgi_app(Service(load_runtimes(config), config))
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
