@@ -7,7 +7,7 @@ import pytest
 from tests.serving import RedisServer, Server, model_path
 from twinserve.examples.io import populate
 
-ARCHS = ("sync", "async")
+ARCHS = ("sync", "async", "hybrid")
 
 #: Everything the contract suite exercises, served together by one server per architecture.
 CONTRACT_MODELS = (

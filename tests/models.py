@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import threading
 import time
@@ -78,13 +79,28 @@ class Gate(twinserve.Model):
     def predict(self, batch: list[dict[str, str]]) -> list[str]:
         for item in batch:
             gate = Path(item["gate"])
-            gate.with_suffix(".started").touch()
+            gate.with_suffix(".started").write_text(str(os.getpid()))
             deadline = time.monotonic() + 60
             while not gate.with_suffix(".release").exists():
                 if time.monotonic() > deadline:
                     raise TimeoutError("gate never released")
                 time.sleep(0.01)
         return ["released" for _ in batch]
+
+
+class BatchRecorder(twinserve.Model):
+    """Tells each instance which predict call (process and call number) computed it, and that call's size."""
+
+    def load(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
+        with self.lock:
+            self.calls += 1
+            call = f"{os.getpid()}-{self.calls}"
+        time.sleep(0.02)  # the model's own compute time: requests arriving meanwhile form the next batch
+        return [{"input": item, "call": call, "size": len(batch)} for item in batch]
 
 
 class WhereAmI(twinserve.Model):
@@ -94,4 +110,5 @@ class WhereAmI(twinserve.Model):
 
     def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
         thread = threading.current_thread()
-        return [{"pid": os.getpid(), "thread": thread.name, "main": thread is threading.main_thread()} for _ in batch]
+        process = multiprocessing.current_process().name
+        return [{"process": process, "thread": thread.name, "main": thread is threading.main_thread()} for _ in batch]

@@ -70,7 +70,9 @@ class Server:
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.output()}")
+                output = self.output()
+                self.log.close()
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{output}")
             try:
                 if httpx.get(self.url + "/v2/health/ready", timeout=1.0).status_code == 200:
                     return self

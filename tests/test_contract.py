@@ -243,8 +243,11 @@ def test_blocking_predict_does_not_stall_health(server: Server, tmp_path: Path) 
         assert pending.result(timeout=30).json() == {"predictions": ["released"]}
 
 
-def test_blocking_model_code_runs_off_the_main_thread(server: Server) -> None:
+def test_blocking_model_code_runs_off_the_event_loop(server: Server) -> None:
     where = predict(server, "where", [1]).json()["predictions"][0]
-    # async: a blocking predict runs on a worker thread, never the loop's (main) thread.
-    # sync: it runs in the request's own thread (gthread worker pool), also not the main thread.
-    assert where["main"] is False
+    serving = httpx.get(server.url + "/v1/models/where").json()["serving"]
+    if serving["executor"] == "process":  # hybrid: in a model-worker process
+        assert where["process"] == "twinserve-model-worker"
+        assert len(serving["worker_pids"]) == 1
+    else:  # async: on a predict thread, never the loop's; sync: in the request's own gthread thread
+        assert where["main"] is False

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
-
 from twinserve.core.batcher import AsyncBatcher, BatchQueue, Pending, ThreadBatcher
 from twinserve.errors import DeadlineExceeded, ModelFailed, OutputMismatch, QueueFull
+
+pytestmark = pytest.mark.timeout(60)
 
 
 def pending(n: int, at: float = 0.0, deadline: float | None = None, tag: str = "r") -> Pending[str]:

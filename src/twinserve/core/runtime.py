@@ -172,6 +172,10 @@ class ModelRuntime:
         serving: dict[str, Any] = {"max_batch_size": self.max_batch_size, "executor": self.executor_name}
         if self.executor is not None:
             serving.update(self.executor.describe())
+        batcher = self._async_batcher or self._thread_batcher
+        if batcher is not None:
+            serving["queued_instances"] = batcher.queue.queued_instances
+            serving["in_flight_batches"] = batcher.queue.in_flight
         return {
             **self.summary(),
             "input_schema": self.codec.input_schema(),

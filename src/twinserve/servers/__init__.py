@@ -14,6 +14,7 @@ __all__ = ["SERVERS", "serve"]
 SERVERS: dict[str, str] = {
     "sync": "twinserve.servers.gunicorn:run",
     "async": "twinserve.servers.uvicorn:run",
+    "hybrid": "twinserve.servers.uvicorn:run",  # the async front; Config routes predict to model-worker processes
 }
 
 

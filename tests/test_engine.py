@@ -1,0 +1,135 @@
+"""The serving engine on real servers: batching, admission (503/504), and model-worker replacement."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ARCHS
+from tests.serving import Server, model_path, predict, wait_for_file
+
+#: Sync batches across the request threads of one process, so give it one process with enough threads.
+SAME_PROCESS = {
+    "sync": ["--workers", "1", "--threads", "40"],
+    "async": ["--workers", "1"],
+    "hybrid": ["--workers", "1"],
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_concurrent_requests_are_batched_and_answered_individually(arch: str) -> None:
+    flags = ["--max-batch-size", "32", "--max-batch-delay-ms", "5", *SAME_PROCESS[arch]]
+    with Server([model_path("BatchRecorder")], arch, *flags) as server:
+
+        def client(i: int) -> list[dict[str, Any]]:
+            answers = []
+            with httpx.Client(base_url=server.url, timeout=30) as http:  # keep-alive, like a real client
+                for k in range(5):
+                    response = http.post("/v1/models/batchrecorder:predict", json={"instances": [f"{i}-{k}"]})
+                    assert response.status_code == 200, response.text
+                    answers.extend(response.json()["predictions"])
+            return answers
+
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(client, range(32)))
+    for i, answers in enumerate(results):
+        assert [a["input"] for a in answers] == [f"{i}-{k}" for k in range(5)]
+    sizes = {a["call"]: a["size"] for answers in results for a in answers}
+    mean = sum(sizes.values()) / len(sizes)
+    assert sum(sizes.values()) == 32 * 5
+    assert mean > 4, f"mean batch size {mean:.1f} over {len(sizes)} predict calls"
+
+
+def wait_for_queue(server: Server, model: str, instances: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        serving = httpx.get(f"{server.url}/v1/models/{model}").json()["serving"]
+        if serving["queued_instances"] == instances:
+            return
+        assert time.monotonic() < deadline, f"queue never reached {instances}: {serving}"
+        time.sleep(0.01)
+
+
+def _gate(tmp_path: Path, name: str) -> dict[str, str]:
+    return {"gate": str(tmp_path / name)}
+
+
+def _release(tmp_path: Path, name: str) -> None:
+    (tmp_path / f"{name}.release").touch()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
+    flags = ["--max-batch-size", "2", "--max-queue", "2", "--model-workers", "1", *SAME_PROCESS[arch]]
+    with Server([model_path("Gate")], arch, *flags) as server, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
+        wait_for_file(tmp_path / "busy.started")  # the only model worker is now held inside predict
+        queued = [pool.submit(predict, server, "gate", [_gate(tmp_path, f"q{i}")]) for i in range(2)]
+        wait_for_queue(server, "gate", 2)
+        rejected = predict(server, "gate", [_gate(tmp_path, "extra")])
+        assert rejected.status_code == 503, rejected.text
+        assert rejected.headers["retry-after"] == "1"
+        assert rejected.json()["error"]["code"] == "queue_full"
+        for name in ("busy", "q0", "q1"):
+            _release(tmp_path, name)
+        assert busy.result(timeout=30).status_code == 200
+        assert [q.result(timeout=30).status_code for q in queued] == [200, 200]
+        assert not (tmp_path / "extra.started").exists()  # a rejected request never reaches the model
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_path: Path) -> None:
+    flags = ["--max-batch-size", "2", "--model-workers", "1", "--max-timeout-ms", "5000", *SAME_PROCESS[arch]]
+    with Server([model_path("Gate")], arch, *flags) as server, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
+        wait_for_file(tmp_path / "busy.started")
+        late = predict(server, "gate", [_gate(tmp_path, "late")], headers={"X-Request-Timeout-Ms": "300"})
+        assert late.status_code == 504, late.text
+        assert late.json()["error"]["code"] == "deadline_exceeded"
+        _release(tmp_path, "busy")
+        _release(tmp_path, "after")
+        assert busy.result(timeout=30).status_code == 200
+        assert predict(server, "gate", [_gate(tmp_path, "after")]).status_code == 200
+        assert not (tmp_path / "late.started").exists()
+        bad = predict(server, "gate", [_gate(tmp_path, "x")], headers={"X-Request-Timeout-Ms": "soon"})
+        assert bad.status_code == 400
+        assert "X-Request-Timeout-Ms" in bad.json()["error"]["message"]
+
+
+def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path) -> None:
+    flags = ["--model-workers", "2", "--max-batch-size", "1", "--workers", "1"]
+    with Server([model_path("Gate"), model_path("Echo")], "hybrid", *flags) as server:
+        before = httpx.get(server.url + "/v1/models/gate").json()["serving"]["worker_pids"]
+        assert len(before) == 2
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            doomed = pool.submit(predict, server, "gate", [_gate(tmp_path, "doomed")])
+            wait_for_file(tmp_path / "doomed.started")
+            victim = int((tmp_path / "doomed.started").read_text())
+            assert victim in before
+            _release(tmp_path, "free")  # traffic the surviving worker can answer at once
+            load = [pool.submit(predict, server, "gate", [_gate(tmp_path, "free")]) for _ in range(30)]
+            os.kill(victim, signal.SIGKILL)
+            died = doomed.result(timeout=30)
+            assert died.status_code == 503, died.text
+            assert died.json()["error"]["code"] == "worker_died"
+            assert str(victim) in died.json()["error"]["message"]
+            statuses = [r.result(timeout=60).status_code for r in load]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= len(statuses) - 1
+        deadline = time.monotonic() + 60
+        while True:
+            serving = httpx.get(server.url + "/v1/models/gate").json()["serving"]
+            if len(serving["worker_pids"]) == 2 and victim not in serving["worker_pids"]:
+                break
+            assert time.monotonic() < deadline, f"worker never replaced: {serving}"
+            time.sleep(0.05)
+        assert serving["workers_replaced"] == 1
+        answers = [predict(server, "gate", [_gate(tmp_path, "free")]) for _ in range(6)]
+        assert all(a.json() == {"predictions": ["released"]} for a in answers)
+        assert predict(server, "echo", [1]).json() == {"predictions": [1]}
