@@ -133,3 +133,26 @@ def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path
         answers = [predict(server, "gate", [_gate(tmp_path, "free")]) for _ in range(6)]
         assert all(a.json() == {"predictions": ["released"]} for a in answers)
         assert predict(server, "echo", [1]).json() == {"predictions": [1]}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rate_limit_is_429_with_retry_after(arch: str) -> None:
+    with Server([model_path("Echo")], arch, "--workers", "1", "--rate-limit", "0.5", "--rate-burst", "2") as server:
+        statuses = [predict(server, "echo", [i]) for i in range(4)]
+        assert [r.status_code for r in statuses[:2]] == [200, 200]
+        limited = statuses[2]
+        assert limited.status_code == 429
+        assert limited.json()["error"]["code"] == "rate_limited"
+        assert int(limited.headers["retry-after"]) >= 1
+        assert httpx.get(server.url + "/v2/health/ready").status_code == 200  # probes are never limited
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_answers_repeats_without_computing(arch: str) -> None:
+    with Server([model_path("BatchRecorder")], arch, "--workers", "1", "--cache-size", "100") as server:
+        first = predict(server, "batchrecorder", ["a", {"k": 1, "j": 2}]).json()["predictions"]
+        again = predict(server, "batchrecorder", [{"j": 2, "k": 1}, "new", "a"]).json()["predictions"]
+        assert again[0] == first[1] and again[2] == first[0]  # same predict call: served from the cache
+        assert again[1]["call"] != first[0]["call"] and again[1]["size"] == 1  # only the new one was computed
+        cache = httpx.get(server.url + "/v1/models/batchrecorder").json()["serving"]["cache"]
+        assert cache["hits"] == 2 and cache["misses"] == 3 and cache["entries"] == 3

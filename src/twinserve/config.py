@@ -82,6 +82,14 @@ class Config(BaseSettings):
     max_timeout_ms: int = Field(
         60_000, ge=1, description="Cap on the deadline a client may ask for in the X-Request-Timeout-Ms header."
     )
+    rate_limit: float | None = Field(
+        None, gt=0, description="Requests per second the server admits in all (429 + Retry-After past it)."
+    )
+    rate_burst: int | None = Field(
+        None, ge=1, description="Burst size of the rate limit (default: one second's worth)."
+    )
+    cache_size: int = Field(0, ge=0, description="Cached outputs per model, LRU (0: no cache).")
+    cache_ttl_s: float | None = Field(None, gt=0, description="Seconds a cached output stays valid (default: forever).")
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")

@@ -11,6 +11,7 @@
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── UnsupportedMediaType        415 unsupported_media_type
     │   ├── ValidationFailed            422 validation_failed
+    │   ├── RateLimited                 429 rate_limited (Retry-After)
     │   └── ClientDisconnected          499 client_disconnected (logged; nobody is left to read it)
     └── ServerError                     5xx
         ├── ModelFailed                 500 model_error
@@ -43,6 +44,7 @@ __all__ = [
     "OutputMismatch",
     "PayloadTooLarge",
     "QueueFull",
+    "RateLimited",
     "ServerError",
     "TwinserveError",
     "UnsupportedMediaType",
@@ -116,6 +118,11 @@ class UnsupportedMediaType(ClientError):
 class ValidationFailed(ClientError):
     status = 422
     code = "validation_failed"
+
+
+class RateLimited(ClientError):
+    status = 429
+    code = "rate_limited"
 
 
 class ClientDisconnected(ClientError):

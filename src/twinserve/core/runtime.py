@@ -22,6 +22,7 @@ from typing import Any
 from twinserve.config import Config
 from twinserve.core.batcher import AsyncBatcher, BatchQueue, BatchStats, ThreadBatcher
 from twinserve.core.bridge import run_in_executor
+from twinserve.core.cache import ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.errors import DeadlineExceeded, TwinserveError
@@ -50,6 +51,9 @@ class ModelRuntime:
         self.max_batch_size = config.effective_max_batch_size
         self.executor_name = resolve_executor(config, self.spec)
         self.executor: Executor | None = None
+        self.cache: ResponseCache | None = None
+        if config.cache_size > 0:
+            self.cache = ResponseCache(f"{self.name}@{self.spec.version}", config.cache_size, config.cache_ttl_s)
         self._async_batcher: AsyncBatcher | None = None
         self._thread_batcher: ThreadBatcher | None = None
         # Blocking preprocess hooks called from the event loop run here; in debug mode they run inline.
@@ -130,7 +134,26 @@ class ModelRuntime:
 
     # -- inference ---------------------------------------------------------------------------------------
     def predict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
-        """Blocking path (sync front): preprocess each instance, then predict directly or through the batcher."""
+        """Blocking path (sync front): cached outputs, else preprocess and predict (directly or batched)."""
+        if self.cache is None:
+            return self._predict(instances, deadline)
+        keys, found = self.cache.lookup(instances)
+        if len(found) == len(instances):
+            return [found[i] for i in range(len(instances))]
+        missing = [x for i, x in enumerate(instances) if i not in found]
+        return self.cache.fill(keys, found, self._predict(missing, deadline))
+
+    async def apredict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
+        """Coroutine path (async fronts): cached outputs, else preprocess (off the loop) and the batcher."""
+        if self.cache is None:
+            return await self._apredict(instances, deadline)
+        keys, found = self.cache.lookup(instances)
+        if len(found) == len(instances):
+            return [found[i] for i in range(len(instances))]
+        missing = [x for i, x in enumerate(instances) if i not in found]
+        return self.cache.fill(keys, found, await self._apredict(missing, deadline))
+
+    def _predict(self, instances: list[Any], deadline: float | None) -> list[Any]:
         _check_deadline(deadline)
         with model_code(self.name, "preprocess"):
             pre = self.spec.preprocess
@@ -141,8 +164,7 @@ class ModelRuntime:
         with model_code(self.name, "predict"):
             return call_blocking(self.spec.predict, instances)  # type: ignore[no-any-return]
 
-    async def apredict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
-        """Coroutine path (async fronts): preprocess (blocking hooks off the loop), then the batcher."""
+    async def _apredict(self, instances: list[Any], deadline: float | None) -> list[Any]:
         _check_deadline(deadline)
         with model_code(self.name, "preprocess"):
             pre = self.spec.apreprocess
@@ -172,6 +194,8 @@ class ModelRuntime:
         serving: dict[str, Any] = {"max_batch_size": self.max_batch_size, "executor": self.executor_name}
         if self.executor is not None:
             serving.update(self.executor.describe())
+        if self.cache is not None:
+            serving["cache"] = self.cache.describe()
         batcher = self._async_batcher or self._thread_batcher
         if batcher is not None:
             serving["queued_instances"] = batcher.queue.queued_instances

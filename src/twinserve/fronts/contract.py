@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from twinserve.config import Config
-from twinserve.core.admission import deadline_from
+from twinserve.core.admission import deadline_from, rate_limiter
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ModelNotFound,
@@ -70,6 +70,7 @@ class Service:
         self.runtimes = dict(runtimes)
         self.config = config
         self.max_body_bytes = config.max_body_bytes
+        self.limiter = rate_limiter(config)
 
     def deadline(self, timeout_header: str | None) -> float | None:
         return deadline_from(timeout_header, self.config)
@@ -112,6 +113,8 @@ class Service:
     def admit(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
         """Checks that need only the request line and headers, done before the body is read."""
         runtime = self.runtime(model)
+        if self.limiter is not None:
+            self.limiter.acquire()
         if content_type:
             media_type = content_type.split(";", 1)[0].strip().lower()
             if not _JSON_TYPE.match(media_type):
