@@ -31,8 +31,9 @@ def model_path(name: str) -> str:
     return f"{TEST_MODELS}:{name}"
 
 
-def predict(server: Server, model: str, instances: Any, **kwargs: Any) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances}, timeout=30, **kwargs)
+def predict(server: Server, model: str, instances: Any, timeout: float = 30, **kwargs: Any) -> httpx.Response:
+    url = f"{server.url}/v1/models/{model}:predict"
+    return httpx.post(url, json={"instances": instances}, timeout=timeout, **kwargs)
 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:

@@ -156,3 +156,21 @@ def test_cache_answers_repeats_without_computing(arch: str) -> None:
         assert again[1]["call"] != first[0]["call"] and again[1]["size"] == 1  # only the new one was computed
         cache = httpx.get(server.url + "/v1/models/batchrecorder").json()["serving"]["cache"]
         assert cache["hits"] == 2 and cache["misses"] == 3 and cache["entries"] == 3
+
+
+@pytest.mark.parametrize("arch", ["async", "hybrid"])  # gunicorn's sync workers cannot see a client leave
+def test_client_that_disconnects_while_queued_leaves_the_queue(arch: str, tmp_path: Path) -> None:
+    flags = ["--max-batch-size", "1", "--model-workers", "1", "--workers", "1"]
+    with Server([model_path("Gate")], arch, *flags) as server, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
+        wait_for_file(tmp_path / "busy.started")
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+            predict(server, "gate", [_gate(tmp_path, "gone")], timeout=0.5)
+        wait_for_queue(server, "gate", 0)
+        _release(tmp_path, "busy")
+        assert busy.result(timeout=30).status_code == 200
+        _release(tmp_path, "after")
+        assert predict(server, "gate", [_gate(tmp_path, "after")]).status_code == 200
+        assert not (tmp_path / "gone.started").exists()
+        batches = httpx.get(server.url + "/v1/models/gate").json()["serving"]["batches"]
+        assert batches["cancelled"] == 1 and batches["count"] == 2

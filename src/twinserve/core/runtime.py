@@ -198,8 +198,16 @@ class ModelRuntime:
             serving["cache"] = self.cache.describe()
         batcher = self._async_batcher or self._thread_batcher
         if batcher is not None:
+            stats = batcher.stats
             serving["queued_instances"] = batcher.queue.queued_instances
             serving["in_flight_batches"] = batcher.queue.in_flight
+            serving["batches"] = {
+                "count": stats.batches,
+                "instances": stats.instances,
+                "rejected_queue_full": stats.rejected,
+                "expired": stats.expired,
+                "cancelled": stats.cancelled,
+            }
         return {
             **self.summary(),
             "input_schema": self.codec.input_schema(),
