@@ -1,0 +1,1 @@
+"""The usual ways to serve a model without twinserve, written plainly, for `benchmarks/peers.py`."""
