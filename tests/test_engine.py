@@ -137,7 +137,7 @@ def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rate_limit_is_429_with_retry_after(arch: str) -> None:
-    with Server([model_path("Echo")], arch, "--workers", "1", "--rate-limit", "0.5", "--rate-burst", "2") as server:
+    with Server([model_path("Echo")], arch, "--workers", "1", "--rate-limit", "0.01", "--rate-burst", "2") as server:
         statuses = [predict(server, "echo", [i]) for i in range(4)]
         assert [r.status_code for r in statuses[:2]] == [200, 200]
         limited = statuses[2]
