@@ -32,15 +32,16 @@ def test_equal_instances_share_a_key_whatever_their_key_order() -> None:
 
 def test_partial_hits_compute_only_the_rest() -> None:
     cache = ResponseCache("m@1", 10, None)
-    keys, found = cache.lookup(["a", "b"])
-    assert found == {}
-    assert cache.fill(keys, found, ["A", "B"]) == ["A", "B"]
-    keys, found = cache.lookup(["b", "c", "a"])
-    assert found == {0: "B", 2: "A"}
-    assert cache.fill(keys, found, ["C"]) == ["B", "C", "A"]
-    assert cache.describe() == {"entries": 3, "max_entries": 10, "hits": 2, "misses": 3}
+    lookup = cache.lookup(["a", "b"])
+    assert lookup.found == {} and lookup.missing == ["a", "b"]
+    assert cache.fill(lookup, ["A", "B"]) == ["A", "B"]
+    lookup = cache.lookup(["b", "c", "a"])
+    assert lookup.found == {0: "B", 2: "A"} and lookup.missing == ["c"]
+    assert cache.fill(lookup, ["C"]) == ["B", "C", "A"]
+    assert cache.lookup(["a", "c"]).outputs() == ["A", "C"]
+    assert cache.describe() == {"entries": 3, "max_entries": 10, "hits": 4, "misses": 3}
     with pytest.raises(OutputMismatch):
-        cache.fill(*cache.lookup(["d", "e"]), ["only one"])
+        cache.fill(cache.lookup(["d", "e"]), ["only one"])
 
 
 def test_lru_eviction_and_ttl() -> None:
@@ -50,7 +51,7 @@ def test_lru_eviction_and_ttl() -> None:
         cache.put(cache.key(name), name.upper())
     cache.get(cache.key("a"))  # a is now the most recent
     cache.put(cache.key("c"), "C")  # evicts b
-    assert cache.lookup(["a", "b", "c"])[1] == {0: "A", 2: "C"}
+    assert cache.lookup(["a", "b", "c"]).found == {0: "A", 2: "C"}
     clock.now = 10.5
-    assert cache.lookup(["a", "c"])[1] == {}
+    assert cache.lookup(["a", "c"]).found == {}
     assert cache.describe()["entries"] == 0

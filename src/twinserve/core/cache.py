@@ -12,6 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,9 +20,19 @@ import orjson
 from twinserve.errors import OutputMismatch
 from twinserve.protocol.v1 import json_default
 
-__all__ = ["ResponseCache"]
+__all__ = ["Lookup", "ResponseCache"]
 
 _MISSING = object()
+
+
+@dataclass(frozen=True)
+class Lookup:
+    keys: list[bytes]
+    found: dict[int, Any]  # index -> cached output
+    missing: list[Any]  # the instances to compute, in order
+
+    def outputs(self) -> list[Any]:
+        return [self.found[i] for i in range(len(self.keys))]
 
 
 class ResponseCache:
@@ -65,28 +76,28 @@ class ResponseCache:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
-    def lookup(self, instances: list[Any]) -> tuple[list[bytes], dict[int, Any]]:
-        """Keys for every instance and the outputs already cached, by index."""
+    def lookup(self, instances: list[Any]) -> Lookup:
+        """Keys for every instance, the outputs already cached, and the instances still to compute."""
         keys = [self.key(i) for i in instances]
         found = {}
         for index, key in enumerate(keys):
             output = self.get(key)
             if output is not _MISSING:
                 found[index] = output
-        return keys, found
+        return Lookup(keys, found, [x for i, x in enumerate(instances) if i not in found])
 
-    def fill(self, keys: list[bytes], found: dict[int, Any], computed: Any) -> list[Any]:
-        """Merge freshly computed outputs (for the indices not in `found`, in order) and cache them."""
-        missing = [i for i in range(len(keys)) if i not in found]
+    def fill(self, lookup: Lookup, computed: Any) -> list[Any]:
+        """Merge outputs computed for `lookup.missing` (in order) with the cached ones, and cache them."""
+        missing = [i for i in range(len(lookup.keys)) if i not in lookup.found]
         if not hasattr(computed, "__len__"):
             raise OutputMismatch(f"predict must return a list, got {type(computed).__name__}")
         if len(computed) != len(missing):
             raise OutputMismatch(f"predict returned {len(computed)} outputs for {len(missing)} inputs")
-        outputs = dict(found)
+        outputs = dict(lookup.found)
         for index, output in zip(missing, computed, strict=True):
-            self.put(keys[index], output)
+            self.put(lookup.keys[index], output)
             outputs[index] = output
-        return [outputs[i] for i in range(len(keys))]
+        return [outputs[i] for i in range(len(lookup.keys))]
 
     def describe(self) -> dict[str, Any]:
         with self._lock:

@@ -137,21 +137,19 @@ class ModelRuntime:
         """Blocking path (sync front): cached outputs, else preprocess and predict (directly or batched)."""
         if self.cache is None:
             return self._predict(instances, deadline)
-        keys, found = self.cache.lookup(instances)
-        if len(found) == len(instances):
-            return [found[i] for i in range(len(instances))]
-        missing = [x for i, x in enumerate(instances) if i not in found]
-        return self.cache.fill(keys, found, self._predict(missing, deadline))
+        lookup = self.cache.lookup(instances)
+        if not lookup.missing:
+            return lookup.outputs()
+        return self.cache.fill(lookup, self._predict(lookup.missing, deadline))
 
     async def apredict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
         """Coroutine path (async fronts): cached outputs, else preprocess (off the loop) and the batcher."""
         if self.cache is None:
             return await self._apredict(instances, deadline)
-        keys, found = self.cache.lookup(instances)
-        if len(found) == len(instances):
-            return [found[i] for i in range(len(instances))]
-        missing = [x for i, x in enumerate(instances) if i not in found]
-        return self.cache.fill(keys, found, await self._apredict(missing, deadline))
+        lookup = self.cache.lookup(instances)
+        if not lookup.missing:
+            return lookup.outputs()
+        return self.cache.fill(lookup, await self._apredict(lookup.missing, deadline))
 
     def _predict(self, instances: list[Any], deadline: float | None) -> list[Any]:
         _check_deadline(deadline)
