@@ -6,8 +6,9 @@ arguments below, and differs from the other front only in how it waits for `Mode
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,6 +39,18 @@ __all__ = [
     "request_id_from",
 ]
 
+
+def _reset_ids() -> None:
+    """Request ids must be unique, not secret: a random per-process prefix and a counter (cheaper than uuid4)."""
+    global _ID_PREFIX, _ids
+    _ID_PREFIX = os.urandom(8).hex()
+    _ids = itertools.count()
+
+
+_ID_PREFIX = ""
+_ids = itertools.count()
+_reset_ids()
+os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 
@@ -56,7 +69,7 @@ def request_id_from(header: str | None) -> str:
     """Echo a client's request id when it is safe to put in headers and logs, else make one."""
     if header and _CLIENT_ID.match(header):
         return header
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}{next(_ids):016x}"
 
 
 def error_reply(error: TwinserveError, request_id: str) -> Reply:

@@ -8,7 +8,7 @@ import signal
 import sys
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
@@ -22,7 +22,7 @@ __all__ = ["app_factory", "run"]
 CONFIG_ENV = "TWINSERVE_SERVE_CONFIG_JSON"
 
 
-def app_factory() -> FastAPI:
+def app_factory() -> ASGIApp:
     """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level)
