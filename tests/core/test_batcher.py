@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from twinserve.core.batcher import AsyncBatcher, BatchQueue, Pending, ThreadBatcher
-from twinserve.errors import DeadlineExceeded, ModelFailed, OutputMismatch, QueueFull
+from twinserve.errors import ClientDisconnected, DeadlineExceeded, ModelFailed, OutputMismatch, QueueFull
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -278,3 +278,33 @@ def test_thread_driver_deadline_and_errors() -> None:
     blocker.join(timeout=30)
     assert batcher.submit(["after"], None) == ["after"]
     batcher.close()
+
+
+def test_async_driver_drops_requests_whose_client_has_gone() -> None:
+    computed: list[Any] = []
+
+    async def main() -> Any:
+        gate = asyncio.Event()
+
+        async def model(batch: list[Any]) -> list[Any]:
+            computed.extend(batch)
+            await gate.wait()
+            return batch
+
+        batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
+        batcher.start()
+        busy = asyncio.create_task(batcher.submit(["busy"], None))
+        await asyncio.sleep(0.01)
+        client_left = False
+        gone = asyncio.create_task(batcher.submit(["gone"], None, gone=lambda: client_left))
+        await asyncio.sleep(0.01)
+        client_left = True
+        gate.set()
+        outcome = await asyncio.gather(busy, gone, return_exceptions=True)
+        await batcher.close()
+        return outcome, batcher.stats.cancelled
+
+    (busy, gone), cancelled = run_async(main())
+    assert busy == ["busy"]
+    assert isinstance(gone, ClientDisconnected)
+    assert computed == ["busy"] and cancelled == 1

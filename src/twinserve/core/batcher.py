@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from twinserve.errors import DeadlineExceeded, OutputMismatch, QueueFull, TwinserveError
+from twinserve.errors import ClientDisconnected, DeadlineExceeded, OutputMismatch, QueueFull, TwinserveError
 
 __all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher"]
 
@@ -40,6 +40,11 @@ class Pending(Generic[W]):
     deadline: float | None
     waiter: W
     cancelled: bool = False
+    #: Polled before compute: True once the client has gone (an ASGI server's disconnect flag, say).
+    gone: Callable[[], bool] | None = None
+
+    def abandoned(self) -> bool:
+        return self.cancelled or (self.gone is not None and self.gone())
 
     @property
     def size(self) -> int:
@@ -167,11 +172,11 @@ class BatchQueue(Generic[W]):
         return request
 
     def _drop_dead(self, now: float, outcome: Batch[W]) -> None:
-        if not any(r.cancelled or (r.deadline is not None and r.deadline <= now) for r in self._queue):
+        if not any(r.abandoned() or (r.deadline is not None and r.deadline <= now) for r in self._queue):
             return
         alive: deque[Pending[W]] = deque()
         for request in self._queue:
-            if request.cancelled:
+            if request.abandoned():
                 outcome.dropped.append(request)
             elif request.deadline is not None and request.deadline <= now:
                 outcome.expired.append(request)
@@ -197,6 +202,10 @@ def _split(batch: Batch[Any], outputs: Any) -> list[list[Any]]:
     return parts
 
 
+def _gone_error() -> ClientDisconnected:
+    return ClientDisconnected("the client closed the connection while the request was queued")
+
+
 def _expired_error() -> DeadlineExceeded:
     return DeadlineExceeded("the request's deadline passed before it was computed")
 
@@ -215,10 +224,15 @@ class AsyncBatcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._collect(), name="twinserve-batcher")
 
-    async def submit(self, instances: list[Any], deadline: float | None) -> list[Any]:
-        """Queue `instances` as one request and wait for their outputs (503 if the queue is full)."""
+    async def submit(
+        self, instances: list[Any], deadline: float | None, gone: Callable[[], bool] | None = None
+    ) -> list[Any]:
+        """Queue `instances` as one request and wait for their outputs (503 if the queue is full).
+
+        `gone`, if given, tells whether the client has left; such a request is dropped before compute.
+        """
         waiter: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        request = Pending(instances, time.monotonic(), deadline, waiter)
+        request = Pending(instances, time.monotonic(), deadline, waiter, gone=gone)
         try:
             self.queue.put(request)
         except QueueFull:
@@ -255,6 +269,7 @@ class AsyncBatcher:
             self.stats.expired += len(batch.expired)
             self.stats.cancelled += len(batch.dropped)
             self._fail(batch.expired, _expired_error())
+            self._fail(batch.dropped, _gone_error())
             if batch.requests:
                 task = asyncio.get_running_loop().create_task(self._compute(batch))
                 self._batches.add(task)
@@ -346,6 +361,9 @@ class ThreadBatcher:
                 self.stats.expired += 1
                 request.waiter.set_exception(_expired_error())
             self.stats.cancelled += len(batch.dropped)
+            for request in batch.dropped:
+                if not request.waiter.done():
+                    request.waiter.set_exception(_gone_error())
             if batch.requests:
                 self._pool.submit(self._compute, batch)
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -142,14 +143,19 @@ class ModelRuntime:
             return lookup.outputs()
         return self.cache.fill(lookup, self._predict(lookup.missing, deadline))
 
-    async def apredict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
-        """Coroutine path (async fronts): cached outputs, else preprocess (off the loop) and the batcher."""
+    async def apredict(
+        self, instances: list[Any], deadline: float | None = None, gone: Callable[[], bool] | None = None
+    ) -> list[Any]:
+        """Coroutine path (async fronts): cached outputs, else preprocess (off the loop) and the batcher.
+
+        `gone` tells whether the client has left; the batcher then drops the request before compute.
+        """
         if self.cache is None:
-            return await self._apredict(instances, deadline)
+            return await self._apredict(instances, deadline, gone)
         lookup = self.cache.lookup(instances)
         if not lookup.missing:
             return lookup.outputs()
-        return self.cache.fill(lookup, await self._apredict(lookup.missing, deadline))
+        return self.cache.fill(lookup, await self._apredict(lookup.missing, deadline, gone))
 
     def _predict(self, instances: list[Any], deadline: float | None) -> list[Any]:
         _check_deadline(deadline)
@@ -162,7 +168,9 @@ class ModelRuntime:
         with model_code(self.name, "predict"):
             return call_blocking(self.spec.predict, instances)  # type: ignore[no-any-return]
 
-    async def _apredict(self, instances: list[Any], deadline: float | None) -> list[Any]:
+    async def _apredict(
+        self, instances: list[Any], deadline: float | None, gone: Callable[[], bool] | None
+    ) -> list[Any]:
         _check_deadline(deadline)
         with model_code(self.name, "preprocess"):
             pre = self.spec.apreprocess
@@ -170,7 +178,7 @@ class ModelRuntime:
                 instances = await self._apreprocess(pre, instances)
         if self._async_batcher is None:
             raise TwinserveError(f"model {self.name!r} was not loaded for the event loop")
-        return await self._async_batcher.submit(instances, deadline)
+        return await self._async_batcher.submit(instances, deadline, gone)
 
     async def _apreprocess(self, pre: Hook, instances: list[Any]) -> list[Any]:
         if pre.is_async:
