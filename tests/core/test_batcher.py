@@ -116,6 +116,28 @@ def run_async(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+async def until(condition: Any) -> None:
+    """Yield to the event loop until `condition()` holds (bounded)."""
+    for _ in range(100_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+class GatedModel:
+    """An async model that records what it computes and holds each batch until `gate` is set."""
+
+    def __init__(self) -> None:
+        self.computed: list[Any] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, batch: list[Any]) -> list[Any]:
+        self.computed.extend(batch)
+        await self.gate.wait()
+        return batch
+
+
 def test_async_driver_batches_concurrent_requests_and_splits_results() -> None:
     seen: list[int] = []
 
@@ -177,30 +199,19 @@ def test_async_driver_checks_output_count() -> None:
 
 
 def test_async_driver_expires_queued_requests_without_computing_them() -> None:
-    computed: list[Any] = []
-    release = asyncio.Event
-
-    async def main() -> tuple[Any, list[Any]]:
-        gate = release()
-
-        async def model(batch: list[Any]) -> list[Any]:
-            computed.extend(batch)
-            await gate.wait()
-            return batch
-
+    async def main() -> tuple[Any, list[Any], list[Any]]:
+        model = GatedModel()
         batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
         batcher.start()
         first = asyncio.create_task(batcher.submit(["first"], None))
-        await asyncio.sleep(0)
-        late = batcher.submit(["late"], time.monotonic() + 0.05)
-        outcome = await asyncio.gather(late, return_exceptions=True)
-        gate.set()
+        await until(lambda: batcher.queue.in_flight == 1)
+        outcome = await asyncio.gather(batcher.submit(["late"], time.monotonic() + 0.05), return_exceptions=True)
+        model.gate.set()
         result = await first
-        await asyncio.sleep(0.01)
         await batcher.close()
-        return outcome[0], result
+        return outcome[0], result, model.computed
 
-    late, first = run_async(main())
+    late, first, computed = run_async(main())
     assert isinstance(late, DeadlineExceeded) and late.status == 504
     assert first == ["first"]
     assert computed == ["first"]
@@ -208,21 +219,16 @@ def test_async_driver_expires_queued_requests_without_computing_them() -> None:
 
 def test_async_driver_rejects_when_queue_is_full() -> None:
     async def main() -> Any:
-        gate = asyncio.Event()
-
-        async def model(batch: list[Any]) -> list[Any]:
-            await gate.wait()
-            return batch
-
+        model = GatedModel()
         batcher = AsyncBatcher(BatchQueue(1, 0.0, 2, 1), model)
         batcher.start()
         tasks = [asyncio.create_task(batcher.submit([0], None))]
-        await asyncio.sleep(0.01)  # the first is computing
+        await until(lambda: batcher.queue.in_flight == 1)
         tasks += [asyncio.create_task(batcher.submit([i], None)) for i in (1, 2)]
-        await asyncio.sleep(0.01)  # two are queued: the queue is full
+        await until(lambda: batcher.queue.queued_instances == 2)  # the queue is full
         with pytest.raises(QueueFull):
             await batcher.submit([99], None)
-        gate.set()
+        model.gate.set()
         results = await asyncio.gather(*tasks)
         await batcher.close()
         return results, batcher.stats.rejected
@@ -281,30 +287,22 @@ def test_thread_driver_deadline_and_errors() -> None:
 
 
 def test_async_driver_drops_requests_whose_client_has_gone() -> None:
-    computed: list[Any] = []
-
     async def main() -> Any:
-        gate = asyncio.Event()
-
-        async def model(batch: list[Any]) -> list[Any]:
-            computed.extend(batch)
-            await gate.wait()
-            return batch
-
+        model = GatedModel()
         batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
         batcher.start()
         busy = asyncio.create_task(batcher.submit(["busy"], None))
-        await asyncio.sleep(0.01)
+        await until(lambda: batcher.queue.in_flight == 1)
         client_left = False
         gone = asyncio.create_task(batcher.submit(["gone"], None, gone=lambda: client_left))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(batcher.queue) == 1)
         client_left = True
-        gate.set()
+        model.gate.set()
         outcome = await asyncio.gather(busy, gone, return_exceptions=True)
         await batcher.close()
-        return outcome, batcher.stats.cancelled
+        return outcome, batcher.stats.cancelled, model.computed
 
-    (busy, gone), cancelled = run_async(main())
+    (busy, gone), cancelled, computed = run_async(main())
     assert busy == ["busy"]
     assert isinstance(gone, ClientDisconnected)
     assert computed == ["busy"] and cancelled == 1
