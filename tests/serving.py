@@ -44,6 +44,22 @@ def wait_for_file(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def scrape(server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """`GET /metrics`, parsed by prometheus-client: {(sample name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
 class Server:
     """`twinserve serve ...` as a subprocess; `start()` returns once /v2/health/ready answers 200."""
 

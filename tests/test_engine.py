@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path, predict, wait_for_file
+from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
 
 #: Sync batches across the request threads of one process, so give it one process with enough threads.
 SAME_PROCESS = {
@@ -82,6 +82,7 @@ def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
         assert busy.result(timeout=30).status_code == 200
         assert [q.result(timeout=30).status_code for q in queued] == [200, 200]
         assert not (tmp_path / "extra.started").exists()  # a rejected request never reaches the model
+        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 1
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -98,6 +99,7 @@ def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_pa
         assert busy.result(timeout=30).status_code == 200
         assert predict(server, "gate", [_gate(tmp_path, "after")]).status_code == 200
         assert not (tmp_path / "late.started").exists()
+        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="deadline") == 1
         bad = predict(server, "gate", [_gate(tmp_path, "x")], headers={"X-Request-Timeout-Ms": "soon"})
         assert bad.status_code == 400
         assert "X-Request-Timeout-Ms" in bad.json()["error"]["message"]
@@ -145,6 +147,7 @@ def test_rate_limit_is_429_with_retry_after(arch: str) -> None:
         assert limited.json()["error"]["code"] == "rate_limited"
         assert int(limited.headers["retry-after"]) >= 1
         assert httpx.get(server.url + "/v2/health/ready").status_code == 200  # probes are never limited
+        assert sample(scrape(server), "twinserve_rejected_requests_total", model="echo", reason="rate_limit") == 2
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -14,6 +14,7 @@ from pydantic_core import PydanticUndefined
 from twinserve import __version__
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError, ModelImportError
+from twinserve.observability.metrics import prepare_multiprocess_dir
 
 __all__ = ["build_parser", "main"]
 
@@ -73,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.pop("models", None)
     try:
         config = load_config(**overrides)
+        # Before anything imports prometheus-client: every process of this server shares one metrics directory.
+        prepare_multiprocess_dir()
         from twinserve.servers import serve
 
         serve(config)

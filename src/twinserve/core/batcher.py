@@ -67,22 +67,27 @@ class Batch(Generic[W]):
         return [i for r in self.requests for i in r.instances]
 
 
+#: Told of every computed batch: its size, each request's queue wait, compute seconds, instances still queued.
+BatchObserver = Callable[[int, list[float], float, int], None]
+
+
 @dataclass
 class BatchStats:
-    """Counters a driver keeps; read by tests now and by the metrics layer later."""
+    """Counters a driver keeps, and an optional observer (the metrics layer) told of every batch."""
 
     batches: int = 0
     instances: int = 0
-    sizes: list[int] = field(default_factory=list)
     expired: int = 0
     cancelled: int = 0
     rejected: int = 0
+    observer: BatchObserver | None = None
 
-    def record(self, size: int) -> None:
+    def record(self, batch: Batch[Any], started: float, finished: float, queued: int) -> None:
         self.batches += 1
-        self.instances += size
-        if len(self.sizes) < 100_000:
-            self.sizes.append(size)
+        self.instances += batch.size
+        if self.observer is not None:
+            waits = [started - r.enqueued_at for r in batch.requests]
+            self.observer(batch.size, waits, finished - started, queued)
 
 
 class BatchQueue(Generic[W]):
@@ -276,7 +281,7 @@ class AsyncBatcher:
                 task.add_done_callback(self._batches.discard)
 
     async def _compute(self, batch: Batch[asyncio.Future[list[Any]]]) -> None:
-        self.stats.record(batch.size)
+        started = time.monotonic()
         try:
             parts = _split(batch, await self._run(batch.instances()))
         except TwinserveError as exc:
@@ -289,6 +294,7 @@ class AsyncBatcher:
                     request.waiter.set_result(part)
         finally:
             self.queue.done()
+            self.stats.record(batch, started, time.monotonic(), self.queue.queued_instances)
             self._wake.set()
             self._fail(batch.requests, TwinserveError("batch ended without a result"))
 
@@ -368,7 +374,7 @@ class ThreadBatcher:
                 self._pool.submit(self._compute, batch)
 
     def _compute(self, batch: Batch[concurrent.futures.Future[list[Any]]]) -> None:
-        self.stats.record(batch.size)
+        started = time.monotonic()
         try:
             parts = _split(batch, self._run(batch.instances()))
         except Exception as exc:
@@ -383,6 +389,7 @@ class ThreadBatcher:
         finally:
             with self._cond:
                 self.queue.done()
+                self.stats.record(batch, started, time.monotonic(), self.queue.queued_instances)
                 self._cond.notify()
 
     def close(self) -> None:

@@ -23,11 +23,12 @@ from typing import Any
 from twinserve.config import Config
 from twinserve.core.batcher import AsyncBatcher, BatchQueue, BatchStats, ThreadBatcher
 from twinserve.core.bridge import run_in_executor
-from twinserve.core.cache import ResponseCache
+from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
+from twinserve.observability.metrics import metrics
 from twinserve.protocol.v1 import V1Codec
 
 __all__ = ["ModelRuntime", "load_runtimes"]
@@ -52,6 +53,16 @@ class ModelRuntime:
         self.max_batch_size = config.effective_max_batch_size
         self.executor_name = resolve_executor(config, self.spec)
         self.executor: Executor | None = None
+        registry = metrics()
+        self._metrics: dict[str, Any] = {
+            "batch_size": registry.batch_size.labels(self.name),
+            "inference": registry.inference_seconds.labels(self.name),
+            "queue_wait": registry.queue_wait.labels(self.name),
+            "queued": registry.queued.labels(self.name),
+            "load": registry.load_seconds.labels(self.name),
+            "cache_hit": registry.cache.labels(self.name, "hit"),
+            "cache_miss": registry.cache.labels(self.name, "miss"),
+        }
         self.cache: ResponseCache | None = None
         if config.cache_size > 0:
             self.cache = ResponseCache(f"{self.name}@{self.spec.version}", config.cache_size, config.cache_ttl_s)
@@ -93,6 +104,7 @@ class ModelRuntime:
             self._thread_batcher = ThreadBatcher(
                 self._new_queue(executor.max_in_flight), executor.run, executor.max_in_flight
             )
+            self._thread_batcher.stats.observer = self._observe_batch
         self._loaded(start)
 
     async def aload(self) -> None:
@@ -104,11 +116,21 @@ class ModelRuntime:
         executor = self.executor = self._new_executor()
         await executor.astart()
         self._async_batcher = AsyncBatcher(self._new_queue(executor.max_in_flight), executor.arun)
+        self._async_batcher.stats.observer = self._observe_batch
         self._async_batcher.start()
         self._loaded(start)
 
+    def _observe_batch(self, size: int, waits: list[float], seconds: float, queued: int) -> None:
+        m = self._metrics
+        m["batch_size"].observe(size)
+        m["inference"].observe(seconds)
+        for wait in waits:
+            m["queue_wait"].observe(wait)
+        m["queued"].set(queued)
+
     def _loaded(self, start: float) -> None:
         self.load_seconds = time.perf_counter() - start
+        self._metrics["load"].set(self.load_seconds)
         self.ready = True
         logger.info(
             "model %r ready in %.3f s (executor %s, max batch %d)",
@@ -138,7 +160,7 @@ class ModelRuntime:
         """Blocking path (sync front): cached outputs, else preprocess and predict (directly or batched)."""
         if self.cache is None:
             return self._predict(instances, deadline)
-        lookup = self.cache.lookup(instances)
+        lookup = self._lookup(self.cache, instances)
         if not lookup.missing:
             return lookup.outputs()
         return self.cache.fill(lookup, self._predict(lookup.missing, deadline))
@@ -152,10 +174,18 @@ class ModelRuntime:
         """
         if self.cache is None:
             return await self._apredict(instances, deadline, gone)
-        lookup = self.cache.lookup(instances)
+        lookup = self._lookup(self.cache, instances)
         if not lookup.missing:
             return lookup.outputs()
         return self.cache.fill(lookup, await self._apredict(lookup.missing, deadline, gone))
+
+    def _lookup(self, cache: ResponseCache, instances: list[Any]) -> Lookup:
+        lookup = cache.lookup(instances)
+        if lookup.found:
+            self._metrics["cache_hit"].inc(len(lookup.found))
+        if lookup.missing:
+            self._metrics["cache_miss"].inc(len(lookup.missing))
+        return lookup
 
     def _predict(self, instances: list[Any], deadline: float | None) -> list[Any]:
         _check_deadline(deadline)
@@ -165,8 +195,12 @@ class ModelRuntime:
                 instances = [call_blocking(pre, i) for i in instances]
         if self._thread_batcher is not None:
             return self._thread_batcher.submit(instances, deadline)
+        started = time.monotonic()
         with model_code(self.name, "predict"):
-            return call_blocking(self.spec.predict, instances)  # type: ignore[no-any-return]
+            outputs = call_blocking(self.spec.predict, instances)
+        # Called directly in the request thread: a batch of this request alone, which never queued.
+        self._observe_batch(len(instances), [0.0], time.monotonic() - started, 0)
+        return outputs  # type: ignore[no-any-return]
 
     async def _apredict(
         self, instances: list[Any], deadline: float | None, gone: Callable[[], bool] | None

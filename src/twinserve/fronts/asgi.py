@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
 from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
+from twinserve.observability.metrics import mark_process_dead, metrics
 
 __all__ = ["create_asgi_app"]
 
@@ -153,6 +156,7 @@ def create_asgi_app(service: Service) -> ASGIApp:
         yield
         for runtime in service.runtimes.values():
             await runtime.aclose()
+        mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
     app = FastAPI(
@@ -190,6 +194,9 @@ def create_asgi_app(service: Service) -> ASGIApp:
     async def docs(request: Request) -> Reply:
         return service.docs()
 
+    async def metrics_(request: Request) -> Reply:
+        return service.metrics()
+
     endpoints: dict[str, Endpoint] = {
         "list_models": list_models,
         "model_metadata": model_metadata,
@@ -198,10 +205,12 @@ def create_asgi_app(service: Service) -> ASGIApp:
         "ready": ready,
         "openapi": openapi,
         "docs": docs,
+        "metrics": metrics_,
     }
     for route in ROUTES:
         path = route.path.replace("{model}", "{model:model}")
-        app.router.add_route(path, _handled(endpoints[route.name]), methods=[route.method], name=route.name)
+        handler = _handled(service, route.name, endpoints[route.name])
+        app.router.add_route(path, handler, methods=[route.method], name=route.name)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -215,24 +224,41 @@ def create_asgi_app(service: Service) -> ASGIApp:
         else:
             error = ClientError(str(exc.detail))
             error.status = exc.status_code  # type: ignore[misc]
+        service.observe("unknown", "", error.status, error.code, 0.0)
         return _respond(error_reply(error, request_id), request_id)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    return _PredictFastPath(app, _handled(predict))
+    return _PredictFastPath(app, _handled(service, "predict", predict))
 
 
-def _handled(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap an endpoint: request id in and out, every error rendered by the shared contract."""
+def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap an endpoint: request id in and out, every error rendered by the shared contract, metrics counted."""
+
+    in_flight = metrics().in_flight
 
     async def handle(request: Request) -> Response:
+        started = time.perf_counter()
+        in_flight.inc()
         request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        error: TwinserveError | None = None
         try:
             reply = await endpoint(request)
         except TwinserveError as exc:
-            reply = error_reply(exc, request_id)
+            error = exc
         except Exception as exc:
             logger.exception("unhandled error on %s %s", request.method, request.url.path)
-            reply = error_reply(TwinserveError(f"internal error: {type(exc).__name__}"), request_id)
+            error = TwinserveError(f"internal error: {type(exc).__name__}")
+        finally:
+            in_flight.dec()
+        if error is not None:
+            reply = error_reply(error, request_id)
+        service.observe(
+            name,
+            request.path_params.get("model", ""),
+            reply.status,
+            error.code if error is not None else None,
+            time.perf_counter() - started,
+        )
         return _respond(reply, request_id)
 
     handle.__name__ = endpoint.__name__

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from twinserve.config import Config
 from twinserve.core.admission import deadline_from, rate_limiter
@@ -26,6 +27,7 @@ from twinserve.errors import (
 )
 from twinserve.fronts.openapi import openapi_document, swagger_page
 from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.observability.metrics import CONTENT_TYPE, REJECTION_REASONS, metrics, render
 from twinserve.protocol.v1 import dumps
 
 __all__ = [
@@ -84,6 +86,7 @@ class Service:
         self.config = config
         self.max_body_bytes = config.max_body_bytes
         self.limiter = rate_limiter(config)
+        self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
 
     def deadline(self, timeout_header: str | None) -> float | None:
         return deadline_from(timeout_header, self.config)
@@ -106,6 +109,27 @@ class Service:
 
     def docs(self) -> Reply:
         return Reply(200, swagger_page("/openapi.json", "twinserve"), content_type=HTML)
+
+    def metrics(self) -> Reply:
+        return Reply(200, render(), content_type=CONTENT_TYPE)
+
+    def observe(self, endpoint: str, model: str, status: int, error_code: str | None, seconds: float) -> None:
+        """Count one answered request (the same call from every front)."""
+        if model not in self.runtimes:
+            model = ""  # never a label value a client can invent
+        key = (model, endpoint)
+        children = self._children.get(key)
+        if children is None:
+            m = metrics()
+            children = self._children[key] = (m.request_seconds.labels(model, endpoint), {})
+        histogram, counters = children
+        histogram.observe(seconds)
+        counter = counters.get(status)
+        if counter is None:
+            counter = counters[status] = metrics().requests.labels(model, endpoint, str(status))
+        counter.inc()
+        if error_code in REJECTION_REASONS:
+            metrics().rejected.labels(model, REJECTION_REASONS[error_code]).inc()
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')

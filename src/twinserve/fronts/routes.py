@@ -30,4 +30,5 @@ ROUTES: tuple[Route, ...] = (
     Route("ready", "GET", "/v2/health/ready"),
     Route("openapi", "GET", "/openapi.json"),
     Route("docs", "GET", "/docs"),
+    Route("metrics", "GET", "/metrics"),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
 from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
 from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
+from twinserve.observability.metrics import metrics
 
 __all__ = ["create_wsgi_app"]
 
@@ -75,6 +77,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "ready": lambda: _respond(service.ready()),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
+        "metrics": lambda: _respond(service.metrics()),
     }
     for route in ROUTES:
         rule = route.path.replace("{model}", "<model:model>")
@@ -86,27 +89,49 @@ def create_wsgi_app(service: Service) -> Flask:
             provide_automatic_options=False,
         )
 
+    in_flight = metrics().in_flight
+
     @app.before_request
     def _start() -> None:
+        g.started = time.perf_counter()
         g.request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        in_flight.inc()
+        g.counted = True
 
     @app.after_request
     def _finish(response: Response) -> Response:
         response.headers[REQUEST_ID_HEADER] = _request_id()
+        rule = request.url_rule
+        service.observe(
+            rule.endpoint if rule is not None else "unknown",
+            (request.view_args or {}).get("model", ""),
+            response.status_code,
+            g.get("error_code"),
+            time.perf_counter() - g.get("started", time.perf_counter()),
+        )
         return response
+
+    @app.teardown_request
+    def _done(exc: BaseException | None) -> None:
+        if g.get("counted"):
+            in_flight.dec()
+
+    def _error(error: TwinserveError) -> Response:
+        g.error_code = error.code
+        return _respond(error_reply(error, _request_id()))
 
     @app.errorhandler(TwinserveError)
     def _twinserve_error(exc: TwinserveError) -> Response:
-        return _respond(error_reply(exc, _request_id()))
+        return _error(exc)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> Response:
-        return _respond(error_reply(_translate(exc, service), _request_id()))
+        return _error(_translate(exc, service))
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
         logger.exception("unhandled error on %s %s", request.method, request.path)
-        return _respond(error_reply(TwinserveError(f"internal error: {type(exc).__name__}"), _request_id()))
+        return _error(TwinserveError(f"internal error: {type(exc).__name__}"))
 
     return app
 

@@ -13,6 +13,7 @@ from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
+from twinserve.observability.metrics import mark_process_dead
 
 __all__ = ["build_wsgi_app", "run"]
 
@@ -24,6 +25,10 @@ def build_wsgi_app(config: Config) -> Flask:
     for runtime in runtimes.values():
         runtime.load()
     return create_wsgi_app(Service(runtimes, config))
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    mark_process_dead(worker.pid)  # a dead worker's live gauges leave the aggregate
 
 
 class GunicornServer(BaseApplication):  # type: ignore[misc]
@@ -49,6 +54,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "accesslog": None,
             "errorlog": "-",
         }
+        settings["child_exit"] = _child_exit
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
             settings["control_socket_disable"] = True
         for key, value in settings.items():

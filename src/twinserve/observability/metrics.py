@@ -1,0 +1,129 @@
+"""Prometheus metrics, the same names in every architecture and correct across processes.
+
+Every server process (gunicorn workers, uvicorn workers) writes its samples to files in one directory shared
+by the whole server (prometheus-client's multiprocess mode); `/metrics` on any worker aggregates all of them,
+so a scrape counts every request whichever worker answered it. `prepare_multiprocess_dir` must run before
+prometheus-client is first imported in the server's parent process: the CLI does it first thing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+__all__ = [
+    "CONTENT_TYPE",
+    "MULTIPROC_ENV",
+    "REJECTION_REASONS",
+    "mark_process_dead",
+    "metrics",
+    "prepare_multiprocess_dir",
+    "render",
+]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Model serving spans sub-millisecond tabular models to multi-second generative ones: one set of buckets.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+#: Error codes that mean "refused by admission control", and the reason label each is counted under.
+REJECTION_REASONS = {
+    "queue_full": "queue_full",
+    "deadline_exceeded": "deadline",
+    "rate_limited": "rate_limit",
+    "payload_too_large": "body_too_large",
+    "client_disconnected": "disconnect",
+}
+
+
+def prepare_multiprocess_dir() -> str:
+    """Point prometheus-client at a fresh per-server directory (unless the user chose one); returns it."""
+    existing = os.environ.get(MULTIPROC_ENV)
+    if existing:
+        os.makedirs(existing, exist_ok=True)
+        return existing
+    path = tempfile.mkdtemp(prefix="twinserve-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    parent = os.getpid()
+    # Only the process that made it removes it: workers forked from it inherit atexit handlers too.
+    atexit.register(lambda: shutil.rmtree(path, ignore_errors=True) if os.getpid() == parent else None)
+    return path
+
+
+class _Metrics:
+    """The metric objects, created on first use (after the multiprocess directory is known)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.requests = Counter("twinserve_requests_total", "HTTP requests answered.", ["model", "endpoint", "code"])
+        self.request_seconds = Histogram(
+            "twinserve_request_duration_seconds",
+            "Time from request received to response ready.",
+            ["model", "endpoint"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.rejected = Counter(
+            "twinserve_rejected_requests_total", "Requests refused by admission control.", ["model", "reason"]
+        )
+        self.in_flight = Gauge(
+            "twinserve_in_flight_requests", "Requests being handled now.", multiprocess_mode="livesum"
+        )
+        self.queued = Gauge(
+            "twinserve_queued_instances", "Instances waiting for a model worker.", ["model"],
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "twinserve_queue_wait_seconds", "Time an instance waited to be batched.", ["model"],
+            buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.inference_seconds = Histogram(
+            "twinserve_inference_duration_seconds", "Time one predict call (one batch) took.", ["model"],
+            buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.batch_size = Histogram(
+            "twinserve_batch_size", "Instances per predict call.", ["model"], buckets=BATCH_BUCKETS
+        )
+        self.cache = Counter("twinserve_cache_requests_total", "Cache lookups per instance.", ["model", "result"])
+        self.load_seconds = Gauge(
+            "twinserve_model_load_seconds", "Time the model took to load.", ["model"], multiprocess_mode="max"
+        )
+
+
+_metrics: _Metrics | None = None
+
+
+def metrics() -> _Metrics:
+    global _metrics
+    if _metrics is None:
+        _metrics = _Metrics()
+    return _metrics
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of every process of this server."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:  # in-process use (tests of the core, embedding): the default registry
+        from prometheus_client import REGISTRY
+
+        registry = REGISTRY
+    output: bytes = generate_latest(registry)
+    return output
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drop a dead worker's live gauges (in-flight, queued) from the aggregate."""
+    if os.environ.get(MULTIPROC_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

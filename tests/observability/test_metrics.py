@@ -1,0 +1,47 @@
+"""`/metrics` in every architecture: same names, exact counts across worker processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import pytest
+
+from tests.conftest import ARCHS
+from tests.serving import Server, model_path, predict, sample, scrape
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_request_is_counted_once_whichever_worker_answered(arch: str) -> None:
+    flags = ["--workers", "2", "--max-body-bytes", "1000"]
+    with Server([model_path("Echo"), model_path("Faulty")], arch, *flags) as server:
+        requests = 40
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: predict(server, "echo", [i, -i]), range(requests)))
+        assert all(a.status_code == 200 for a in answers)
+        assert predict(server, "faulty", ["boom"]).status_code == 500
+        assert predict(server, "echo", ["x" * 2000]).status_code == 413
+        assert httpx.get(server.url + "/v1/nothing").status_code == 404
+        samples = scrape(server)
+
+    def get(name: str, **labels: str) -> float:
+        return sample(samples, name, **labels)
+
+    assert get("twinserve_requests_total", model="echo", endpoint="predict", code="200") == requests
+    assert get("twinserve_requests_total", model="echo", endpoint="predict", code="413") == 1
+    assert get("twinserve_requests_total", model="faulty", endpoint="predict", code="500") == 1
+    assert get("twinserve_requests_total", model="", endpoint="unknown", code="404") == 1
+    assert get("twinserve_rejected_requests_total", model="echo", reason="body_too_large") == 1
+    latency = dict(model="echo", endpoint="predict")
+    assert get("twinserve_request_duration_seconds_count", **latency) == requests + 1
+    assert get("twinserve_request_duration_seconds_bucket", le="+Inf", **latency) == requests + 1
+    assert get("twinserve_request_duration_seconds_sum", **latency) > 0
+    # every instance was computed exactly once, in however many batches
+    assert get("twinserve_batch_size_sum", model="echo") == 2 * requests
+    assert 1 <= get("twinserve_batch_size_count", model="echo") <= requests
+    assert get("twinserve_queue_wait_seconds_count", model="echo") == requests
+    assert get("twinserve_inference_duration_seconds_count", model="echo") == get(
+        "twinserve_batch_size_count", model="echo"
+    )
+    assert get("twinserve_model_load_seconds", model="echo") >= 0
+    assert get("twinserve_in_flight_requests") == 1  # the scrape itself
