@@ -28,6 +28,7 @@ CASES: list[tuple[str, str, str, dict[str, object]]] = [
     ("GET /v1/models/iris", "GET", "/v1/models/iris", {}),
     ("GET /openapi.json", "GET", "/openapi.json", {}),
     ("GET /docs", "GET", "/docs", {}),
+    ("GET /metrics", "GET", "/metrics", {}),
     ("POST /v1/models/iris:predict", "POST", "/v1/models/iris:predict", {"json": {"instances": [IRIS]}}),
     ("malformed JSON", "POST", "/v1/models/iris:predict", {"content": b'{"instances": [', "headers": J}),
     ("schema violation", "POST", "/v1/models/iris:predict", {"json": {"instances": [{"sepal_length": "x"}]}}),
