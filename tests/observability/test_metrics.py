@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import httpx
 import pytest
@@ -45,3 +46,25 @@ def test_every_request_is_counted_once_whichever_worker_answered(arch: str) -> N
     )
     assert get("twinserve_model_load_seconds", model="echo") >= 0
     assert get("twinserve_in_flight_requests") == 1  # the scrape itself
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_memory_is_reported_per_process_with_its_role(arch: str) -> None:
+    expected = sorted(["server", "server"] + (["model_worker", "model_worker"] if arch == "hybrid" else []))
+    with Server([model_path("Echo")], arch, "--workers", "2") as server:
+        deadline = time.monotonic() + 60
+        while True:  # ready means one worker answers; wait until every process has reported
+            samples = scrape(server)
+            per_process = {
+                dict(labels)["pid"]: (dict(labels)["role"], value)
+                for (name, labels), value in samples.items()
+                if name == "twinserve_process_resident_memory_bytes"
+            }
+            roles = sorted(role for role, _ in per_process.values())
+            if roles == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert roles == expected
+    assert all(value > 10 * 2**20 for _, value in per_process.values())  # a Python process holds > 10 MiB
+    total = sample(samples, "twinserve_resident_memory_bytes")
+    assert total == pytest.approx(sum(value for _, value in per_process.values()), rel=0.1)

@@ -46,10 +46,12 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
     from twinserve.core.hooks import call_blocking, model_code
     from twinserve.model import ModelSpec, import_model
     from twinserve.observability.logging import configure_logging
+    from twinserve.observability.metrics import start_memory_sampler
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when workers stop
     config = Config.model_validate_json(config_json)
     configure_logging(config.log_level)
+    start_memory_sampler("model_worker")
     model = import_model(target)()
     model.config = config
     spec = ModelSpec(model)

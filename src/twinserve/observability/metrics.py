@@ -12,6 +12,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 
 __all__ = [
     "CONTENT_TYPE",
@@ -21,6 +22,7 @@ __all__ = [
     "metrics",
     "prepare_multiprocess_dir",
     "render",
+    "start_memory_sampler",
 ]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -94,6 +96,15 @@ class _Metrics:
         self.load_seconds = Gauge(
             "twinserve_model_load_seconds", "Time the model took to load.", ["model"], multiprocess_mode="max"
         )
+        # liveall: one series per live process (prometheus-client adds the `pid` label); livesum: their total.
+        self.memory = Gauge(
+            "twinserve_process_resident_memory_bytes", "Resident memory of one server or model-worker process.",
+            ["role"], multiprocess_mode="liveall",
+        )  # fmt: skip
+        self.memory_total = Gauge(
+            "twinserve_resident_memory_bytes", "Resident memory of all the server's processes.",
+            multiprocess_mode="livesum",
+        )  # fmt: skip
 
 
 _metrics: _Metrics | None = None
@@ -104,6 +115,26 @@ def metrics() -> _Metrics:
     if _metrics is None:
         _metrics = _Metrics()
     return _metrics
+
+
+def start_memory_sampler(role: str, interval: float = 1.0) -> None:
+    """Sample this process's RSS every `interval` seconds into the memory gauges (S4: memory per worker)."""
+    import threading
+
+    import psutil
+
+    process = psutil.Process()
+    per_process = metrics().memory.labels(role)
+    total = metrics().memory_total
+
+    def sample() -> None:
+        while True:
+            rss = process.memory_info().rss
+            per_process.set(rss)
+            total.set(rss)
+            time.sleep(interval)
+
+    threading.Thread(target=sample, name="twinserve-memory", daemon=True).start()
 
 
 def render() -> bytes:

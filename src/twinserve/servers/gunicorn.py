@@ -13,7 +13,7 @@ from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
-from twinserve.observability.metrics import mark_process_dead
+from twinserve.observability.metrics import mark_process_dead, start_memory_sampler
 
 __all__ = ["build_wsgi_app", "run"]
 
@@ -21,6 +21,7 @@ __all__ = ["build_wsgi_app", "run"]
 def build_wsgi_app(config: Config) -> Flask:
     """Import and load every model in this process (the per-worker singleton, S4), then build the app."""
     configure_logging(config.log_level)
+    start_memory_sampler("server")
     runtimes = load_runtimes(config)
     for runtime in runtimes.values():
         runtime.load()

@@ -15,6 +15,7 @@ from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
 from twinserve.observability.logging import configure_logging
+from twinserve.observability.metrics import start_memory_sampler
 
 __all__ = ["app_factory", "run"]
 
@@ -26,6 +27,7 @@ def app_factory() -> ASGIApp:
     """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level)
+    start_memory_sampler("server")
     return create_asgi_app(Service(load_runtimes(config), config))
 
 
