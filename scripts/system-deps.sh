@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# System tools the test suite starts for real: redis-server (feature store of the I/O example).
+# System tools the test suite starts for real: redis-server (feature store of the I/O example) and prometheus
+# (a real scraper of /metrics). Installs whichever is missing, with apt-get, when run as root.
 set -euo pipefail
-if command -v redis-server >/dev/null 2>&1; then
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install -y redis-server)" >&2
+    echo "missing: ${missing[*]} (Debian/Ubuntu: sudo apt-get install -y ${missing[*]})" >&2
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq redis-server >/dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
