@@ -105,6 +105,8 @@ class ModelRuntime:
                 self._new_queue(executor.max_in_flight), executor.run, executor.max_in_flight
             )
             self._thread_batcher.stats.observer = self._observe_batch
+        else:
+            self.executor_name = "request-thread"  # predict is called directly where the request runs (S3)
         self._loaded(start)
 
     async def aload(self) -> None:
