@@ -18,7 +18,7 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev,torch]'
+	$(BIN)/python -m pip install -q -e '.[dev,torch,otel,locust]'
 	touch $@ $(VENV)/.installed-base
 
 ## serve the built-in tabular example (ARCH=sync|async, PORT=8000, MODEL=...)
