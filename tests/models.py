@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import threading
@@ -112,3 +113,11 @@ class WhereAmI(twinserve.Model):
         thread = threading.current_thread()
         process = multiprocessing.current_process().name
         return [{"process": process, "thread": thread.name, "main": thread is threading.main_thread()} for _ in batch]
+
+
+class Chatty(twinserve.Model):
+    """Logs from inside predict, through plain stdlib logging, as a user's model would."""
+
+    def predict(self, batch: list[float]) -> list[float]:
+        logging.getLogger("chatty").info("chatty computing %d", len(batch))
+        return [x * 2 for x in batch]

@@ -3,5 +3,17 @@ import twinserve
 
 def test_all_lists_exactly_the_public_names() -> None:
     public = {name for name in dir(twinserve) if not name.startswith("_")}
-    modules = {"config", "errors", "model", "core", "fronts", "protocol", "servers", "examples", "cli"}
+    modules = {
+        "config",
+        "errors",
+        "model",
+        "core",
+        "fronts",
+        "protocol",
+        "servers",
+        "examples",
+        "cli",
+        "observability",
+        "lab",
+    }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

@@ -12,6 +12,7 @@ from twinserve.errors import (
     ValidationFailed,
 )
 from twinserve.model import Model, import_model
+from twinserve.observability.context import request_id, request_ids
 
 __all__ = [
     "ClientError",
@@ -25,6 +26,8 @@ __all__ = [
     "__version__",
     "import_model",
     "load_config",
+    "request_id",
+    "request_ids",
     "serve",
 ]
 

@@ -94,6 +94,10 @@ class Config(BaseSettings):
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="Log lines as JSON, or coloured for people (auto: console on a terminal, else JSON)."
+    )
+    access_log: bool = Field(True, description="Log one event per request (id, status, latency, batch, queue wait).")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )

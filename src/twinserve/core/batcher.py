@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from twinserve.errors import ClientDisconnected, DeadlineExceeded, OutputMismatch, QueueFull, TwinserveError
+from twinserve.observability.context import RequestContext, computing, current_request
 
 __all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher"]
 
@@ -42,6 +43,8 @@ class Pending(Generic[W]):
     cancelled: bool = False
     #: Polled before compute: True once the client has gone (an ASGI server's disconnect flag, say).
     gone: Callable[[], bool] | None = None
+    #: The request this belongs to (for its id in model logs, and its batch size and queue wait in the request log).
+    context: RequestContext | None = field(default_factory=current_request)
 
     def abandoned(self) -> bool:
         return self.cancelled or (self.gone is not None and self.gone())
@@ -65,6 +68,16 @@ class Batch(Generic[W]):
 
     def instances(self) -> list[Any]:
         return [i for r in self.requests for i in r.instances]
+
+    def started(self, now: float) -> list[str]:
+        """Note each request's batch size and queue wait; return their ids, for the model code's context."""
+        size, ids = self.size, []
+        for request in self.requests:
+            if request.context is not None:
+                request.context.batch_size = size
+                request.context.queue_wait_s = now - request.enqueued_at
+                ids.append(request.context.request_id)
+        return ids
 
 
 #: Told of every computed batch: its size, each request's queue wait, compute seconds, instances still queued.
@@ -283,7 +296,9 @@ class AsyncBatcher:
     async def _compute(self, batch: Batch[asyncio.Future[list[Any]]]) -> None:
         started = time.monotonic()
         try:
-            parts = _split(batch, await self._run(batch.instances()))
+            with computing(batch.started(started)):
+                outputs = await self._run(batch.instances())
+            parts = _split(batch, outputs)
         except TwinserveError as exc:
             self._fail(batch.requests, exc)
         except Exception as exc:  # the executor should have wrapped it; never leave a waiter hanging
@@ -376,7 +391,9 @@ class ThreadBatcher:
     def _compute(self, batch: Batch[concurrent.futures.Future[list[Any]]]) -> None:
         started = time.monotonic()
         try:
-            parts = _split(batch, self._run(batch.instances()))
+            with computing(batch.started(started)):
+                outputs = self._run(batch.instances())
+            parts = _split(batch, outputs)
         except Exception as exc:
             error = exc if isinstance(exc, TwinserveError) else TwinserveError(f"internal error: {exc}")
             for request in batch.requests:

@@ -109,7 +109,7 @@ class ProcessExecutor:
         self.pool.start()
 
     async def arun(self, instances: list[Any]) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._waiters, self.pool.call, instances)
+        return await run_in_executor(self._waiters, self.pool.call, instances)
 
     def run(self, instances: list[Any]) -> Any:
         return self.pool.call(instances)

@@ -28,6 +28,7 @@ from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_e
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
+from twinserve.observability.context import current_request
 from twinserve.observability.metrics import metrics
 from twinserve.protocol.v1 import V1Codec
 
@@ -202,6 +203,9 @@ class ModelRuntime:
             outputs = call_blocking(self.spec.predict, instances)
         # Called directly in the request thread: a batch of this request alone, which never queued.
         self._observe_batch(len(instances), [0.0], time.monotonic() - started, 0)
+        context = current_request()
+        if context is not None:
+            context.batch_size, context.queue_wait_s = len(instances), 0.0
         return outputs  # type: ignore[no-any-return]
 
     async def _apredict(

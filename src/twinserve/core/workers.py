@@ -21,6 +21,7 @@ from typing import Any
 
 from twinserve.config import Config
 from twinserve.errors import ModelNotReady, TwinserveError, WorkerDied, error_from_code
+from twinserve.observability.context import computing, request_ids
 
 __all__ = ["ProcessPool"]
 
@@ -50,7 +51,7 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when workers stop
     config = Config.model_validate_json(config_json)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     start_memory_sampler("model_worker")
     model = import_model(target)()
     model.config = config
@@ -61,13 +62,14 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
     conn.send(WorkerReady(os.getpid()))
     while True:
         try:
-            instances = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             return
-        if instances is None:
+        if message is None:
             return
+        ids, instances = message
         try:
-            with model_code(spec.name, "predict"):
+            with computing(ids), model_code(spec.name, "predict"):
                 outputs = call_blocking(spec.predict, instances)
             reply = BatchReply(outputs=list(outputs) if not isinstance(outputs, list) else outputs)
         except TwinserveError as exc:
@@ -116,7 +118,7 @@ class ProcessPool:
         if worker is None:  # close() woke us up
             raise ModelNotReady("the model-worker pool is shutting down")
         try:
-            worker.conn.send(instances)
+            worker.conn.send((request_ids(), instances))  # the ids go along so the model's logs carry them
             ready = wait([worker.conn, worker.process.sentinel])
             reply: BatchReply = worker.conn.recv() if worker.conn in ready else None  # type: ignore[assignment]
         except (EOFError, OSError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -25,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
-from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
+from twinserve.fronts.contract import Reply, Service, error_reply
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
 from twinserve.observability.metrics import mark_process_dead, metrics
 
@@ -214,7 +213,7 @@ def create_asgi_app(service: Service) -> ASGIApp:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        context = service.begin(request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"])
         error: TwinserveError
         if exc.status_code == 404:
             error = NotFound(f"no route for {request.method} {request.url.path}")
@@ -224,8 +223,8 @@ def create_asgi_app(service: Service) -> ASGIApp:
         else:
             error = ClientError(str(exc.detail))
             error.status = exc.status_code  # type: ignore[misc]
-        service.observe("unknown", "", error.status, error.code, 0.0)
-        return _respond(error_reply(error, request_id), request_id)
+        service.finish(context, "unknown", "", error.status, error.code)
+        return _respond(error_reply(error, context.request_id), context.request_id)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     return _PredictFastPath(app, _handled(service, "predict", predict))
@@ -237,9 +236,8 @@ def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Reque
     in_flight = metrics().in_flight
 
     async def handle(request: Request) -> Response:
-        started = time.perf_counter()
         in_flight.inc()
-        request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        context = service.begin(request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"])
         error: TwinserveError | None = None
         try:
             reply = await endpoint(request)
@@ -251,15 +249,10 @@ def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Reque
         finally:
             in_flight.dec()
         if error is not None:
-            reply = error_reply(error, request_id)
-        service.observe(
-            name,
-            request.path_params.get("model", ""),
-            reply.status,
-            error.code if error is not None else None,
-            time.perf_counter() - started,
-        )
-        return _respond(reply, request_id)
+            reply = error_reply(error, context.request_id)
+        model = request.path_params.get("model", "")
+        service.finish(context, name, model, reply.status, error.code if error is not None else None)
+        return _respond(reply, context.request_id)
 
     handle.__name__ = endpoint.__name__
     return handle

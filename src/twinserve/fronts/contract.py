@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,6 +28,8 @@ from twinserve.errors import (
 )
 from twinserve.fronts.openapi import openapi_document, swagger_page
 from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.observability.context import RequestContext, close_request, open_request
+from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import CONTENT_TYPE, REJECTION_REASONS, metrics, render
 from twinserve.protocol.v1 import dumps
 
@@ -54,6 +57,7 @@ _ids = itertools.count()
 _reset_ids()
 os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_QUIET_ENDPOINTS = frozenset({"live", "ready", "metrics"})
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 
 
@@ -87,6 +91,7 @@ class Service:
         self.max_body_bytes = config.max_body_bytes
         self.limiter = rate_limiter(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
+        self._access_log = request_logger() if config.access_log else None
 
     def deadline(self, timeout_header: str | None) -> float | None:
         return deadline_from(timeout_header, self.config)
@@ -113,10 +118,36 @@ class Service:
     def metrics(self) -> Reply:
         return Reply(200, render(), content_type=CONTENT_TYPE)
 
-    def observe(self, endpoint: str, model: str, status: int, error_code: str | None, seconds: float) -> None:
-        """Count one answered request (the same call from every front)."""
+    # -- every request, from every front -------------------------------------------------------------------
+    def begin(self, request_id_header: str | None, method: str, path: str) -> RequestContext:
+        """Open a request: its id (the client's, if safe) becomes the context model code and log lines see."""
+        context = RequestContext(request_id_from(request_id_header), method, path)
+        open_request(context)
+        return context
+
+    def finish(self, context: RequestContext, endpoint: str, model: str, status: int, error_code: str | None) -> None:
+        """Count and log one answered request (the same call from every front)."""
+        seconds = time.perf_counter() - context.started
         if model not in self.runtimes:
             model = ""  # never a label value a client can invent
+        if self._access_log is not None:
+            # Probes and scrapes arrive every few seconds for the server's whole life: they are debug noise.
+            log = self._access_log.debug if endpoint in _QUIET_ENDPOINTS else self._access_log.info
+            log(
+                "request",
+                request_id=context.request_id,
+                method=context.method,
+                path=context.path,
+                model=model or None,
+                endpoint=endpoint,
+                arch=self.config.arch,
+                status=status,
+                error=error_code,
+                latency_ms=round(seconds * 1000, 3),
+                batch_size=context.batch_size,
+                queue_wait_ms=None if context.queue_wait_s is None else round(context.queue_wait_s * 1000, 3),
+            )
+        close_request()
         key = (model, endpoint)
         children = self._children.get(key)
         if children is None:

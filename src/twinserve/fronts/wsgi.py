@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import Any
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
@@ -13,8 +11,9 @@ from werkzeug.routing import BaseConverter
 
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
-from twinserve.fronts.contract import Reply, Service, error_reply, request_id_from
+from twinserve.fronts.contract import Reply, Service, error_reply
 from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
+from twinserve.observability.context import RequestContext
 from twinserve.observability.metrics import metrics
 
 __all__ = ["create_wsgi_app"]
@@ -91,23 +90,29 @@ def create_wsgi_app(service: Service) -> Flask:
 
     in_flight = metrics().in_flight
 
+    def _context() -> RequestContext:
+        context: RequestContext | None = g.get("context")
+        if context is None:  # an error raised before before_request ran
+            context = g.context = service.begin(request.headers.get(REQUEST_ID_HEADER), request.method, request.path)
+        return context
+
     @app.before_request
     def _start() -> None:
-        g.started = time.perf_counter()
-        g.request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
+        _context()
         in_flight.inc()
         g.counted = True
 
     @app.after_request
     def _finish(response: Response) -> Response:
-        response.headers[REQUEST_ID_HEADER] = _request_id()
+        context = _context()
+        response.headers[REQUEST_ID_HEADER] = context.request_id
         rule = request.url_rule
-        service.observe(
+        service.finish(
+            context,
             rule.endpoint if rule is not None else "unknown",
             (request.view_args or {}).get("model", ""),
             response.status_code,
             g.get("error_code"),
-            time.perf_counter() - g.get("started", time.perf_counter()),
         )
         return response
 
@@ -118,7 +123,7 @@ def create_wsgi_app(service: Service) -> Flask:
 
     def _error(error: TwinserveError) -> Response:
         g.error_code = error.code
-        return _respond(error_reply(error, _request_id()))
+        return _respond(error_reply(error, _context().request_id))
 
     @app.errorhandler(TwinserveError)
     def _twinserve_error(exc: TwinserveError) -> Response:
@@ -134,10 +139,3 @@ def create_wsgi_app(service: Service) -> Flask:
         return _error(TwinserveError(f"internal error: {type(exc).__name__}"))
 
     return app
-
-
-def _request_id() -> str:
-    rid: Any = g.get("request_id")
-    if rid is None:
-        rid = g.request_id = request_id_from(request.headers.get(REQUEST_ID_HEADER))
-    return str(rid)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger
 
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
@@ -20,7 +22,7 @@ __all__ = ["build_wsgi_app", "run"]
 
 def build_wsgi_app(config: Config) -> Flask:
     """Import and load every model in this process (the per-worker singleton, S4), then build the app."""
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     runtimes = load_runtimes(config)
     for runtime in runtimes.values():
@@ -30,6 +32,15 @@ def build_wsgi_app(config: Config) -> Flask:
 
 def _child_exit(server: Any, worker: Any) -> None:
     mark_process_dead(worker.pid)  # a dead worker's live gauges leave the aggregate
+
+
+class _GunicornLogger(Logger):  # type: ignore[misc]
+    """gunicorn's own messages through twinserve's pipeline; its access log stays off (requests are logged once)."""
+
+    def setup(self, cfg: Any) -> None:
+        self.error_log.setLevel(self.LOG_LEVELS.get(cfg.loglevel.lower(), logging.INFO))
+        self.error_log.propagate = True
+        self.access_log.disabled = True
 
 
 class GunicornServer(BaseApplication):  # type: ignore[misc]
@@ -53,7 +64,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "proc_name": "twinserve-sync",
             "preload_app": False,
             "accesslog": None,
-            "errorlog": "-",
+            "logger_class": _GunicornLogger,
         }
         settings["child_exit"] = _child_exit
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
@@ -66,10 +77,22 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
 
 def run(config: Config) -> None:
+    configure_logging(config.log_level, config.log_format)
     if config.debug:
-        from werkzeug.serving import run_simple
+        from werkzeug.serving import WSGIRequestHandler, run_simple
+
+        class Quiet(WSGIRequestHandler):
+            def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+                pass  # twinserve's request log has the request already
 
         # One process, one thread, no reloader: a breakpoint() in the model stops right here in the terminal.
-        run_simple(config.host, config.port, build_wsgi_app(config), threaded=False, use_reloader=False)
+        run_simple(
+            config.host,
+            config.port,
+            build_wsgi_app(config),
+            threaded=False,
+            use_reloader=False,
+            request_handler=Quiet,
+        )
         return
     GunicornServer(config).run()

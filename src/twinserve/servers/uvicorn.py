@@ -26,7 +26,7 @@ CONFIG_ENV = "TWINSERVE_SERVE_CONFIG_JSON"
 def app_factory() -> ASGIApp:
     """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     return create_asgi_app(Service(load_runtimes(config), config))
 
@@ -37,6 +37,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 def run(config: Config) -> None:
     os.environ[CONFIG_ENV] = config.model_dump_json()
+    configure_logging(config.log_level, config.log_format)
     # uvicorn re-raises the SIGTERM it caught once shutdown is done; a graceful stop should exit 0, as gunicorn's does.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
@@ -48,7 +49,8 @@ def run(config: Config) -> None:
         loop="uvloop",
         http="httptools",
         lifespan="on",
+        log_config=None,  # uvicorn's loggers propagate to the pipeline configure_logging set up
         log_level=config.log_level,
-        access_log=False,
+        access_log=False,  # twinserve logs each request once, with its id, batch size and queue wait
         timeout_graceful_shutdown=math.ceil(config.graceful_timeout),
     )

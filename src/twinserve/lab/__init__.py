@@ -1,0 +1,1 @@
+"""The comparison lab: load generation, benchmarking, reports and advice."""

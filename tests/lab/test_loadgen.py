@@ -1,0 +1,203 @@
+"""The load generator against a real HTTP/1.1 server on loopback: counting, errors, framing, open loop, CO."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pytest
+
+from tests.serving import free_port
+from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level, run_level_sync
+
+BODY = b'{"instances": [[5.1, 3.5, 1.4, 0.2]]}'
+SLOW_S = 0.1
+
+
+class LabServer:
+    """A raw asyncio HTTP/1.1 server in a background thread; the path picks the behaviour.
+
+    /ok answers 200; /flaky 500 every other request; /chunked a chunked 200; /close 200 then closes;
+    /drop closes without answering; /slow answers 200 after SLOW_S.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.flaky = itertools.count()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+                assert length is not None
+                await reader.readexactly(int(length.group(1)))
+                if not await self.respond(head.split(b" ", 2)[1], writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            self.writers.discard(writer)
+
+    async def respond(self, path: bytes, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False to close the connection."""
+        answer = b'{"predictions":[0]}'
+        fixed = b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(answer)
+        if path == b"/drop":
+            return False
+        if path == b"/slow":
+            await asyncio.sleep(SLOW_S)
+        if path == b"/flaky" and next(self.flaky) % 2:
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\n" + fixed + b"\r\n" + answer)
+        elif path == b"/chunked":
+            chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (answer[:5], answer[5:]))
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\nX-T: 1\r\n\r\n")
+        elif path == b"/close":
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + fixed + b"\r\n" + answer)
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\n" + fixed + b"\r\n" + answer)
+        await writer.drain()
+        return path != b"/close"
+
+    async def shutdown(self) -> None:
+        self.server.close()
+        for writer in list(self.writers):
+            writer.close()
+        await self.server.wait_closed()
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.shutdown(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def lab_server() -> Iterator[LabServer]:
+    server = LabServer()
+    yield server
+    server.stop()
+
+
+def closed(url: str, concurrency: int = 4, duration_s: float = 0.5, timeout_s: float = 30.0) -> LevelResult:
+    return run_level_sync(LoadSpec(url, [BODY], duration_s=duration_s, concurrency=concurrency, timeout_s=timeout_s))
+
+
+def assert_adds_up(result: LevelResult) -> None:
+    errors = sum(result.http_errors.values()) + sum(result.transport_errors.values())
+    assert result.sent == result.ok + errors
+    json.dumps(result.to_dict())
+
+
+def test_closed_loop_counts_add_up(lab_server: LabServer) -> None:
+    bodies = [BODY, b'{"instances": [[6.0, 2.2, 5.0, 1.5]]}']
+    result = run_level_sync(LoadSpec(lab_server.url + "/ok", bodies, duration_s=0.5, warmup_s=0.2, concurrency=4))
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0
+    assert result.http_errors == {} and sum(result.transport_errors.values()) == 0
+    assert result.mode == "closed" and result.achieved_rate is None and result.connections_used == 4
+    assert result.throughput_rps == pytest.approx(result.ok / 0.5)
+    p50, p99, top = (result.latency_ms[key] for key in ("p50", "p99", "max"))
+    assert p50 is not None and p99 is not None and top is not None
+    assert 0 < p50 <= p99 <= top
+
+
+def test_http_errors_are_counted_by_status(lab_server: LabServer) -> None:
+    spec = LoadSpec(lab_server.url + "/flaky", [BODY], duration_s=0.5, concurrency=2)
+    result = asyncio.run(run_level(spec))  # the plain asyncio loop, not uvloop
+    assert_adds_up(result)
+    assert set(result.http_errors) == {"500"}
+    assert result.http_errors["500"] > 0 and result.ok > 0
+    assert abs(result.http_errors["500"] - result.ok) <= 2
+
+
+def test_chunked_responses_are_read_whole(lab_server: LabServer) -> None:
+    result = closed(lab_server.url + "/chunked")
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0
+
+
+def test_connection_close_reconnects(lab_server: LabServer) -> None:
+    result = closed(lab_server.url + "/close")
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0
+
+
+def test_dropped_connections_are_transport_errors(lab_server: LabServer) -> None:
+    result = closed(lab_server.url + "/drop", concurrency=2, duration_s=0.3)
+    assert_adds_up(result)
+    assert result.ok == 0 and result.transport_errors["reset"] == result.sent > 0
+
+
+def test_refused_port_is_a_transport_error() -> None:
+    result = closed(f"http://127.0.0.1:{free_port()}/ok", concurrency=2, duration_s=0.3)
+    assert_adds_up(result)
+    assert result.ok == 0 and result.transport_errors["connect_refused"] == result.sent > 0
+    assert result.latency_ms["p50"] is None
+
+
+def test_timeouts_are_transport_errors(lab_server: LabServer) -> None:
+    result = closed(lab_server.url + "/slow", concurrency=2, duration_s=0.3, timeout_s=SLOW_S / 4)
+    assert_adds_up(result)
+    assert result.ok == 0 and result.transport_errors["timeout"] == result.sent > 0
+
+
+@pytest.mark.parametrize("arrivals", ["poisson", "constant"])
+def test_open_loop_keeps_roughly_to_its_rate(lab_server: LabServer, arrivals: Literal["poisson", "constant"]) -> None:
+    rate, seconds = 200.0, 1.5
+    spec = LoadSpec(lab_server.url + "/ok", [BODY], duration_s=seconds, warmup_s=0.2, rate=rate, arrivals=arrivals)
+    result = run_level_sync(spec)
+    assert_adds_up(result)
+    assert result.mode == "open" and result.ok == result.sent
+    assert 0.5 * rate * seconds <= result.sent <= 1.5 * rate * seconds
+    assert result.achieved_rate is not None and 0.5 * rate <= result.achieved_rate <= 1.5 * rate
+    assert 1 <= result.connections_used <= spec.max_connections and not result.pool_exhausted
+
+
+def test_latency_counts_from_the_intended_send_time(lab_server: LabServer) -> None:
+    # The server takes SLOW_S a request over one connection, a third of what 30/s asks: the backlog must show.
+    spec = LoadSpec(lab_server.url + "/slow", [BODY], duration_s=1.0, rate=30, max_connections=1, timeout_s=10)
+    result = run_level_sync(spec)
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0
+    assert result.pool_exhausted and result.connections_used == 1 and not result.generator_limited
+    latency, service = result.latency_ms["p99"], result.service_time_ms["p99"]
+    assert latency is not None and service is not None
+    assert latency > 2 * service
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"url": "http://10.1.2.3:8000/predict"}, "loopback"),
+        ({"url": "http://example.com/predict"}, "loopback"),
+        ({"url": "https://127.0.0.1:8443/predict"}, "http://"),
+        ({"rate": 10.0}, "exactly one"),
+        ({"concurrency": None}, "exactly one"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"duration_s": 0}, "duration_s"),
+        ({"bodies": []}, "bodies"),
+        ({"headers": {"Content-Length": "3"}}, "Content-Length"),
+    ],
+)
+def test_invalid_specs_are_refused(changes: dict[str, Any], message: str) -> None:
+    arguments: dict[str, Any] = {"url": "http://localhost:8000/p", "bodies": [BODY], "duration_s": 1, "concurrency": 1}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LoadSpec(**{**arguments, **changes})
