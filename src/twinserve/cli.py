@@ -45,7 +45,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="twinserve", description="Serve one model in the sync or async architecture, the same way."
+        prog="twinserve",
+        description="Serve one model in the sync, async or hybrid architecture; measure them side by side; choose.",
     )
     parser.add_argument("--version", action="version", version=f"twinserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="import string `pkg.mod:Class` or `path/file.py:Class` (default: the built-in tabular example)",
     )
     _add_config_flags(serve)
+    from twinserve.lab.commands import add_lab_commands
+
+    add_lab_commands(commands)
     return parser
 
 
@@ -69,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Like uvicorn: `pkg.mod:Class` import strings resolve against the working directory.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if args.command != "serve":
+        try:
+            code: int = args.handler(args)
+        except ModelImportError as exc:
+            print(f"twinserve: error: {exc}", file=sys.stderr)
+            return 2
+        return code
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command"}
     if not overrides.get("models"):
         overrides.pop("models", None)

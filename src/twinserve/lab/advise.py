@@ -1,0 +1,148 @@
+"""Which architecture and settings to run: the highest throughput that meets the latency objective.
+
+A run's *capacity* is the highest throughput it reached at a level whose P95 met the SLO with no errors. The
+advisor keeps the runs that also meet the optional throughput target and memory cap, picks the highest capacity,
+and treats capacities within `TIE` of each other as equal, preferring the one that used less memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twinserve.lab.results import Level, Results, Run
+
+__all__ = ["TIE", "Advice", "Option", "advise"]
+
+TIE = 0.05  # capacities this close (relative) are a tie on this noisy a measurement; memory decides
+
+
+@dataclass(frozen=True)
+class Option:
+    """A run at the best level it reached within the SLO."""
+
+    run: Run
+    level: Level
+
+    @property
+    def capacity(self) -> float:
+        return self.level.throughput_rps
+
+    @property
+    def p95(self) -> float:
+        return self.level.p("p95") or 0.0
+
+    @property
+    def memory_mib(self) -> float | None:
+        return self.level.resources.rss_mib_max if self.level.resources else None
+
+    def describe(self) -> str:
+        where = (
+            f"{self.level.concurrency} connections"
+            if self.level.mode == "closed"
+            else f"{self.level.rate:g} req/s offered"
+        )
+        memory = f", {self.memory_mib:,.0f} MiB RSS" if self.memory_mib is not None else ""
+        return f"{self.capacity:,.0f} req/s at {where} (P95 {self.p95:.1f} ms, no errors{memory})"
+
+
+@dataclass
+class Advice:
+    slo_p95_ms: float
+    choice: Option | None
+    meets: bool  # False: nothing met every constraint; `choice` is then the closest option, if any
+    lines: list[str] = field(default_factory=list)
+    ranking: list[Option] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _settings(run: Run) -> str:
+    shown = {k: v for k, v in run.settings.items() if v is not None}
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in shown.items())
+
+
+def _best_within(run: Run, slo: float) -> Option | None:
+    ok = [lv for lv in run.levels if lv.errors == 0 and lv.p("p95") is not None and (lv.p("p95") or 0) <= slo]
+    if not ok:
+        return None
+    return Option(run, max(ok, key=lambda lv: lv.throughput_rps))
+
+
+def _efficiency(results: Results, option: Option) -> str:
+    if not results.ceiling:
+        return ""
+    best = max(results.ceiling, key=lambda c: c.instances_per_s)
+    served = option.capacity * results.instances_per_request
+    return (
+        f" That is {served / best.instances_per_s:.0%} of the model's in-process ceiling "
+        f"({best.instances_per_s:,.0f} instances/s at batch {best.batch_size})."
+    )
+
+
+def advise(
+    results: Results, slo_p95_ms: float, target_rps: float | None = None, max_memory_mib: float | None = None
+) -> Advice:
+    runs = [r for r in results.runs if r.error is None and r.levels]
+    within = [o for o in (_best_within(r, slo_p95_ms) for r in runs) if o is not None]
+    eligible = [
+        o
+        for o in within
+        if (target_rps is None or o.capacity >= target_rps)
+        and (max_memory_mib is None or (o.memory_mib is not None and o.memory_mib <= max_memory_mib))
+    ]
+    advice = Advice(slo_p95_ms, None, False)
+    constraints = f"P95 <= {slo_p95_ms:g} ms"
+    if target_rps is not None:
+        constraints += f", >= {target_rps:g} req/s"
+    if max_memory_mib is not None:
+        constraints += f", <= {max_memory_mib:g} MiB"
+
+    if eligible:
+        top = max(o.capacity for o in eligible)
+        tied = [o for o in eligible if o.capacity >= top * (1 - TIE)]
+        choice = min(tied, key=lambda o: (o.memory_mib if o.memory_mib is not None else float("inf"), -o.capacity))
+        advice.choice, advice.meets = choice, True
+        advice.ranking = sorted(eligible, key=lambda o: -o.capacity)
+        settings = _settings(choice.run)
+        advice.lines.append(
+            f"Run {choice.run.arch}{' with ' + settings if settings else ''}: it meets {constraints} "
+            f"up to {choice.describe()}.{_efficiency(results, choice)}"
+        )
+        if len(tied) > 1:
+            others = ", ".join(o.run.label for o in tied if o is not choice)
+            advice.lines.append(
+                f"{others} reached within {TIE:.0%} of that throughput, a tie on this measurement; "
+                f"{choice.run.label} uses the least memory."
+            )
+    elif within:
+        closest = max(within, key=lambda o: o.capacity)
+        advice.choice = closest
+        advice.lines.append(
+            f"Nothing meets {constraints}. Closest: {closest.run.label}, which meets the latency objective up to "
+            f"{closest.describe()}."
+        )
+    else:
+        measured = [(lv.p("p95") or float("inf"), r, lv) for r in runs for lv in r.levels if lv.errors == 0]
+        if measured:
+            p95, run, level = min(measured, key=lambda m: m[0])
+            advice.choice = Option(run, level)
+            advice.lines.append(
+                f"Nothing meets P95 <= {slo_p95_ms:g} ms at any measured load. Closest: {run.label}, "
+                f"P95 {p95:.1f} ms at {level.load:g} {'connections' if level.mode == 'closed' else 'req/s'}."
+            )
+        else:
+            advice.lines.append(f"Nothing meets P95 <= {slo_p95_ms:g} ms: every measured level had errors.")
+
+    for run in runs:
+        option = next((o for o in within if o.run is run), None)
+        if advice.choice is not None and run is advice.choice.run:
+            continue
+        if option is None:
+            advice.lines.append(f"- {run.label}: never met P95 <= {slo_p95_ms:g} ms without errors.")
+        else:
+            advice.lines.append(f"- {run.label}: {option.describe()}.")
+    for run in results.runs:
+        if run.error is not None:
+            advice.lines.append(f"- {run.label}: could not be measured ({run.error.splitlines()[0]}).")
+    return advice

@@ -1,0 +1,74 @@
+"""The model's own inference time per batch size, in one process with no server: the ceiling no server beats.
+
+Run as `python -m twinserve.lab.ceiling MODEL BODIES.jsonl SIZES OUT.json` in a process of its own, so the
+model's memory leaves with it (and its prints cannot mix with the result).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from twinserve.lab.results import Ceiling
+
+__all__ = ["measure", "measure_in_subprocess"]
+
+
+def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float = 2.0) -> list[Ceiling]:
+    """Load `model`, then time `predict` on batches of each size built from the bodies' instances."""
+    from twinserve.core.hooks import call_blocking
+    from twinserve.model import ModelSpec, import_model
+    from twinserve.protocol.v1 import V1Codec
+
+    instance = import_model(model)()
+    spec = ModelSpec(instance)
+    codec = V1Codec(spec.name, spec.input_type, spec.output_type)
+    if spec.load is not None:
+        call_blocking(spec.load)
+    pool: list[Any] = [i for body in bodies for i in codec.decode(body)]
+    if spec.preprocess is not None:
+        pool = [call_blocking(spec.preprocess, i) for i in pool]
+    rows: list[Ceiling] = []
+    for size in sizes:
+        batch = [pool[i % len(pool)] for i in range(size)]
+        call_blocking(spec.predict, batch)  # warm-up: lazy initialisation, caches
+        timings: list[float] = []
+        spent_until = time.perf_counter() + budget_s
+        while len(timings) < 5 or (time.perf_counter() < spent_until and len(timings) < 1000):
+            started = time.perf_counter()
+            call_blocking(spec.predict, batch)
+            timings.append(time.perf_counter() - started)
+        median = statistics.median(timings)
+        rows.append(
+            Ceiling(batch_size=size, batch_ms_median=round(median * 1000, 4), instances_per_s=round(size / median, 1))
+        )
+    return rows
+
+
+def measure_in_subprocess(model: str, bodies: list[bytes], sizes: list[int], scratch: Path) -> list[Ceiling]:
+    path, out = scratch / "ceiling-bodies.jsonl", scratch / "ceiling.json"
+    path.write_bytes(b"\n".join(bodies))
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve.lab.ceiling", model, str(path), ",".join(map(str, sizes)), str(out)],
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    path.unlink()
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring the model in-process failed:\n{done.stderr.decode(errors='replace')[-2000:]}")
+    rows = [Ceiling.model_validate(row) for row in orjson.loads(out.read_bytes())]
+    out.unlink()
+    return rows
+
+
+if __name__ == "__main__":
+    target, bodies_file, sizes_arg, out_file = sys.argv[1:5]
+    rows = measure(target, Path(bodies_file).read_bytes().splitlines(), [int(s) for s in sizes_arg.split(",")])
+    Path(out_file).write_bytes(orjson.dumps([row.model_dump() for row in rows]))

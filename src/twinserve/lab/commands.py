@@ -1,0 +1,209 @@
+"""`twinserve bench`, `twinserve advise` and `twinserve locustfile`: arguments, progress, files written."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_args
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from twinserve.lab.advise import advise
+from twinserve.lab.bench import SWEEPABLE, Arch, BenchPlan, run_bench, variants
+from twinserve.lab.drivers import locustfile_source
+from twinserve.lab.results import Results, Run, load_results
+
+__all__ = ["add_lab_commands"]
+
+DEFAULT_MODEL = "twinserve.examples.tabular:Classifier"
+
+
+def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+        if not values or any(v <= 0 for v in values if isinstance(v, int | float)):
+            raise argparse.ArgumentTypeError(f"expected positive values, got {text!r}")
+        return values
+
+    return parse
+
+
+def _archs(text: str) -> list[Arch]:
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in archs if a not in get_args(Arch)]
+    if unknown or not archs:
+        raise argparse.ArgumentTypeError(f"architectures are sync, async, hybrid; got {text!r}")
+    return archs  # type: ignore[return-value]
+
+
+def add_lab_commands(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="serve MODEL in every architecture, load each side by side, report and advise",
+        description="Start MODEL under each architecture (and setting) as a real server on 127.0.0.1, drive every "
+        "load level against it, and write results.json, report.html and plots.",
+    )
+    bench.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    bench.add_argument("--arch", type=_archs, default=["sync", "async", "hybrid"], help="default sync,async,hybrid")
+    bench.add_argument("--concurrency", type=_list(int), help="closed-loop levels: connections (default 1,8,32,128)")
+    bench.add_argument("--rate", type=_list(float), help="open-loop levels: req/s with --arrivals")
+    bench.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
+    bench.add_argument("--duration", type=float, default=10.0, metavar="SECONDS", help="measured seconds per level")
+    bench.add_argument("--warmup", type=float, default=2.0, metavar="SECONDS", help="unmeasured seconds per level")
+    bench.add_argument("--out", type=Path, help="default ./twinserve-results/<timestamp>")
+    bench.add_argument("--payload", type=Path, metavar="FILE", help="request bodies, one JSON object per line")
+    bench.add_argument("--slo-p95-ms", type=float, help="advise for this P95 objective")
+    bench.add_argument("--driver", choices=["twinserve", "wrk", "locust"], default="twinserve")
+    bench.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
+    bench.add_argument(
+        "--ceiling-sizes", type=_list(int), default=[1, 8, 32], help="batch sizes timed in-process (default 1,8,32)"
+    )
+    for name in SWEEPABLE:
+        kind: Callable[[str], Any] = float if name == "max_batch_delay_ms" else int
+        bench.add_argument(
+            "--" + name.replace("_", "-"),
+            type=_list(kind),
+            help=f"sweep: comma-separated values ({', '.join(SWEEPABLE[name])})",
+        )
+    bench.set_defaults(handler=_bench)
+
+    adv = commands.add_parser(
+        "advise",
+        help="pick the architecture and settings that meet a latency objective, from bench results",
+        description="Read a results.json (or the folder holding it) and pick the highest throughput whose P95 meets "
+        "the objective, ties broken by memory.",
+    )
+    adv.add_argument("results", type=Path, metavar="RESULTS")
+    adv.add_argument("--slo-p95-ms", type=float, help="P95 objective (default: the one bench was given, else 200)")
+    adv.add_argument("--target-rps", type=float, help="throughput the choice must reach")
+    adv.add_argument("--max-memory-mib", type=float, help="memory (RSS of the whole server) the choice may use")
+    adv.set_defaults(handler=_advise)
+
+    loc = commands.add_parser(
+        "locustfile", help="write a Locust file that load-tests MODEL's predict endpoint with its examples"
+    )
+    loc.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL")
+    loc.add_argument("-o", "--output", type=Path, default=Path("locustfile.py"))
+    loc.set_defaults(handler=_locustfile)
+
+
+def _print_advice(console: Console, results: Results, slo: float, target: float | None, memory: float | None) -> None:
+    advice = advise(results, slo, target, memory)
+    style = "bold green" if advice.meets else "bold red"
+    console.print(advice.lines[0], style=style)
+    for line in advice.lines[1:]:
+        console.print(line)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from twinserve.lab.report import print_summary, write_report
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    out: Path = args.out or Path("twinserve-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    concurrency = args.concurrency or ([] if args.rate else [1, 8, 32, 128])
+    sweeps = {name: getattr(args, name) or [] for name in SWEEPABLE}
+    plan = BenchPlan(
+        model=args.model,
+        variants=variants(args.arch, sweeps),
+        out=out,
+        concurrency=concurrency,
+        rates=args.rate or [],
+        arrivals=args.arrivals,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        payload=args.payload,
+        slo_p95_ms=args.slo_p95_ms,
+        driver=args.driver,
+        ceiling_sizes=args.ceiling_sizes,
+        ready_timeout_s=args.ready_timeout,
+    )
+    per_level = plan.duration_s + plan.warmup_s
+    total = len(plan.variants) * (len(plan.levels()) * per_level + 1.0)
+    console.print(
+        f"[bold]twinserve bench[/] {plan.model}: {len(plan.variants)} server(s) x {len(plan.levels())} level(s), "
+        f"{per_level:g} s each -> {out}"
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("starting", total=total)
+        step: dict[str, Any] = {"started": time.monotonic(), "length": 0.0}
+
+        def progress(event: str, label: str, level: str | None, seconds: float) -> None:
+            bar.advance(task, step["length"])  # the step before this one is over
+            step["length"] = seconds
+            if event == "failed":
+                console.print(f"[red]x {label}: failed[/]" + (f" ({level})" if level else ""))
+            elif event == "done":
+                step["length"] = 0.0
+            bar.update(task, description=f"{label} · {level}" if level else f"{label} · {event}")
+
+        def finished(run: Run) -> None:
+            for lv in run.levels:
+                errors = f"[red]{lv.errors} errors[/]" if lv.errors else "0 errors"
+                p = lv.latency_ms
+                console.print(
+                    f"  {run.label:<28} {lv.load:>7g} {'conns' if lv.mode == 'closed' else 'req/s':<5} "
+                    f"{lv.throughput_rps:>9,.0f} req/s  p50 {p.get('p50') or 0:>7.1f}  p95 {p.get('p95') or 0:>7.1f}  "
+                    f"p99 {p.get('p99') or 0:>7.1f} ms  {errors}"
+                    + ("  [yellow](generator-limited)[/]" if lv.generator_limited else "")
+                )
+            if run.error:
+                console.print(f"  [red]{run.label}: {run.error.splitlines()[0]}[/]")
+
+        results = run_bench(plan, progress, finished)
+        bar.update(task, completed=total, description="done")
+    (out / "results.json").write_bytes(orjson.dumps(results.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
+    slo = args.slo_p95_ms
+    advice_lines = advise(results, slo).lines if slo is not None else []
+    write_report(results, out, advice_lines)
+    print_summary(results, console)
+    console.print("\n[bold]The article's claims on this model and machine[/]")
+    for verdict in results.verdicts:
+        mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[yellow]can't tell[/]"}[verdict.holds]
+        console.print(f"  {verdict.source} {verdict.claim}: {mark} — {verdict.evidence}")
+    if slo is not None:
+        console.print(f"\n[bold]Advice for P95 <= {slo:g} ms[/]")
+        _print_advice(console, results, slo, None, None)
+    console.print(f"\nWrote {out / 'results.json'} and {out / 'report.html'}")
+    return 0 if all(r.error is None for r in results.runs) else 1
+
+
+def _advise(args: argparse.Namespace) -> int:
+    path: Path = args.results / "results.json" if args.results.is_dir() else args.results
+    try:
+        results = load_results(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"twinserve: error: {exc}") from None
+    slo = args.slo_p95_ms or results.slo_p95_ms or 200.0
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"[bold]Advice for P95 <= {slo:g} ms[/] ({results.model_name}, {results.machine.cpu_count} cores)")
+    _print_advice(console, results, slo, args.target_rps, args.max_memory_mib)
+    return 0
+
+
+def _locustfile(args: argparse.Namespace) -> int:
+    from twinserve.model import ModelSpec, import_model
+    from twinserve.protocol.v1 import json_default
+
+    spec = ModelSpec(import_model(args.model)())
+    examples = spec.examples()
+    if not examples:
+        raise SystemExit(f"twinserve: error: model {spec.name!r} has no examples() to send")
+    bodies = [orjson.dumps({"instances": [e]}, default=json_default) for e in examples]
+    args.output.write_text(locustfile_source(f"/v1/models/{spec.name}:predict", bodies))
+    print(f"wrote {args.output}: locust -f {args.output} --host http://127.0.0.1:8000")
+    return 0

@@ -1,0 +1,239 @@
+"""Load drivers: twinserve's own generator, wrk and Locust, each reporting into the same `Level` fields.
+
+Only twinserve's generator drives open-loop levels: wrk (Debian's, not wrk2) and Locust's users are closed loops,
+and neither corrects for coordinated omission.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from twinserve.lab.loadgen import LoadSpec, run_level_sync
+
+if TYPE_CHECKING:
+    from twinserve.lab.bench import BenchPlan
+
+__all__ = ["DriverError", "drive", "instances_per_request", "locustfile_source"]
+
+
+class DriverError(RuntimeError):
+    """The load driver could not run (missing tool, unsupported mode)."""
+
+
+def instances_per_request(bodies: list[bytes]) -> float:
+    counts = [len(orjson.loads(b).get("instances", [None])) for b in bodies]
+    return sum(counts) / len(counts) if counts else 1.0
+
+
+def drive(
+    plan: BenchPlan, url: str, bodies: list[bytes], mode: Literal["closed", "open"], load: float
+) -> dict[str, Any]:
+    """Run one level with the plan's driver; returns `Level` fields."""
+    if plan.driver == "twinserve":
+        spec = LoadSpec(
+            url=url,
+            bodies=bodies,
+            duration_s=plan.duration_s,
+            warmup_s=plan.warmup_s,
+            concurrency=int(load) if mode == "closed" else None,
+            rate=load if mode == "open" else None,
+            arrivals=plan.arrivals,
+        )
+        return {"driver": "twinserve", **run_level_sync(spec).to_dict()}
+    if mode != "closed":
+        raise DriverError(f"--driver {plan.driver} drives closed-loop levels only; use --concurrency")
+    if plan.driver == "wrk":
+        return _wrk(url, bodies, int(load), plan.duration_s, plan.warmup_s)
+    return _locust(url, bodies, int(load), plan.duration_s, plan.warmup_s)
+
+
+# -- wrk -----------------------------------------------------------------------------------------------------
+_WRK_LUA = """
+local bodies = %s
+local i = 0
+request = function()
+  i = i %% #bodies + 1
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, bodies[i])
+end
+done = function(summary, latency, requests)
+  local p = {}
+  for _, q in ipairs({50, 90, 95, 99, 99.9}) do p[#p + 1] = string.format("%%.1f", latency:percentile(q)) end
+  io.write(string.format(
+    "TWINSERVE %%d %%d %%d %%d %%d %%d %%d %%s %%.1f %%.1f\\n",
+    summary.requests, summary.duration, summary.errors.connect, summary.errors.read, summary.errors.write,
+    summary.errors.status, summary.errors.timeout, table.concat(p, ","), latency.max, latency.mean))
+end
+"""
+
+
+def _lua_string(body: bytes) -> str:
+    return "[==[" + body.decode() + "]==]"
+
+
+def _wrk(url: str, bodies: list[bytes], connections: int, duration: float, warmup: float) -> dict[str, Any]:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise DriverError("--driver wrk needs wrk on PATH (Debian: apt-get install wrk)")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(_WRK_LUA % ("{" + ", ".join(_lua_string(b) for b in bodies) + "}"))
+        script.flush()
+        threads = max(1, min(2, connections))
+
+        def run(seconds: float) -> str:
+            done = subprocess.run(
+                [wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script.name, url],
+                capture_output=True,
+                text=True,
+                timeout=seconds + 60,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise DriverError(f"wrk failed: {done.stderr.strip() or done.stdout.strip()}")
+            return done.stdout
+
+        if warmup > 0:
+            run(warmup)
+        line = next((x for x in run(duration).splitlines() if x.startswith("TWINSERVE ")), None)
+    if line is None:
+        raise DriverError("wrk printed no summary")
+    fields = line.split()
+    requests, micros, connect, read, write, status, timeout = (int(x) for x in fields[1:8])
+    p50, p90, p95, p99, p999 = (float(x) / 1000 for x in fields[8].split(","))
+    transport = {"connect_refused": connect, "reset": read + write, "timeout": timeout, "other": 0}
+    seconds = micros / 1e6
+    sent = requests + connect + timeout
+    return {
+        "driver": "wrk",
+        "mode": "closed",
+        "concurrency": connections,
+        "duration_s": round(seconds, 3),
+        "sent": sent,
+        "ok": max(0, requests - status - read - write),
+        "http_errors": {"non_2xx": status} if status else {},
+        "transport_errors": transport,
+        "throughput_rps": round(requests / seconds, 1) if seconds else 0.0,
+        "latency_ms": {
+            "p50": p50,
+            "p90": p90,
+            "p95": p95,
+            "p99": p99,
+            "p999": p999,
+            "max": float(fields[9]) / 1000,
+            "mean": float(fields[10]) / 1000,
+        },
+        "connections_used": connections,
+    }
+
+
+# -- Locust --------------------------------------------------------------------------------------------------
+def locustfile_source(path: str, bodies: list[bytes]) -> str:
+    """A Locust file with one FastHttpUser that POSTs the given bodies in turn, as fast as answers come (S25)."""
+    literal = ",\n    ".join(repr(b.decode()) for b in bodies)
+    return f'''"""Generated by `twinserve locustfile`: load-test a twinserve model with Locust.
+
+    locust -f {{this file}} --host http://127.0.0.1:8000
+"""
+
+import itertools
+
+from locust import FastHttpUser, constant, task
+
+BODIES = [
+    {literal},
+]
+_next = itertools.cycle(BODIES)
+
+
+class PredictUser(FastHttpUser):
+    wait_time = constant(0)  # closed loop: each user sends its next request when the last is answered
+
+    @task
+    def predict(self) -> None:
+        self.client.post({path!r}, data=next(_next), headers={{"Content-Type": "application/json"}})
+'''
+
+
+def _locust(url: str, bodies: list[bytes], users: int, duration: float, warmup: float) -> dict[str, Any]:
+    try:
+        import locust  # noqa: F401
+    except ImportError:
+        raise DriverError("--driver locust needs the locust extra: pip install 'twinserve[locust]'") from None
+    base, path = url.split("/v1/", 1)
+    with tempfile.TemporaryDirectory(prefix="twinserve-locust-") as tmp:
+        locustfile = Path(tmp) / "locustfile.py"
+        locustfile.write_text(locustfile_source("/v1/" + path, bodies))
+        prefix = Path(tmp) / "stats"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                str(locustfile),
+                "--headless",
+                "--host",
+                base,
+                "-u",
+                str(users),
+                "-r",
+                str(users),
+                "-t",
+                f"{max(1, round(warmup + duration))}s",
+                "--reset-stats",
+                "--csv",
+                str(prefix),
+                "--only-summary",
+                "--loglevel",
+                "WARNING",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=warmup + duration + 120,
+            check=False,
+        )
+        stats_file, failures_file = Path(f"{prefix}_stats.csv"), Path(f"{prefix}_failures.csv")
+        if not stats_file.exists():
+            raise DriverError(f"locust failed: {done.stderr.strip()[-1000:]}")
+        with stats_file.open() as f:
+            row = next((r for r in csv.DictReader(f) if r["Name"] == "Aggregated"), None)
+        failures: dict[str, int] = {}
+        if failures_file.exists():
+            with failures_file.open() as f:
+                for fail in csv.DictReader(f):
+                    key = fail["Error"].split("HTTPError(")[-1].split()[0].strip("'\")(") or "other"
+                    failures[key] = failures.get(key, 0) + int(fail["Occurrences"])
+    if row is None:
+        raise DriverError("locust wrote no aggregated statistics")
+    requests, failed = int(row["Request Count"]), int(row["Failure Count"])
+    http = {k: v for k, v in failures.items() if k.isdigit()}
+    transport = {
+        "connect_refused": 0,
+        "reset": 0,
+        "timeout": 0,
+        "other": sum(v for k, v in failures.items() if not k.isdigit()),
+    }
+    ms = {
+        k: float(row[v]) for k, v in {"p50": "50%", "p90": "90%", "p95": "95%", "p99": "99%", "p999": "99.9%"}.items()
+    }
+    rps = float(row["Requests/s"])
+    return {
+        "driver": "locust",
+        "mode": "closed",
+        "concurrency": users,
+        "duration_s": round(requests / rps, 3) if rps else duration,
+        "sent": requests,
+        "ok": requests - failed,
+        "http_errors": http,
+        "transport_errors": transport,
+        "throughput_rps": round(rps, 1),
+        "latency_ms": {**ms, "max": float(row["Max Response Time"]), "mean": float(row["Average Response Time"])},
+        "connections_used": users,
+    }

@@ -1,0 +1,173 @@
+"""Watching a server from outside while it is under load: its process tree (psutil) and its own /metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from twinserve.lab.results import ProcessMemory, Resources, ServerStats
+
+__all__ = ["MetricsSnapshot", "TreeSampler", "scrape", "server_stats"]
+
+MiB = 1024 * 1024
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return [root, *root.children(recursive=True)]
+    return []
+
+
+@dataclass
+class TreeSampler:
+    """Samples RSS and CPU of a process and all its descendants every `interval` seconds, in a thread.
+
+    CPU is summed over the tree as a percentage of one core; USS (memory not shared with other processes, so
+    the real cost of one more worker) is read once at the end, as it means reading every page map.
+    """
+
+    pid: int
+    interval: float = 0.25
+    roles: dict[int, str] = field(default_factory=dict)
+    _rss: list[float] = field(default_factory=list)
+    _cpu: list[float] = field(default_factory=list)
+    _peak: dict[int, float] = field(default_factory=dict)
+    _procs: dict[int, psutil.Process] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> TreeSampler:
+        self._thread = threading.Thread(target=self._loop, name="twinserve-bench-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _processes(self) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.Error):
+            root = self._procs.get(self.pid) or psutil.Process(self.pid)
+            current = {p.pid: p for p in _tree(root)}
+            for pid, proc in current.items():
+                if pid not in self._procs:
+                    self._procs[pid] = proc
+                    with contextlib.suppress(psutil.Error):
+                        proc.cpu_percent(None)  # prime: the first call has no interval to measure over
+            return [self._procs[pid] for pid in current]
+        return []
+
+    def _loop(self) -> None:
+        self._processes()
+        while not self._stop.wait(self.interval):
+            rss = cpu = 0.0
+            for proc in self._processes():
+                with contextlib.suppress(psutil.Error):
+                    mem = proc.memory_info().rss / MiB
+                    cpu += proc.cpu_percent(None)
+                    rss += mem
+                    self._peak[proc.pid] = max(mem, self._peak.get(proc.pid, 0.0))
+            self._rss.append(rss)
+            self._cpu.append(cpu)
+
+    def result(self) -> Resources:
+        per_process: list[ProcessMemory] = []
+        uss_total: float | None = 0.0
+        for proc in self._processes():
+            uss: float | None = None
+            with contextlib.suppress(psutil.Error, AttributeError):
+                uss = proc.memory_full_info().uss / MiB
+            if uss is None or uss_total is None:
+                uss_total = None
+            else:
+                uss_total += uss
+            per_process.append(
+                ProcessMemory(
+                    pid=proc.pid,
+                    role=self.roles.get(proc.pid, "server" if proc.pid == self.pid else "helper"),
+                    rss_mib=round(self._peak.get(proc.pid, 0.0), 1),
+                    uss_mib=None if uss is None else round(uss, 1),
+                )
+            )
+        rss, cpu = self._rss or [0.0], self._cpu or [0.0]
+        return Resources(
+            samples=len(self._rss),
+            processes=len(per_process),
+            rss_mib_mean=round(sum(rss) / len(rss), 1),
+            rss_mib_max=round(max(rss), 1),
+            uss_mib_max=None if uss_total is None else round(uss_total, 1),
+            cpu_percent_mean=round(sum(cpu) / len(cpu), 1),
+            cpu_percent_max=round(max(cpu), 1),
+            per_process=per_process,
+        )
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Sums and counts of twinserve's histograms and counters at one moment, over every label value."""
+
+    values: dict[str, float]
+    roles: dict[int, str]
+
+    def __sub__(self, before: MetricsSnapshot) -> dict[str, float]:
+        return {k: v - before.values.get(k, 0.0) for k, v in self.values.items()}
+
+
+_WANTED = (
+    "twinserve_requests_total",
+    "twinserve_batch_size_sum",
+    "twinserve_batch_size_count",
+    "twinserve_queue_wait_seconds_sum",
+    "twinserve_queue_wait_seconds_count",
+    "twinserve_inference_duration_seconds_sum",
+    "twinserve_inference_duration_seconds_count",
+)
+
+
+def scrape(base_url: str) -> MetricsSnapshot | None:
+    """Read the server's /metrics; None when it has none (or it is not a twinserve server)."""
+    try:
+        reply = httpx.get(base_url + "/metrics", timeout=10)
+    except httpx.HTTPError:
+        return None
+    if reply.status_code != 200:
+        return None
+    values: dict[str, float] = defaultdict(float)
+    roles: dict[int, str] = {}
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            if sample.name in _WANTED:
+                values[sample.name] += sample.value
+            elif sample.name == "twinserve_process_resident_memory_bytes" and "pid" in sample.labels:
+                roles[int(sample.labels["pid"])] = sample.labels.get("role", "server")
+    return MetricsSnapshot(dict(values), roles)
+
+
+def _mean(total: float, count: float, scale: float = 1.0) -> float | None:
+    return round(total / count * scale, 3) if count > 0 else None
+
+
+def server_stats(before: MetricsSnapshot | None, after: MetricsSnapshot | None) -> ServerStats | None:
+    if before is None or after is None:
+        return None
+    d = after - before
+    return ServerStats(
+        requests=int(d.get("twinserve_requests_total", 0)),
+        batches=int(d.get("twinserve_batch_size_count", 0)),
+        batch_size_mean=_mean(d.get("twinserve_batch_size_sum", 0), d.get("twinserve_batch_size_count", 0)),
+        queue_wait_ms_mean=_mean(
+            d.get("twinserve_queue_wait_seconds_sum", 0), d.get("twinserve_queue_wait_seconds_count", 0), 1000
+        ),
+        inference_ms_mean=_mean(
+            d.get("twinserve_inference_duration_seconds_sum", 0),
+            d.get("twinserve_inference_duration_seconds_count", 0),
+            1000,
+        ),
+    )

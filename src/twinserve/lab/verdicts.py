@@ -1,0 +1,179 @@
+"""The article's claims (S8, S12, S20, S22), each tested on what `twinserve bench` measured.
+
+Every verdict quotes the numbers it rests on; where the runs cannot answer a claim it says which run is missing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+from twinserve.lab.results import Level, Results, Run, Verdict
+
+__all__ = ["SHORT_INFERENCE_MS", "peak", "saturation", "verdicts"]
+
+#: Where "short" inference ends for S22's rule; the article gives no number, so the verdict states the one used.
+SHORT_INFERENCE_MS = 10.0
+
+
+def _first(results: Results, arch: str) -> Run | None:
+    """The run of `arch` with the default settings (the first one), if it was measured."""
+    return next((r for r in results.runs if r.arch == arch and r.error is None and r.levels), None)
+
+
+def _closed(run: Run) -> dict[int, Level]:
+    return {lv.concurrency: lv for lv in run.levels if lv.mode == "closed" and lv.concurrency is not None}
+
+
+def peak(run: Run) -> Level:
+    clean = [lv for lv in run.levels if lv.errors == 0] or run.levels
+    return max(clean, key=lambda lv: lv.throughput_rps)
+
+
+def saturation(run: Run) -> Level | None:
+    """The first level past which more load bought less than 10% more throughput, or errors appeared."""
+    levels = sorted((lv for lv in run.levels if lv.mode == "closed"), key=lambda lv: lv.load)
+    for previous, level in itertools.pairwise(levels):
+        if level.errors or level.throughput_rps < previous.throughput_rps * 1.10:
+            return previous
+    return None
+
+
+def _lower_latency(sync: Run, asyn: Run) -> Verdict:
+    claim, source = "async gives 5-10% lower latency than sync", "S20"
+    common = sorted(set(_closed(sync)) & set(_closed(asyn)))
+    if not common:
+        return Verdict(claim=claim, source=source, holds=None, evidence="sync and async share no load level")
+    n = common[0]
+    s, a = _closed(sync)[n].p("p50"), _closed(asyn)[n].p("p50")
+    if not s or not a:
+        return Verdict(claim=claim, source=source, holds=None, evidence=f"no latency measured at {n} connections")
+    change = (s - a) / s
+    return Verdict(
+        claim=claim,
+        source=source,
+        holds=change >= 0.05,
+        evidence=f"at {n} connection(s) P50 is {a:.2f} ms async vs {s:.2f} ms sync: "
+        f"{abs(change):.0%} {'lower' if change >= 0 else 'higher'} with async",
+    )
+
+
+def _memory(sync: Run, asyn: Run) -> Verdict:
+    claim, source = "async uses ~70% less memory than sync", "S20"
+
+    def most(run: Run) -> float:
+        return max((lv.resources.rss_mib_max for lv in run.levels if lv.resources), default=0.0)
+
+    s, a = most(sync), most(asyn)
+    if not s or not a:
+        return Verdict(claim=claim, source=source, holds=None, evidence="no memory samples")
+    saving = (s - a) / s
+    return Verdict(
+        claim=claim,
+        source=source,
+        holds=saving >= 0.6,
+        evidence=f"peak RSS of the whole server {a:,.0f} MiB async vs {s:,.0f} MiB sync "
+        f"({abs(saving):.0%} {'less' if saving >= 0 else 'more'}); memory follows the number of processes holding "
+        f"the model: sync {_processes(sync)}, async {_processes(asyn)}",
+    )
+
+
+def _processes(run: Run) -> int:
+    return max((lv.resources.processes for lv in run.levels if lv.resources), default=0)
+
+
+def _spread(level: Level) -> float | None:
+    p50, p99 = level.p("p50"), level.p("p99")
+    return p99 / p50 if p50 and p99 else None
+
+
+def _predictable(sync: Run, asyn: Run) -> Verdict:
+    claim, source = "sync is more predictable (tighter P99/P50) below its saturation point", "S20"
+    knee = saturation(sync)
+    limit = knee.load if knee is not None else max((lv.load for lv in sync.levels), default=0)
+    pairs = [
+        (_spread(s), _spread(_closed(asyn)[n]))
+        for n, s in _closed(sync).items()
+        if n <= limit and n in _closed(asyn) and s.errors == 0
+    ]
+    spreads = [(s, a) for s, a in pairs if s is not None and a is not None]
+    if not spreads:
+        return Verdict(claim=claim, source=source, holds=None, evidence="no common load below sync's saturation")
+    s_med, a_med = statistics.median(s for s, _ in spreads), statistics.median(a for _, a in spreads)
+    return Verdict(
+        claim=claim,
+        source=source,
+        holds=s_med < a_med,
+        evidence=f"median P99/P50 up to {limit:g} connections: sync {s_med:.2f}, async {a_med:.2f}",
+    )
+
+
+def _saturation(results: Results) -> Verdict:
+    parts = []
+    for run in results.runs:
+        if run.error is not None or not run.levels:
+            continue
+        knee = saturation(run)
+        top = peak(run)
+        where = f"saturates from {knee.load:g} connections" if knee is not None else "did not saturate"
+        parts.append(f"{run.label} {where}, peak {top.throughput_rps:,.0f} req/s")
+    return Verdict(
+        claim="each architecture has its own saturation point (find it before choosing)",
+        source="S21",
+        holds=None if not parts else True,
+        evidence="; ".join(parts) or "no runs",
+    )
+
+
+def _batching(results: Results) -> Verdict:
+    claim, source = "batching raises throughput by up to 300%", "S12"
+    for arch in ("async", "hybrid", "sync"):
+        runs = [r for r in results.runs if r.arch == arch and r.error is None and r.levels]
+        off = [r for r in runs if r.settings.get("max_batch_size") == 1]
+        on = [r for r in runs if int(r.settings.get("max_batch_size") or 0) > 1]
+        if off and on:
+            base = max(peak(r).throughput_rps for r in off)
+            best = max(on, key=lambda r: peak(r).throughput_rps)
+            gain = peak(best).throughput_rps / base - 1 if base else 0.0
+            return Verdict(
+                claim=claim,
+                source=source,
+                holds=gain > 0,
+                evidence=f"{arch}: peak {peak(best).throughput_rps:,.0f} req/s with max batch "
+                f"{best.settings.get('max_batch_size')} vs {base:,.0f} without batching ({gain:+.0%})",
+            )
+    return Verdict(
+        claim=claim,
+        source=source,
+        holds=None,
+        evidence="needs runs with and without batching: add --max-batch-size 1,32",
+    )
+
+
+def _inference_rule(results: Results) -> Verdict:
+    claim, source = "short inference suits sync, long inference suits async", "S22"
+    one = next((c for c in results.ceiling if c.batch_size == 1), None)
+    sync = _first(results, "sync")
+    others = [r for r in results.runs if r.arch != "sync" and r.error is None and r.levels]
+    if one is None or sync is None or not others:
+        return Verdict(claim=claim, source=source, holds=None, evidence="needs the in-process timing, sync and async")
+    best = max(others, key=lambda r: peak(r).throughput_rps)
+    short = one.batch_ms_median < SHORT_INFERENCE_MS
+    sync_wins = peak(sync).throughput_rps >= peak(best).throughput_rps
+    return Verdict(
+        claim=claim,
+        source=source,
+        holds=sync_wins == short,
+        evidence=f"one instance takes {one.batch_ms_median:.2f} ms in-process ({'short' if short else 'long'}: "
+        f"< {SHORT_INFERENCE_MS:g} ms counts as short); peak sync {peak(sync).throughput_rps:,.0f} req/s vs "
+        f"{best.label} {peak(best).throughput_rps:,.0f} req/s",
+    )
+
+
+def verdicts(results: Results) -> list[Verdict]:
+    sync, asyn = _first(results, "sync"), _first(results, "async")
+    found: list[Verdict] = []
+    if sync is not None and asyn is not None:
+        found += [_lower_latency(sync, asyn), _memory(sync, asyn), _predictable(sync, asyn)]
+    found += [_saturation(results), _batching(results), _inference_rule(results)]
+    return found
