@@ -5,6 +5,7 @@ set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders report.html in tests/lab/test_report.py
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

@@ -121,3 +121,11 @@ class Chatty(twinserve.Model):
     def predict(self, batch: list[float]) -> list[float]:
         logging.getLogger("chatty").info("chatty computing %d", len(batch))
         return [x * 2 for x in batch]
+
+
+class FailsToLoad(twinserve.Model):
+    def load(self) -> None:
+        raise RuntimeError("model load failed on purpose")
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return batch

@@ -67,3 +67,10 @@ def test_arch_choices_are_checked_by_the_parser() -> None:
     result = twinserve("serve", "--arch", "turbo")
     assert result.returncode == 2
     assert "invalid choice: 'turbo'" in result.stderr
+
+
+def test_the_cli_does_not_import_prometheus_client_before_it_knows_the_metrics_directory() -> None:
+    """prometheus-client chooses in-memory or multiprocess storage once, at import: too early and /metrics is empty."""
+    code = "import sys, twinserve.cli; twinserve.cli.build_parser(); print('prometheus_client' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

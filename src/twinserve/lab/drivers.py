@@ -7,6 +7,7 @@ and neither corrects for coordinated omission.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -162,10 +163,9 @@ class PredictUser(FastHttpUser):
 
 
 def _locust(url: str, bodies: list[bytes], users: int, duration: float, warmup: float) -> dict[str, Any]:
-    try:
-        import locust  # noqa: F401
-    except ImportError:
-        raise DriverError("--driver locust needs the locust extra: pip install 'twinserve[locust]'") from None
+    # Never imported here: importing locust monkey-patches this whole process with gevent.
+    if importlib.util.find_spec("locust") is None:
+        raise DriverError("--driver locust needs the locust extra: pip install 'twinserve[locust]'")
     base, path = url.split("/v1/", 1)
     with tempfile.TemporaryDirectory(prefix="twinserve-locust-") as tmp:
         locustfile = Path(tmp) / "locustfile.py"

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from twinserve.lab.results import ProcessMemory, Resources, ServerStats
 
@@ -133,6 +132,10 @@ _WANTED = (
 
 def scrape(base_url: str) -> MetricsSnapshot | None:
     """Read the server's /metrics; None when it has none (or it is not a twinserve server)."""
+    # Imported here: prometheus-client picks its storage at import, and the CLI that imports this module also
+    # serves, which must first point it at the server's multiprocess directory.
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         reply = httpx.get(base_url + "/metrics", timeout=10)
     except httpx.HTTPError:

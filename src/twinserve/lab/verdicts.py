@@ -115,7 +115,11 @@ def _saturation(results: Results) -> Verdict:
             continue
         knee = saturation(run)
         top = peak(run)
-        where = f"saturates from {knee.load:g} connections" if knee is not None else "did not saturate"
+        closed = sum(1 for lv in run.levels if lv.mode == "closed")
+        if knee is not None:
+            where = f"saturates from {knee.load:g} connections"
+        else:
+            where = "did not saturate" if closed > 1 else "was measured at one load only"
         parts.append(f"{run.label} {where}, peak {top.throughput_rps:,.0f} req/s")
     return Verdict(
         claim="each architecture has its own saturation point (find it before choosing)",

@@ -1,0 +1,125 @@
+"""`twinserve bench` end to end: real servers, real load, a results file whose numbers add up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.serving import model_path
+from twinserve.lab.advise import TIE, advise
+from twinserve.lab.results import Results, load_results
+
+TABULAR = "twinserve.examples.tabular:Classifier"
+
+
+def bench(tmp_path: Path, *args: str, model: str = TABULAR) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve", "bench", model, "--out", str(out), "--warmup", "0.5", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return done, out
+
+
+def check_counts(results: Results) -> None:
+    for run in results.runs:
+        for level in run.levels:
+            assert level.sent == level.ok + sum(level.http_errors.values()) + sum(level.transport_errors.values())
+            assert level.ok > 0 and level.throughput_rps > 0
+            assert level.latency_ms["p50"] is not None
+            assert level.latency_ms["p50"] <= level.latency_ms["p95"] <= level.latency_ms["p99"]  # type: ignore[operator]
+
+
+@pytest.fixture(scope="module")
+def two_archs(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    return bench(
+        tmp_path_factory.mktemp("bench"),
+        "--arch", "sync,async",
+        "--concurrency", "1,4",
+        "--rate", "40",
+        "--duration", "1.5",
+        "--ceiling-sizes", "1,4",
+        "--slo-p95-ms", "250",
+    )  # fmt: skip
+
+
+def test_bench_writes_a_results_file_whose_counts_add_up(
+    two_archs: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    done, out = two_archs
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = load_results(out / "results.json")
+    assert [r.arch for r in results.runs] == ["sync", "async"]
+    assert results.model_name == "iris" and results.machine.cpu_count >= 1 and "uvicorn" in results.versions
+    check_counts(results)
+    for run in results.runs:
+        assert run.error is None and run.startup_s is not None
+        assert run.command[:4] == ["twinserve", "serve", TABULAR, "--arch"]
+        assert [(lv.mode, lv.load) for lv in run.levels] == [("closed", 1), ("closed", 4), ("open", 40)]
+        assert run.idle is not None and run.idle.rss_mib_max > 0
+        for level in run.levels:
+            assert level.driver == "twinserve" and level.errors == 0
+            assert level.resources is not None and level.resources.samples > 0 and level.resources.rss_mib_max > 0
+            assert level.server is not None  # the server's own /metrics, before and after
+            assert level.server.requests >= level.ok  # the server also answered the warm-up
+            assert level.server.batch_size_mean is not None and level.server.batch_size_mean >= 1
+    assert [c.batch_size for c in results.ceiling] == [1, 4]
+    assert all(c.instances_per_s > 0 for c in results.ceiling)
+    assert {v.source for v in results.verdicts} >= {"S20", "S21", "S12", "S22"}
+    assert all(v.evidence for v in results.verdicts)
+    assert (out / "report.html").stat().st_size > 0
+    assert list((out / "plots").glob("*.png"))
+    assert "The article's claims" in done.stdout and "Advice for P95 <= 250 ms" in done.stdout
+
+
+def test_advise_picks_what_the_numbers_in_the_file_say(
+    two_archs: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    _, out = two_archs
+    results = load_results(out / "results.json")
+    slo = 250.0
+    best = {}
+    for run in results.runs:
+        within = [lv for lv in run.levels if lv.errors == 0 and (lv.p("p95") or 1e9) <= slo]
+        if within:
+            best[run.label] = max(within, key=lambda lv: lv.throughput_rps)
+    top = max(lv.throughput_rps for lv in best.values())
+    tied = {label for label, lv in best.items() if lv.throughput_rps >= top * (1 - TIE)}
+    expected = min(tied, key=lambda label: best[label].resources.rss_mib_max)  # type: ignore[union-attr]
+    advice = advise(results, slo)
+    assert advice.meets and advice.choice is not None and advice.choice.run.label == expected
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve", "advise", str(out / "results.json"), "--slo-p95-ms", str(slo)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"Run {advice.choice.run.arch}" in done.stdout
+
+
+@pytest.mark.parametrize("driver", ["wrk", "locust"])
+def test_other_drivers_report_into_the_same_schema(tmp_path: Path, driver: str) -> None:
+    done, out = bench(
+        tmp_path, "--arch", "async", "--concurrency", "4", "--duration", "2", "--driver", driver, "--ceiling-sizes", "1"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = load_results(out / "results.json")
+    check_counts(results)
+    (level,) = results.runs[0].levels
+    assert level.driver == driver and level.errors == 0 and level.concurrency == 4
+
+
+def test_a_server_that_cannot_start_is_reported_not_fatal(tmp_path: Path) -> None:
+    done, out = bench(
+        tmp_path, "--arch", "async,sync", "--concurrency", "1", "--duration", "1", model=model_path("FailsToLoad")
+    )
+    assert done.returncode == 1
+    results = load_results(out / "results.json")
+    assert all(run.error is not None and "exited" in run.error for run in results.runs)
+    assert "model load failed on purpose" in results.runs[0].error  # type: ignore[operator]
+    assert (out / "report.html").exists()
