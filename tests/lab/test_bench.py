@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.image import imread
 
+from tests.lab.browser import chromium
 from tests.serving import model_path
 from twinserve.lab.advise import TIE, advise
 from twinserve.lab.results import Results, load_results
@@ -123,3 +126,17 @@ def test_a_server_that_cannot_start_is_reported_not_fatal(tmp_path: Path) -> Non
     assert all(run.error is not None and "exited" in run.error for run in results.runs)
     assert "model load failed on purpose" in results.runs[0].error  # type: ignore[operator]
     assert (out / "report.html").exists()
+
+
+def test_the_bench_report_renders_in_chromium(
+    two_archs: tuple[subprocess.CompletedProcess[str], Path], tmp_path: Path
+) -> None:
+    _, out = two_archs
+    page = (out / "report.html").resolve().as_uri()
+    dom = chromium(tmp_path, "--dump-dom", page)
+    assert re.findall(r'data-plot="(\w+)"', dom) == ["throughput", "latency", "memory", "cpu", "errors"]
+    levels = sum(len(run.levels) for run in load_results(out / "results.json").runs)
+    assert dom.count('class="point"') == levels * 7  # latency plots p50, p95 and p99 per level
+    shot = tmp_path / "report.png"
+    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,3000", page)
+    assert imread(shot).std() > 0
