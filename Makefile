@@ -6,7 +6,7 @@ ARCH ?= sync
 PORT ?= 8000
 MODEL ?= twinserve.examples.tabular:Classifier
 
-.PHONY: serve test lint typecheck unit clean
+.PHONY: bench serve test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev,torch,otel,locust]'
 	touch $@ $(VENV)/.installed-base
+
+## serve MODEL in sync, async and hybrid, load each side by side, write the report and advise (SLO=200 ms)
+SLO ?= 200
+bench: $(VENV)/.installed-base
+	$(BIN)/twinserve bench $(MODEL) --concurrency 1,8,32,64 --duration 5 --warmup 1 --slo-p95-ms $(SLO)
 
 ## serve the built-in tabular example (ARCH=sync|async, PORT=8000, MODEL=...)
 serve: $(VENV)/.installed-base
