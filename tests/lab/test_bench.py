@@ -140,3 +140,23 @@ def test_the_bench_report_renders_in_chromium(
     shot = tmp_path / "report.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1280,3000", page)
     assert imread(shot).std() > 0
+
+
+def test_a_user_model_file_with_a_payload_file(tmp_path: Path) -> None:
+    payload = tmp_path / "bodies.jsonl"
+    payload.write_text('{"instances": [1, 2, 3]}\n\n{"instances": ["a"]}\n')
+    done, out = bench(
+        tmp_path, "--arch", "async", "--concurrency", "2", "--duration", "1", "--payload", str(payload),
+        "--ceiling-sizes", "1,2", model=model_path("Echo"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = load_results(out / "results.json")
+    check_counts(results)
+    assert results.payload == str(payload) and results.instances_per_request == 2.0
+    assert [c.batch_size for c in results.ceiling] == [1, 2]
+
+
+def test_a_model_without_examples_needs_a_payload(tmp_path: Path) -> None:
+    done, out = bench(tmp_path, "--arch", "async", "--concurrency", "1", "--duration", "1", model=model_path("Echo"))
+    assert done.returncode == 1
+    assert "--payload" in (load_results(out / "results.json").runs[0].error or "")
