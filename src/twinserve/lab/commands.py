@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -107,6 +108,8 @@ def _print_advice(console: Console, results: Results, slo: float, target: float 
 def _bench(args: argparse.Namespace) -> int:
     from twinserve.lab.report import print_summary, write_report
 
+    # A stopped bench must stop the servers it started: SIGTERM unwinds through their context managers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     console = Console(width=None if sys.stdout.isatty() else 160)
     out: Path = args.out or Path("twinserve-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     concurrency = args.concurrency or ([] if args.rate else [1, 8, 32, 128])
