@@ -13,7 +13,7 @@ from typing import Any, Literal
 import pytest
 
 from tests.serving import free_port
-from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level, run_level_sync
+from twinserve.lab.loadgen import LevelResult, LoadSpec, _ResponseParser, run_level, run_level_sync
 
 BODY = b'{"instances": [[5.1, 3.5, 1.4, 0.2]]}'
 SLOW_S = 0.1
@@ -23,7 +23,8 @@ class LabServer:
     """A raw asyncio HTTP/1.1 server in a background thread; the path picks the behaviour.
 
     /ok answers 200; /flaky 500 every other request; /chunked a chunked 200; /close 200 then closes;
-    /drop closes without answering; /slow answers 200 after SLOW_S.
+    /drop closes without answering; /slow answers 200 after SLOW_S; /eof an HTTP/1.0 200 whose body runs to the
+    connection's end; /split a 200 in three writes; /continue a 100 Continue, then a 200.
     """
 
     def __init__(self) -> None:
@@ -59,6 +60,22 @@ class LabServer:
             return False
         if path == b"/slow":
             await asyncio.sleep(SLOW_S)
+        if path == b"/eof":
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + answer)
+            await writer.drain()
+            return False
+        if path in (b"/split", b"/continue"):
+            whole = b"HTTP/1.1 200 OK\r\n" + fixed + b"\r\n" + answer
+            parts = (
+                [whole[:20], whole[20:-5], whole[-5:]]
+                if path == b"/split"
+                else [b"HTTP/1.1 100 Continue\r\n\r\n", whole]
+            )
+            for part in parts:
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(0.002)  # separate segments, separate reads
+            return True
         if path == b"/flaky" and next(self.flaky) % 2:
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\n" + fixed + b"\r\n" + answer)
         elif path == b"/chunked":
@@ -134,6 +151,13 @@ def test_chunked_responses_are_read_whole(lab_server: LabServer) -> None:
     assert result.ok == result.sent > 0
 
 
+@pytest.mark.parametrize("path", ["/eof", "/split", "/continue"])
+def test_responses_are_framed_however_they_arrive(lab_server: LabServer, path: str) -> None:
+    result = closed(lab_server.url + path, concurrency=2, duration_s=0.3)
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0
+
+
 def test_connection_close_reconnects(lab_server: LabServer) -> None:
     result = closed(lab_server.url + "/close")
     assert_adds_up(result)
@@ -157,6 +181,16 @@ def test_timeouts_are_transport_errors(lab_server: LabServer) -> None:
     result = closed(lab_server.url + "/slow", concurrency=2, duration_s=0.3, timeout_s=SLOW_S / 4)
     assert_adds_up(result)
     assert result.ok == 0 and result.transport_errors["timeout"] == result.sent > 0
+
+
+def test_a_deadline_outlived_by_the_connection_does_not_cut_the_next_request(lab_server: LabServer) -> None:
+    # Each request takes SLOW_S of a 1.8 * SLOW_S deadline, so the timer set for one request's deadline fires while
+    # the next is in flight and not yet due: it must wait on, not time that one out.
+    result = closed(lab_server.url + "/slow", concurrency=2, duration_s=3.5 * SLOW_S, timeout_s=1.8 * SLOW_S)
+    assert_adds_up(result)
+    assert result.ok == result.sent >= 6
+    service = result.service_time_ms["p50"]
+    assert service is not None and service >= SLOW_S * 1000  # arrival times are never read early
 
 
 @pytest.mark.parametrize("arrivals", ["poisson", "constant"])
@@ -201,3 +235,58 @@ def test_invalid_specs_are_refused(changes: dict[str, Any], message: str) -> Non
     arguments: dict[str, Any] = {"url": "http://localhost:8000/p", "bodies": [BODY], "duration_s": 1, "concurrency": 1}
     with pytest.raises(ValueError, match=re.escape(message)):
         LoadSpec(**{**arguments, **changes})
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize(
+    ("response", "status", "keep_alive"),
+    [
+        (HEAD + b"Content-Length: 5\r\n\r\nhello", 200, True),
+        (HEAD + b"Content-Length: 0\r\n\r\n", 200, True),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", 204, True),
+        (b"HTTP/1.1 503 Busy\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno", 503, False),
+        (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok", 200, True),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, False),
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD + b"Content-Length: 2\r\n\r\nok", 200, True),
+        (HEAD + b"Transfer-Encoding: chunked\r\n\r\n3;x=y\r\nhel\r\n2\r\nlo\r\n0\r\nX-Trailer: 1\r\n\r\n", 200, True),
+    ],
+)
+@pytest.mark.parametrize("step", [None, 1, 7])
+def test_the_parser_finds_the_end_of_each_response(
+    response: bytes, status: int, keep_alive: bool, step: int | None
+) -> None:
+    parser = _ResponseParser()
+    pieces = [response] if step is None else [response[i : i + step] for i in range(0, len(response), step)]
+    assert [parser.feed(piece) for piece in pieces] == [False] * (len(pieces) - 1) + [True]
+    assert (parser.status, parser.keep_alive) == (status, keep_alive)
+    assert parser.feed(response)  # and ready for the next response
+
+
+def test_bytes_beyond_a_response_spoil_its_connection() -> None:
+    parser = _ResponseParser()
+    assert parser.feed(HEAD + b"Content-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n")
+    assert parser.status == 200 and not parser.keep_alive
+
+
+def test_the_parser_waits_for_the_close_where_no_length_is_given() -> None:
+    parser = _ResponseParser()
+    assert not parser.feed(b"HTTP/1.0 200 OK\r\n\r\nsome body")
+    assert not parser.feed(b"and more")
+    assert parser.ends_at_close and parser.status == 200 and not parser.keep_alive
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+        b"HTTP/1.1 2x0 Odd\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * (1 << 17),
+    ],
+)
+def test_the_parser_refuses_what_is_not_http(response: bytes) -> None:
+    with pytest.raises(ValueError):
+        _ResponseParser().feed(response)

@@ -11,21 +11,25 @@ Only requests that fall due inside the measured window count; those still in fli
 within `timeout_s` of falling due, after which it counts as a `timeout`. Event-loop timers tick in milliseconds,
 so open-loop latency may carry up to about a millisecond of the scheduler's own slack; service time does not.
 
-The client is a minimal HTTP/1.1 one on asyncio streams with every request encoded up front, so that the generator,
-one thread, is rarely the limit; when it may have been, the result says so (`generator_limited`).
+The client is a minimal HTTP/1.1 one, so that the generator, one thread, is rarely the limit: a bare asyncio protocol
+driven by callbacks, with every request encoded up front, each next request sent from the callback that read the last
+response, and responses timed from when the event loop learned they had arrived (`_ArrivalClock`) rather than from
+when their callback's turn came. When the generator may have been the limit, the result says so (`generator_limited`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
+import itertools
 import math
 import random
+import re
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from hdrh.histogram import HdrHistogram
@@ -37,15 +41,18 @@ TRANSPORT_ERROR_KINDS = ("connect_refused", "reset", "timeout", "other")
 #: Summary key -> percentile, for both latency and service time.
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 HISTOGRAM_MAX_US = 60_000_000
+#: A response head, chunk-size line or trailer field longer than this is malformed.
+MAX_HEAD_BYTES = 1 << 16
+#: The shortest wait on a deadline timer; timeouts may read up to this late.
+TIMER_TICK_S = 0.001
 #: The generator is one event-loop thread: at this share of one core it is probably the bottleneck.
 CPU_LIMIT_PERCENT = 90.0
 #: Open loop: sending this share fewer requests than were due, with connections to spare, means the generator lagged.
 RATE_SHORTFALL = 0.05
 #: Framing headers the client writes itself.
 _RESERVED_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
-_CONNECTION = b"\r\nconnection:"
-_CONTENT_LENGTH = b"\r\ncontent-length:"
-_TRANSFER_ENCODING = b"\r\ntransfer-encoding:"
+#: The response fields that frame it, in a lower-cased head; one pass over the head finds them all.
+_FRAMING_FIELDS = re.compile(rb"\r\n(content-length|transfer-encoding|connection):[ \t]*([^\r]*)")
 
 Outcome = int | str  # an HTTP status code, or one of TRANSPORT_ERROR_KINDS
 
@@ -173,112 +180,362 @@ class _Endpoint:
         return [f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body for body in spec.bodies]
 
 
-class _MalformedResponse(ValueError):
-    pass
+#: Parser states.
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE, _DONE = range(7)
+
+
+class _ResponseParser:
+    """Sans-IO framing of HTTP/1.x responses: `feed` it bytes as they come and it says when a response is whole.
+
+    Interim (1xx) responses are skipped; bodies are counted, not kept.
+    """
+
+    __slots__ = ("_buffer", "_remaining", "_state", "keep_alive", "status")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._state = _HEAD
+        self._remaining = 0
+        self.status = 0
+        self.keep_alive = True
+
+    @property
+    def between_responses(self) -> bool:
+        """Nothing of the next response read yet."""
+        return self._state == _HEAD and not self._buffer
+
+    @property
+    def ends_at_close(self) -> bool:
+        """The body runs to the end of the connection, so the connection closing completes it."""
+        return self._state == _UNTIL_CLOSE
+
+    def feed(self, data: bytes) -> bool:
+        """Take in the next bytes; True once they complete the response, whose `status` and `keep_alive` then hold.
+
+        Raises ValueError where the bytes are not an HTTP/1.x response.
+        """
+        if self._buffer:
+            data, self._buffer = self._buffer + data, b""
+        pos, size, state = 0, len(data), self._state
+        while state != _DONE:
+            if state in (_LENGTH, _CHUNK_DATA):
+                take = min(self._remaining, size - pos)
+                pos += take
+                self._remaining -= take
+                if self._remaining:
+                    break
+                state = _DONE if state == _LENGTH else _CHUNK_SIZE
+            elif state == _UNTIL_CLOSE:
+                break
+            else:
+                end = data.find(b"\r\n\r\n" if state == _HEAD else b"\r\n", pos)
+                if end < 0:
+                    if size - pos > MAX_HEAD_BYTES:
+                        raise ValueError(f"no end to a response line or head in {MAX_HEAD_BYTES} bytes")
+                    self._buffer = data[pos:]
+                    break
+                if state == _HEAD:
+                    status, keep_alive, state, self._remaining = _framing(data[pos : end + 2])
+                    if state != _HEAD:  # else an interim (1xx) response, skipped
+                        self.status, self.keep_alive = status, keep_alive
+                    pos = end + 4
+                    continue
+                line, pos = data[pos:end], end + 2
+                if state == _TRAILER:
+                    state = _TRAILER if line else _DONE
+                    continue
+                self._remaining = int(line.split(b";", 1)[0], 16)
+                if self._remaining < 0:
+                    raise ValueError(f"negative chunk size {line!r}")
+                state = _CHUNK_DATA if self._remaining else _TRAILER
+                self._remaining += 2  # the chunk's closing CRLF
+        if state != _DONE:
+            self._state = state
+            return False
+        if pos < size:  # bytes beyond the response that no request asked for: the framing is lost
+            self.keep_alive = False
+        self._state = _HEAD
+        return True
+
+
+@functools.lru_cache(maxsize=256)
+def _framing(head: bytes) -> tuple[int, bool, int, int]:
+    """A response head's (through its last field's CRLF) status, keep-alive, the parser state that follows, and the
+    body length where that state is `_LENGTH`.
+
+    Cached, since a server sends the same few heads again and again; what varies, like a Date field, varies slowly.
+    """
+    if not head.startswith(b"HTTP/1.") or head[12:13] not in (b" ", b"\r"):
+        raise ValueError(f"not an HTTP/1.x status line: {head[:40]!r}")
+    status = int(head[9:12])
+    if 100 <= status < 200:
+        return status, True, _HEAD, 0
+    fields = dict(_FRAMING_FIELDS.findall(head.lower()))
+    connection = fields.get(b"connection", b"")
+    keep_alive = b"close" not in connection if head.startswith(b"HTTP/1.1") else b"keep-alive" in connection
+    if status in (204, 304):
+        return status, keep_alive, _DONE, 0
+    if b"chunked" in fields.get(b"transfer-encoding", b""):
+        return status, keep_alive, _CHUNK_SIZE, 0
+    if length := fields.get(b"content-length"):
+        if (size := int(length)) < 0:
+            raise ValueError(f"negative content-length {length!r}")
+        return status, keep_alive, _LENGTH if size else _DONE, size
+    return status, False, _UNTIL_CLOSE, 0
+
+
+class _ArrivalClock:
+    """Times responses from when the event loop learned they had arrived, not from when their turn came.
+
+    The loop hands a batch of ready sockets to their protocols one after another, and a Python callback costs tens of
+    microseconds: timed in its own turn, the last response of a burst of 64 would read a millisecond or more late.
+    Every socket of a batch was already readable when the loop began to serve it, so the first reading of the batch,
+    which a callback queued behind the batch clears, bounds each of their arrivals from above. That holds for a
+    response read whole in one chunk; one that came in pieces may have had its last piece land during the batch, so
+    it is timed on the spot instead.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._batch_began: float | None = None
+
+    def arrived(self, whole: bool) -> float:
+        """When the response just read had arrived, at the latest; `whole`: it came in the one chunk just read."""
+        if not whole:
+            return time.perf_counter()
+        if self._batch_began is None:
+            self._batch_began = time.perf_counter()
+            self._loop.call_soon(self._end_batch)
+        return self._batch_began
+
+    def _end_batch(self) -> None:
+        self._batch_began = None
+
+
+class _Wire(asyncio.Protocol):
+    """One TCP connection: writes a request, frames the response as it arrives, and reports to its slot at once.
+
+    A bare protocol rather than asyncio streams, and callbacks rather than futures: no reader buffer, no per-read
+    futures, no task switch between a response and the next request, which goes out from the very callback that
+    read the response's last bytes. The response is timed by the run's `_ArrivalClock`.
+    """
+
+    def __init__(self, slot: _Connection) -> None:
+        self._slot = slot
+        self._transport: asyncio.Transport | None = None
+        self._parser = _ResponseParser()
+        self._busy = False
+        self._closing = False
+        self.lost: asyncio.Future[None] = slot.loop.create_future()
+
+    @property
+    def idle(self) -> bool:
+        """Open, with no exchange in progress: ready for the next request."""
+        return not self._busy and not self._closing
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+
+    def send(self, request: bytes) -> None:
+        assert self._transport is not None and self.idle
+        self._busy = True
+        self._transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._busy:  # bytes no request asked for: the framing is lost
+            self._close()
+            return
+        whole = self._parser.between_responses
+        try:
+            done = self._parser.feed(data)
+        except ValueError as error:
+            self.fail(error)
+            return
+        if done:
+            finished = self._slot.clock.arrived(whole)
+            self._busy = False
+            if not self._parser.keep_alive:
+                self._close()
+            self._slot.on_response(self._parser.status, finished)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set_result(None)
+        self._closing = True
+        if self._busy and self._parser.ends_at_close:
+            self._busy = False
+            self._slot.on_response(self._parser.status, time.perf_counter())
+        self.fail(exc or ConnectionResetError("the server closed the connection mid-response"))
+
+    def fail(self, error: Exception) -> None:
+        """Close the connection; if an exchange was in progress, it failed with `error`."""
+        self._close()
+        if self._busy:
+            self._busy = False
+            self._slot.on_failure(error)
+
+    def abandon(self) -> None:
+        """Close the connection without a word to the slot."""
+        self._busy = False
+        self._close()
+
+    def _close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            if self._transport is not None:
+                self._transport.abort()
 
 
 class _Connection:
-    """One keep-alive connection; any failure closes it, and the next exchange opens a fresh one."""
+    """One connection slot of a run: sends the requests it is handed, one at a time, and tells the run each outcome.
 
-    def __init__(self, port: int) -> None:
+    Any failure closes its connection, and the next request opens a fresh one. Deadlines share one timer per slot,
+    re-armed lazily: a slot's deadlines mostly come later than the one its timer is set for, so when that timer fires
+    with the exchange in progress not yet due, it is set again for that exchange's deadline, rather than one timer
+    being made and cancelled per request.
+    """
+
+    def __init__(self, run: _Run, port: int, clock: _ArrivalClock) -> None:
+        self._run = run
         self._port = port
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self.clock = clock
+        self.loop = asyncio.get_running_loop()
+        self._wire: _Wire | None = None
+        self._deadline = 0.0  # of the exchange in progress
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = 0.0  # the deadline the timer was set for
+        #: The exchange in progress: when it fell due and when it went out (`time.perf_counter` readings).
+        self.due = self.sent_at = 0.0
 
-    async def exchange(self, request: bytes) -> int:
-        """Send `request` and read the whole response; its status code."""
-        reader, writer = self._reader, self._writer
+    def send(self, request: bytes, due: float, now: float, deadline: float) -> None:
+        """Send `request`, due at `due`, now; its outcome comes back through the run, by `deadline` at the latest."""
+        self.due, self.sent_at = due, now
+        wire = self._wire
+        if wire is not None and wire.idle:
+            self._arm(deadline, now)
+            wire.send(request)
+        else:
+            self.close()
+            self._run.spawn(self._connect_and_send(request, deadline))
+
+    async def _connect_and_send(self, request: bytes, deadline: float) -> None:
+        loop = self.loop
         try:
-            if reader is None or writer is None or reader.at_eof():  # at_eof: the server closed it while idle
-                self.close()
+            async with asyncio.timeout(deadline - time.perf_counter()):
                 # The literal address, even for "localhost": no resolver call per connection, no IPv6 detour.
-                reader, writer = await asyncio.open_connection("127.0.0.1", self._port)
-                self._reader, self._writer = reader, writer
-            writer.write(request)
-            status, keep_alive = await _read_response(reader)
-        except BaseException:
-            self.close()
-            raise
-        if not keep_alive:
-            self.close()
-        return status
+                _, wire = await loop.create_connection(lambda: _Wire(self), "127.0.0.1", self._port)
+        except OSError as error:
+            self.on_failure(error)
+            return
+        self._wire = wire
+        self._arm(deadline, time.perf_counter())
+        wire.send(request)
+
+    def on_response(self, status: int, finished: float) -> None:
+        self._run.complete(self, status, finished)
+
+    def on_failure(self, error: Exception) -> None:
+        self._run.complete(self, _outcome(error), time.perf_counter())
+
+    def _arm(self, deadline: float, now: float) -> None:
+        self._deadline = deadline
+        if self._timer is None or self._timer_deadline > deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._set_timer(deadline, now)
+
+    def _set_timer(self, deadline: float, now: float) -> None:
+        self._timer_deadline = deadline
+        # uvloop's timers tick in milliseconds and may fire up to one early: a shorter wait would spin on a near miss.
+        self._timer = self.loop.call_later(max(deadline - now, TIMER_TICK_S), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        wire = self._wire
+        if wire is None or not wire.busy:
+            return  # idle: the next exchange arms it again
+        now = time.perf_counter()
+        if now >= self._deadline:
+            wire.fail(TimeoutError())
+        else:
+            self._set_timer(self._deadline, now)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._wire is not None:
+            self._wire.abandon()
+            self._wire = None
 
     async def aclose(self) -> None:
-        writer = self._writer
+        wire = self._wire
         self.close()
-        if writer is not None:
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        if wire is not None:
+            await wire.lost
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """Status code and whether the connection stays open, with the body read (and dropped)."""
-    while True:
-        head = await reader.readuntil(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.") or head[12:13] not in (b" ", b"\r"):
-            raise _MalformedResponse(f"not an HTTP/1.x status line: {head[:40]!r}")
-        status = int(head[9:12])
-        if not 100 <= status < 200:  # skip interim responses
-            break
-    fields = head.lower()
-    connection = _field(fields, _CONNECTION)
-    keep_alive = b"close" not in connection if head.startswith(b"HTTP/1.1") else b"keep-alive" in connection
-    if status in (204, 304):
-        return status, keep_alive
-    if b"chunked" in _field(fields, _TRANSFER_ENCODING):
-        await _read_chunked(reader)
-    elif length := _field(fields, _CONTENT_LENGTH):
-        await reader.readexactly(int(length))
-    else:
-        await reader.read()  # no framing: the body runs to the end of the connection
-        keep_alive = False
-    return status, keep_alive
+def _outcome(error: Exception) -> str:
+    """The transport error kind `error` counts as."""
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, ConnectionRefusedError):
+        return "connect_refused"
+    if isinstance(error, ConnectionError):
+        return "reset"
+    return "other"
 
 
-def _field(fields: bytes, key: bytes) -> bytes:
-    start = fields.find(key)
-    if start < 0:
-        return b""
-    start += len(key)
-    return fields[start : fields.index(b"\r\n", start)].strip()
+class _Histogram:
+    """An HdrHistogram of microseconds, fed through a dict of exact counts.
 
+    hdrh buckets each value in pure Python, about 1.5 µs a value; a dict update is a tenth of that. The dict is
+    folded into the histogram whenever it grows large, and before any reading. The mean comes from an exact sum, not
+    from hdrh, which walks every bucket for it.
+    """
 
-async def _read_chunked(reader: asyncio.StreamReader) -> None:
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields
-                pass
-            return
-        await reader.readexactly(size + 2)
+    FOLD_AT = 1 << 16
 
+    def __init__(self) -> None:
+        self._hdr = HdrHistogram(1, HISTOGRAM_MAX_US, 3)
+        self._pending: dict[int, int] = {}
+        self._sum = 0
 
-def _histogram() -> Any:
-    return HdrHistogram(1, HISTOGRAM_MAX_US, 3)
+    def record(self, seconds: float) -> None:
+        value = min(max(round(seconds * 1e6), 1), HISTOGRAM_MAX_US)
+        pending = self._pending
+        pending[value] = pending.get(value, 0) + 1
+        if len(pending) >= self.FOLD_AT:
+            self._fold()
 
+    def _fold(self) -> None:
+        for value, count in self._pending.items():
+            self._hdr.record_value(value, count)
+            self._sum += value * count
+        self._pending.clear()
 
-def _summary(histogram: Any) -> dict[str, float | None]:
-    if histogram.get_total_count() == 0:
-        return dict.fromkeys([*(key for key, _ in PERCENTILES), "max", "mean"], None)
-    summary: dict[str, float | None] = {
-        key: histogram.get_value_at_percentile(percentile) / 1000 for key, percentile in PERCENTILES
-    }
-    summary["max"] = histogram.get_max_value() / 1000
-    summary["mean"] = round(histogram.get_mean_value() / 1000, 3)
-    return summary
+    def summary(self) -> dict[str, float | None]:
+        self._fold()
+        hdr = self._hdr
+        count = hdr.get_total_count()
+        if count == 0:
+            return dict.fromkeys([*(key for key, _ in PERCENTILES), "max", "mean"], None)
+        values = hdr.get_percentile_to_value_dict([percentile for _, percentile in PERCENTILES])
+        summary: dict[str, float | None] = {key: values[percentile] / 1000 for key, percentile in PERCENTILES}
+        summary["max"] = hdr.get_max_value() / 1000
+        summary["mean"] = round(self._sum / count / 1000, 3)
+        return summary
 
 
 class _Tally:
     """Counts and histograms of the requests that fell due in the measured window."""
 
     def __init__(self) -> None:
-        self.latency = _histogram()
-        self.service = _histogram()
+        self.latency = _Histogram()
+        self.service = _Histogram()
         self.sent = 0
         self.sent_in_window = 0
         self.ok = 0
@@ -298,12 +555,8 @@ class _Tally:
             self.http_errors[str(outcome)] += 1
         assert sent_at is not None
         # A timer may wake the scheduler a little early: such a request is still charged its whole service time.
-        _record(self.latency, finished - min(due, sent_at))
-        _record(self.service, finished - sent_at)
-
-
-def _record(histogram: Any, seconds: float) -> None:
-    histogram.record_value(min(max(round(seconds * 1e6), 1), HISTOGRAM_MAX_US))
+        self.latency.record(finished - min(due, sent_at))
+        self.service.record(finished - sent_at)
 
 
 async def _sleep_until(moment: float) -> None:
@@ -313,98 +566,116 @@ async def _sleep_until(moment: float) -> None:
 
 
 class _Run:
-    """One level in progress: its clock, connections and tally."""
+    """One level in progress: its clock, connections and tally.
+
+    Every exchange ends in `complete`, called from the connection's own callbacks, which records it and at once
+    hands the connection its next request: in closed loop a fresh one, in open loop the oldest one waiting.
+    """
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
         endpoint = _Endpoint.parse(spec.url)
         self._port = endpoint.port
-        self._requests = endpoint.requests(spec)
-        self._next = 0
+        self._requests = itertools.cycle(endpoint.requests(spec))
+        self._timeout_s = spec.timeout_s
+        self._closed_loop = spec.concurrency is not None
         self._tally = _Tally()
         self._connections: list[_Connection] = []
         self._start = time.perf_counter()
         self._window_start = self._start + spec.warmup_s
         self._window_end = self._window_start + spec.duration_s
-        self._due: asyncio.Queue[float | None] = asyncio.Queue()
-        self._idle = 0
+        self._tasks: asyncio.TaskGroup | None = None
+        loop = asyncio.get_running_loop()
+        self._clock = _ArrivalClock(loop)
+        self._finished: asyncio.Future[None] = loop.create_future()
+        self._active = 0  # connections with an exchange in progress or a connect pending
+        self._idle: deque[_Connection] = deque()  # open loop: connections waiting for a request to fall due
+        self._backlog: deque[float] = deque()  # open loop: due times waiting for a connection
+        self._scheduled_all = False
         self._pool_exhausted = False
 
     async def run(self) -> LevelResult:
         try:
             async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
                 cpu = tasks.create_task(self._cpu_percent())
                 if self.spec.concurrency is not None:
                     for _ in range(self.spec.concurrency):
-                        tasks.create_task(self._closed_loop(self._connect()))
+                        self._take_up(self._connect(), time.perf_counter())
                 else:
-                    tasks.create_task(self._schedule(tasks))
+                    tasks.create_task(self._schedule())
+                await self._finished
         finally:
             await asyncio.gather(*(connection.aclose() for connection in self._connections))
         return self._result(cpu.result())
 
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        assert self._tasks is not None
+        self._tasks.create_task(coroutine)
+
+    def complete(self, connection: _Connection, outcome: Outcome, finished: float) -> None:
+        """Record the exchange `connection` just finished, and hand it its next request."""
+        try:
+            self._active -= 1
+            due = connection.due
+            if self._window_start <= due < self._window_end:
+                self._tally.record(outcome, due, connection.sent_at, finished, self._window_end)
+            if self._closed_loop:
+                now = time.perf_counter()
+                if now < self._window_end:
+                    self._take_up(connection, now)
+            else:
+                self._take_up_backlog(connection)
+            if self._active == 0 and (self._closed_loop or self._scheduled_all) and not self._finished.done():
+                self._finished.set_result(None)
+        except Exception as error:  # raised from a protocol callback, it would only be logged, and the run never end
+            if not self._finished.done():
+                self._finished.set_exception(error)
+
     def _connect(self) -> _Connection:
-        connection = _Connection(self._port)
+        connection = _Connection(self, self._port, self._clock)
         self._connections.append(connection)
         return connection
 
-    async def _closed_loop(self, connection: _Connection) -> None:
-        while (now := time.perf_counter()) < self._window_end:
-            await self._issue(connection, now)
+    def _take_up(self, connection: _Connection, due: float) -> bool:
+        """Send the request due at `due` over `connection`; False where its deadline has passed, and it never went."""
+        now = time.perf_counter()
+        deadline = due + self._timeout_s
+        if now >= deadline:  # it waited out its whole deadline for a connection
+            if self._window_start <= due < self._window_end:
+                self._tally.record("timeout", due, None, now, self._window_end)
+            return False
+        self._active += 1
+        connection.send(next(self._requests), due, now, deadline)
+        return True
 
-    async def _schedule(self, tasks: asyncio.TaskGroup) -> None:
-        """Open loop: put each request on the queue when it falls due; add a connection when none is idle."""
+    def _take_up_backlog(self, connection: _Connection) -> None:
+        """Open loop: send the oldest request still waiting over `connection`, or let it wait for the next one."""
+        while self._backlog:
+            if self._take_up(connection, self._backlog.popleft()):
+                return
+        self._idle.append(connection)
+
+    async def _schedule(self) -> None:
+        """Open loop: take up each request when it falls due; add a connection when none is idle."""
         rng = random.Random(self.spec.seed)
         rate = self.spec.rate
         assert rate is not None
         due = self._start
         while due < self._window_end:
             await _sleep_until(due)
-            self._due.put_nowait(due)
-            if self._due.qsize() > self._idle:
-                if len(self._connections) < self.spec.max_connections:
-                    tasks.create_task(self._open_loop(self._connect()))
-                elif due >= self._window_start:
+            if self._idle or len(self._connections) < self.spec.max_connections:
+                connection = self._idle.popleft() if self._idle else self._connect()
+                if not self._take_up(connection, due):  # the loop stalled past its deadline: keep the connection
+                    self._idle.appendleft(connection)
+            else:
+                self._backlog.append(due)
+                if due >= self._window_start:
                     self._pool_exhausted = True
             due += rng.expovariate(rate) if self.spec.arrivals == "poisson" else 1.0 / rate
-        for _ in self._connections:
-            self._due.put_nowait(None)
-
-    async def _open_loop(self, connection: _Connection) -> None:
-        while True:
-            self._idle += 1
-            try:
-                due = await self._due.get()
-            finally:
-                self._idle -= 1
-            if due is None:
-                return
-            await self._issue(connection, due)
-
-    async def _issue(self, connection: _Connection, due: float) -> None:
-        request = self._requests[self._next % len(self._requests)]
-        self._next += 1
-        now = time.perf_counter()
-        deadline = due + self.spec.timeout_s
-        sent_at: float | None = None
-        outcome: Outcome
-        if now >= deadline:  # it waited out its whole deadline for a connection: never sent
-            outcome = "timeout"
-        else:
-            sent_at = now
-            try:
-                async with asyncio.timeout(deadline - now):
-                    outcome = await connection.exchange(request)
-            except TimeoutError:
-                outcome = "timeout"
-            except ConnectionRefusedError:
-                outcome = "connect_refused"
-            except (ConnectionError, asyncio.IncompleteReadError):
-                outcome = "reset"
-            except (OSError, ValueError, asyncio.LimitOverrunError):
-                outcome = "other"
-        if self._window_start <= due < self._window_end:
-            self._tally.record(outcome, due, sent_at, time.perf_counter(), self._window_end)
+        self._scheduled_all = True
+        if self._active == 0 and not self._finished.done():
+            self._finished.set_result(None)
 
     async def _cpu_percent(self) -> float:
         """This thread's CPU over the window, as a percentage of one core."""
@@ -428,8 +699,8 @@ class _Run:
             http_errors=dict(sorted(tally.http_errors.items())),
             transport_errors=dict(tally.transport_errors),
             throughput_rps=(tally.ok + tally.http_errors.total()) / spec.duration_s,
-            latency_ms=_summary(tally.latency),
-            service_time_ms=_summary(tally.service),
+            latency_ms=tally.latency.summary(),
+            service_time_ms=tally.service.summary(),
             generator_cpu_percent=round(cpu_percent, 1),
             generator_limited=cpu_percent >= CPU_LIMIT_PERCENT or lagged,
             connections_used=len(self._connections),
