@@ -98,6 +98,11 @@ class Config(BaseSettings):
         "auto", description="Log lines as JSON, or coloured for people (auto: console on a terminal, else JSON)."
     )
     access_log: bool = Field(True, description="Log one event per request (id, status, latency, batch, queue wait).")
+    tracing: bool = Field(
+        False,
+        description="OpenTelemetry spans per request (needs the `otel` extra); the exporter follows the standard "
+        "OTEL_* variables (OTEL_TRACES_EXPORTER=otlp|console|none, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME).",
+    )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import ARCHS
 from tests.serving import Server, model_path, predict, sample, scrape
+from twinserve.observability.metrics import reap_dead_processes
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -68,3 +75,49 @@ def test_memory_is_reported_per_process_with_its_role(arch: str) -> None:
     assert all(value > 10 * 2**20 for _, value in per_process.values())  # a Python process holds > 10 MiB
     total = sample(samples, "twinserve_resident_memory_bytes")
     assert total == pytest.approx(sum(value for _, value in per_process.values()), rel=0.1)
+
+
+def test_a_killed_uvicorn_workers_gauges_leave_the_aggregate() -> None:
+    """SIGKILL skips the lifespan shutdown that marks a worker dead: the survivors must notice instead."""
+
+    def server_pids(server: Server) -> set[int]:
+        return {
+            int(dict(labels)["pid"])
+            for (name, labels), _ in scrape(server).items()
+            if name == "twinserve_process_resident_memory_bytes"
+        }
+
+    def wait_for(server: Server, condition: Callable[[set[int]], bool], timeout: float = 60.0) -> set[int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pids = server_pids(server)
+            except httpx.TransportError:  # the scrape reached the worker as it died
+                pids = set()
+            if condition(pids):
+                return pids
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the /metrics pids never met the condition; last seen: {sorted(pids)}")
+            time.sleep(0.1)
+
+    with Server([model_path("Echo")], "async", "--workers", "2") as server:
+        before = wait_for(server, lambda pids: len(pids) == 2)
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        after = wait_for(server, lambda pids: victim not in pids and len(pids) == 2)
+    assert len(after - before) == 1  # uvicorn's replacement, and no sample of the dead worker left
+
+
+def test_reaping_drops_only_the_live_gauges_of_dead_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive = int(finished.stdout), os.getpid()  # the child has exited and been waited for
+    files = [f"gauge_liveall_{dead}.db", f"gauge_livesum_{dead}.db", f"counter_{dead}.db", f"gauge_max_{dead}.db"]
+    files += [f"gauge_liveall_{alive}.db", f"histogram_{alive}.db"]
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+
+    assert reap_dead_processes() == [dead]
+    # Counters, histograms and max gauges outlive their process; only its live gauges go.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files[2:])
+    assert reap_dead_processes() == []

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from twinserve.errors import ClientDisconnected, DeadlineExceeded, OutputMismatch, QueueFull, TwinserveError
 from twinserve.observability.context import RequestContext, computing, current_request
+from twinserve.observability.tracing import BatchTrace
 
 __all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher"]
 
@@ -61,6 +62,8 @@ class Batch(Generic[W]):
     requests: list[Pending[W]] = field(default_factory=list)
     expired: list[Pending[W]] = field(default_factory=list)
     dropped: list[Pending[W]] = field(default_factory=list)  # cancelled while queued
+    #: The traced requests' queue_wait and predict spans, made by `started` (None when tracing is off).
+    trace: BatchTrace | None = None
 
     @property
     def size(self) -> int:
@@ -72,11 +75,19 @@ class Batch(Generic[W]):
     def started(self, now: float) -> list[str]:
         """Note each request's batch size and queue wait; return their ids, for the model code's context."""
         size, ids = self.size, []
+        traced: list[RequestContext] | None = None
         for request in self.requests:
-            if request.context is not None:
-                request.context.batch_size = size
-                request.context.queue_wait_s = now - request.enqueued_at
-                ids.append(request.context.request_id)
+            context = request.context
+            if context is not None:
+                context.batch_size = size
+                context.queue_wait_s = now - request.enqueued_at
+                ids.append(context.request_id)
+                if context.trace is not None:
+                    if traced is None:
+                        traced = []
+                    traced.append(context)
+        if traced is not None:
+            self.trace = BatchTrace(traced, ids, size)
         return ids
 
 
@@ -296,7 +307,8 @@ class AsyncBatcher:
     async def _compute(self, batch: Batch[asyncio.Future[list[Any]]]) -> None:
         started = time.monotonic()
         try:
-            with computing(batch.started(started)):
+            ids = batch.started(started)
+            with computing(ids, batch.trace):
                 outputs = await self._run(batch.instances())
             parts = _split(batch, outputs)
         except TwinserveError as exc:
@@ -391,7 +403,8 @@ class ThreadBatcher:
     def _compute(self, batch: Batch[concurrent.futures.Future[list[Any]]]) -> None:
         started = time.monotonic()
         try:
-            with computing(batch.started(started)):
+            ids = batch.started(started)
+            with computing(ids, batch.trace):
                 outputs = self._run(batch.instances())
             parts = _split(batch, outputs)
         except Exception as exc:

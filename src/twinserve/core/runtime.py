@@ -30,6 +30,7 @@ from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import current_request
 from twinserve.observability.metrics import metrics
+from twinserve.observability.tracing import BatchTrace, RequestTrace
 from twinserve.protocol.v1 import V1Codec
 
 __all__ = ["ModelRuntime", "load_runtimes"]
@@ -192,40 +193,60 @@ class ModelRuntime:
 
     def _predict(self, instances: list[Any], deadline: float | None) -> list[Any]:
         _check_deadline(deadline)
-        with model_code(self.name, "preprocess"):
-            pre = self.spec.preprocess
-            if pre is not None:
-                instances = [call_blocking(pre, i) for i in instances]
+        pre = self.spec.preprocess
+        if pre is not None:
+            trace = _current_trace()
+            if trace is None:
+                instances = self._preprocess(pre, instances)
+            else:
+                with trace.preprocess():
+                    instances = self._preprocess(pre, instances)
         if self._thread_batcher is not None:
             return self._thread_batcher.submit(instances, deadline)
+        context = current_request()
         started = time.monotonic()
-        with model_code(self.name, "predict"):
-            outputs = call_blocking(self.spec.predict, instances)
+        if context is None or context.trace is None:
+            outputs = self._predict_here(instances)
+        else:
+            with BatchTrace([context], [context.request_id], len(instances)):
+                outputs = self._predict_here(instances)
         # Called directly in the request thread: a batch of this request alone, which never queued.
         self._observe_batch(len(instances), [0.0], time.monotonic() - started, 0)
-        context = current_request()
         if context is not None:
             context.batch_size, context.queue_wait_s = len(instances), 0.0
-        return outputs  # type: ignore[no-any-return]
+        return outputs
+
+    def _preprocess(self, pre: Hook, instances: list[Any]) -> list[Any]:
+        with model_code(self.name, "preprocess"):
+            return [call_blocking(pre, i) for i in instances]
+
+    def _predict_here(self, instances: list[Any]) -> list[Any]:
+        with model_code(self.name, "predict"):
+            return call_blocking(self.spec.predict, instances)  # type: ignore[no-any-return]
 
     async def _apredict(
         self, instances: list[Any], deadline: float | None, gone: Callable[[], bool] | None
     ) -> list[Any]:
         _check_deadline(deadline)
-        with model_code(self.name, "preprocess"):
-            pre = self.spec.apreprocess
-            if pre is not None:
+        pre = self.spec.apreprocess
+        if pre is not None:
+            trace = _current_trace()
+            if trace is None:
                 instances = await self._apreprocess(pre, instances)
+            else:
+                with trace.preprocess():
+                    instances = await self._apreprocess(pre, instances)
         if self._async_batcher is None:
             raise TwinserveError(f"model {self.name!r} was not loaded for the event loop")
         return await self._async_batcher.submit(instances, deadline, gone)
 
     async def _apreprocess(self, pre: Hook, instances: list[Any]) -> list[Any]:
-        if pre.is_async:
-            # Independent I/O per instance: overlap it.
-            return list(await asyncio.gather(*(pre.fn(i) for i in instances)))
-        processed: list[Any] = await self._offload(lambda: [pre.fn(i) for i in instances])
-        return processed
+        with model_code(self.name, "preprocess"):
+            if pre.is_async:
+                # Independent I/O per instance: overlap it.
+                return list(await asyncio.gather(*(pre.fn(i) for i in instances)))
+            processed: list[Any] = await self._offload(lambda: [pre.fn(i) for i in instances])
+            return processed
 
     async def _offload(self, fn: Any, *args: Any) -> Any:
         if self._hooks_pool is None:
@@ -261,6 +282,11 @@ class ModelRuntime:
             "examples": self.spec.examples(),
             "serving": serving,
         }
+
+
+def _current_trace() -> RequestTrace | None:
+    context = current_request()
+    return None if context is None else context.trace
 
 
 def _check_deadline(deadline: float | None) -> None:

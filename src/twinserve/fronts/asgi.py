@@ -8,6 +8,7 @@ validation machinery would only duplicate what the codec already does in one pas
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -156,10 +157,18 @@ def create_asgi_app(service: Service) -> ASGIApp:
         for runtime in service.runtimes.values():
             await runtime.aclose()
         mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
+        if service.tracer is not None:
+            service.tracer.shutdown()
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
     app = FastAPI(
-        title="twinserve", version=__version__, lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
+        title="twinserve",
+        version=__version__,
+        lifespan=lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        **_without_fastapi_tracing(),
     )
 
     async def predict(request: Request) -> Reply:
@@ -213,7 +222,9 @@ def create_asgi_app(service: Service) -> ASGIApp:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        context = service.begin(request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"])
+        context = service.begin(
+            request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"], request.headers
+        )
         error: TwinserveError
         if exc.status_code == 404:
             error = NotFound(f"no route for {request.method} {request.url.path}")
@@ -230,6 +241,14 @@ def create_asgi_app(service: Service) -> ASGIApp:
     return _PredictFastPath(app, _handled(service, "predict", predict))
 
 
+def _without_fastapi_tracing() -> dict[str, Any]:
+    """FastAPI with native telemetry (0.165 here) makes request spans of its own once a tracer provider is set:
+    twinserve makes the one span per request, the same in both fronts (predict never passes through FastAPI)."""
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        return {"telemetry": {"tracing": False}}
+    return {}
+
+
 def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     """Wrap an endpoint: request id in and out, every error rendered by the shared contract, metrics counted."""
 
@@ -237,7 +256,9 @@ def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Reque
 
     async def handle(request: Request) -> Response:
         in_flight.inc()
-        context = service.begin(request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"])
+        context = service.begin(
+            request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"], request.headers
+        )
         error: TwinserveError | None = None
         try:
             reply = await endpoint(request)

@@ -31,6 +31,7 @@ from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import CONTENT_TYPE, REJECTION_REASONS, metrics, render
+from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.v1 import dumps
 
 __all__ = [
@@ -59,6 +60,8 @@ os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers aft
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _QUIET_ENDPOINTS = frozenset({"live", "ready", "metrics"})
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
+_ROUTE_PATHS = {route.name: route.path for route in ROUTES}
+_UNTRACED_PATHS = frozenset(route.path for route in ROUTES if route.name in _QUIET_ENDPOINTS)
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,10 @@ def error_reply(error: TwinserveError, request_id: str) -> Reply:
 class Service:
     """The transport-free handlers behind every route, over the models this process serves."""
 
-    def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config) -> None:
+    def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config, tracer: Tracer | None = None) -> None:
         self.runtimes = dict(runtimes)
         self.config = config
+        self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
         self.limiter = rate_limiter(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
@@ -119,9 +123,17 @@ class Service:
         return Reply(200, render(), content_type=CONTENT_TYPE)
 
     # -- every request, from every front -------------------------------------------------------------------
-    def begin(self, request_id_header: str | None, method: str, path: str) -> RequestContext:
-        """Open a request: its id (the client's, if safe) becomes the context model code and log lines see."""
+    def begin(
+        self, request_id_header: str | None, method: str, path: str, headers: Headers | None = None
+    ) -> RequestContext:
+        """Open a request: its id (the client's, if safe) becomes the context model code and log lines see.
+
+        `headers` carry the caller's trace context (`traceparent`), read only when tracing is on. Probes and
+        scrapes are not traced, as they are not logged above debug level.
+        """
         context = RequestContext(request_id_from(request_id_header), method, path)
+        if self.tracer is not None and path not in _UNTRACED_PATHS:
+            context.trace = self.tracer.request(context, headers)
         open_request(context)
         return context
 
@@ -148,6 +160,8 @@ class Service:
                 queue_wait_ms=None if context.queue_wait_s is None else round(context.queue_wait_s * 1000, 3),
             )
         close_request()
+        if context.trace is not None:
+            context.trace.finish(_ROUTE_PATHS.get(endpoint), model, status, error_code)
         key = (model, endpoint)
         children = self._children.get(key)
         if children is None:

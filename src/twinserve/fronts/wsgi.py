@@ -93,7 +93,9 @@ def create_wsgi_app(service: Service) -> Flask:
     def _context() -> RequestContext:
         context: RequestContext | None = g.get("context")
         if context is None:  # an error raised before before_request ran
-            context = g.context = service.begin(request.headers.get(REQUEST_ID_HEADER), request.method, request.path)
+            context = g.context = service.begin(
+                request.headers.get(REQUEST_ID_HEADER), request.method, request.path, request.headers
+            )
         return context
 
     @app.before_request

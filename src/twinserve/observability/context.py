@@ -12,6 +12,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from twinserve.observability.tracing import BatchTrace, RequestTrace
 
 __all__ = [
     "RequestContext",
@@ -34,6 +38,8 @@ class RequestContext:
     started: float = field(default_factory=time.perf_counter)
     batch_size: int | None = None
     queue_wait_s: float | None = None
+    #: Its spans, when tracing is on.
+    trace: RequestTrace | None = None
 
 
 _request: ContextVar[RequestContext | None] = ContextVar("twinserve_request", default=None)
@@ -69,10 +75,14 @@ def request_id() -> str | None:
 
 
 @contextmanager
-def computing(ids: Sequence[str]) -> Iterator[None]:
-    """Run a batch's model code under its requests' ids."""
+def computing(ids: Sequence[str], trace: BatchTrace | None = None) -> Iterator[None]:
+    """Run a batch's model code under its requests' ids (and, when traced, within their predict spans)."""
     token = _ids.set(tuple(ids))
     try:
-        yield
+        if trace is None:
+            yield
+        else:
+            with trace:
+                yield
     finally:
         _ids.reset(token)

@@ -9,7 +9,10 @@ prometheus-client is first imported in the server's parent process: the CLI does
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -21,12 +24,20 @@ __all__ = [
     "mark_process_dead",
     "metrics",
     "prepare_multiprocess_dir",
+    "reap_dead_processes",
     "render",
     "start_memory_sampler",
 ]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: How often each process looks for the live gauges of processes that died without a word (`reap_dead_processes`).
+REAP_INTERVAL_S = 5.0
+
+logger = logging.getLogger("twinserve.metrics")
+
+#: prometheus-client names a process's file of `live*` gauges `gauge_<mode>_<pid>.db`.
+_LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]*_(\d+)\.db$")
 
 #: Model serving spans sub-millisecond tabular models to multi-second generative ones: one set of buckets.
 LATENCY_BUCKETS = (
@@ -118,7 +129,10 @@ def metrics() -> _Metrics:
 
 
 def start_memory_sampler(role: str, interval: float = 1.0) -> None:
-    """Sample this process's RSS every `interval` seconds into the memory gauges (S4: memory per worker)."""
+    """Sample this process's RSS every `interval` seconds into the memory gauges (S4: memory per worker).
+
+    The same thread reaps dead processes' live gauges as this process starts and every `REAP_INTERVAL_S` after.
+    """
     import threading
 
     import psutil
@@ -128,10 +142,17 @@ def start_memory_sampler(role: str, interval: float = 1.0) -> None:
     total = metrics().memory_total
 
     def sample() -> None:
+        reaped_at = float("-inf")
         while True:
             rss = process.memory_info().rss
             per_process.set(rss)
             total.set(rss)
+            if time.monotonic() - reaped_at >= REAP_INTERVAL_S:
+                try:
+                    reap_dead_processes()
+                except (OSError, psutil.Error):
+                    logger.exception("could not look for dead processes' gauges")
+                reaped_at = time.monotonic()
             time.sleep(interval)
 
     threading.Thread(target=sample, name="twinserve-memory", daemon=True).start()
@@ -153,8 +174,40 @@ def render() -> bytes:
 
 
 def mark_process_dead(pid: int) -> None:
-    """Drop a dead worker's live gauges (in-flight, queued) from the aggregate."""
+    """Drop a dead worker's live gauges (in-flight, queued, memory) from the aggregate."""
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        # Another process may be reaping the same pid: whichever removes a file first wins; the rest is retried.
+        with contextlib.suppress(FileNotFoundError):
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def reap_dead_processes() -> list[int]:
+    """Drop the live gauges of every process that wrote some and is gone; return their pids.
+
+    gunicorn's arbiter reports its dead workers (`child_exit`), but a uvicorn worker or a model worker killed by
+    SIGKILL or the OOM killer never runs its shutdown, and its gauges would count forever. Every process of one
+    server shares this host's pid namespace, so a pid with no live process (or a zombie) is a dead writer.
+    A reused pid keeps its predecessor's gauges until it dies in turn.
+    """
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        return []
+    pids = {int(m.group(1)) for name in os.listdir(directory) if (m := _LIVE_GAUGE_FILE.match(name))}
+    dead = sorted(pid for pid in pids if not _alive(pid))
+    for pid in dead:
+        mark_process_dead(pid)
+        logger.info("dropped the live gauges of process %d, which died without a word", pid)
+    return dead
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # another user's process: not ours to judge

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from twinserve.config import Config
 from twinserve.model import import_model
+from twinserve.observability.tracing import check_tracing
 
 __all__ = ["SERVERS", "serve"]
 
@@ -25,7 +26,9 @@ def _runner(arch: str) -> Callable[[Config], None]:
 
 
 def serve(config: Config) -> None:
-    """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs fail before a port is bound."""
+    """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs, or tracing that cannot work here,
+    fail before a port is bound."""
+    check_tracing(config)
     for target in config.models:
         import_model(target)
     _runner(config.arch)(config)

@@ -16,6 +16,7 @@ from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import mark_process_dead, start_memory_sampler
+from twinserve.observability.tracing import setup_tracing, shutdown_tracing
 
 __all__ = ["build_wsgi_app", "run"]
 
@@ -24,14 +25,19 @@ def build_wsgi_app(config: Config) -> Flask:
     """Import and load every model in this process (the per-worker singleton, S4), then build the app."""
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
+    tracer = setup_tracing(config)  # here, in the worker: the exporter's thread would not survive gunicorn's fork
     runtimes = load_runtimes(config)
     for runtime in runtimes.values():
         runtime.load()
-    return create_wsgi_app(Service(runtimes, config))
+    return create_wsgi_app(Service(runtimes, config, tracer))
 
 
 def _child_exit(server: Any, worker: Any) -> None:
     mark_process_dead(worker.pid)  # a dead worker's live gauges leave the aggregate
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    shutdown_tracing()  # in the exiting worker: export the spans it still holds
 
 
 class _GunicornLogger(Logger):  # type: ignore[misc]
@@ -67,6 +73,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "logger_class": _GunicornLogger,
         }
         settings["child_exit"] = _child_exit
+        settings["worker_exit"] = _worker_exit
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
             settings["control_socket_disable"] = True
         for key, value in settings.items():

@@ -16,6 +16,7 @@ from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
+from twinserve.observability.tracing import setup_tracing
 
 __all__ = ["app_factory", "run"]
 
@@ -28,7 +29,7 @@ def app_factory() -> ASGIApp:
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
-    return create_asgi_app(Service(load_runtimes(config), config))
+    return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)))
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
