@@ -6,6 +6,7 @@ model's memory leaves with it (and its prints cannot mix with the result).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -22,11 +23,14 @@ __all__ = ["measure", "measure_in_subprocess"]
 
 def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float = 2.0) -> list[Ceiling]:
     """Load `model`, then time `predict` on batches of each size built from the bodies' instances."""
+    from twinserve.config import load_config
     from twinserve.core.hooks import call_blocking
     from twinserve.model import ModelSpec, import_model
     from twinserve.protocol.v1 import V1Codec
 
     instance = import_model(model)()
+    with contextlib.suppress(AttributeError):  # as the server does: settings from TWINSERVE_* (a Redis URL, say)
+        instance.config = load_config()
     spec = ModelSpec(instance)
     codec = V1Codec(spec.name, spec.input_type, spec.output_type)
     if spec.load is not None:
