@@ -160,3 +160,14 @@ def test_a_model_without_examples_needs_a_payload(tmp_path: Path) -> None:
     done, out = bench(tmp_path, "--arch", "async", "--concurrency", "1", "--duration", "1", model=model_path("Echo"))
     assert done.returncode == 1
     assert "--payload" in (load_results(out / "results.json").runs[0].error or "")
+
+
+def test_locustfile_writes_a_runnable_locust_file(tmp_path: Path) -> None:
+    target = tmp_path / "locustfile.py"
+    subprocess.run(
+        [sys.executable, "-m", "twinserve", "locustfile", "-o", str(target)], check=True, capture_output=True
+    )
+    source = target.read_text()
+    compile(source, str(target), "exec")
+    assert "class PredictUser(FastHttpUser)" in source and "'/v1/models/iris:predict'" in source
+    assert source.count('"instances"') == 3  # one body per example of the iris model
