@@ -604,7 +604,7 @@ def _html_failed(r: Results) -> str:
 def _html_advice(advice: Sequence[str]) -> str:
     if not advice:
         return ""
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in advice)
+    items = "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in advice)  # the list marks them
     return f'<section class="advice"><h2>Advice</h2><ul>{items}</ul></section>'
 
 
