@@ -15,5 +15,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "cli",
         "observability",
         "lab",
+        "deploy",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     from twinserve.lab.commands import add_lab_commands
 
     add_lab_commands(commands)
+    from twinserve.deploy.ray import add_ray_command
+
+    add_ray_command(commands, _add_config_flags)
+    from twinserve.deploy.commands import add_deploy_commands
+
+    add_deploy_commands(commands, _add_config_flags)
     return parser
 
 

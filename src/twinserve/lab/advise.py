@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 
 from twinserve.lab.results import Level, Results, Run
 
-__all__ = ["TIE", "Advice", "Option", "advise"]
+__all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "Option", "advise", "autoscaling_targets"]
 
 TIE = 0.05  # capacities this close (relative) are a tie on this noisy a measurement; memory decides
+#: Autoscaling targets sit this far below what one server sustained within the SLO, so new pods start
+#: (which takes a model load) before the running ones cross it.
+HEADROOM = 0.8
 
 
 @dataclass(frozen=True)
@@ -146,3 +149,52 @@ def advise(
         if run.error is not None:
             advice.lines.append(f"- {run.label}: could not be measured ({run.error.splitlines()[0]}).")
     return advice
+
+
+@dataclass(frozen=True)
+class AutoscalingTargets:
+    """Per-pod targets for a HorizontalPodAutoscaler, read off one bench level.
+
+    The level is the highest-throughput one of the architecture whose P95 met the SLO with no errors (one bench
+    server is one pod). async and hybrid scale on requests in flight per pod, sync on CPU utilization of the CPU
+    requested; each is the measured value times `headroom`.
+    """
+
+    arch: str
+    basis: Option
+    headroom: float
+    in_flight_per_pod: float | None = None  # async, hybrid
+    cpu_utilization_percent: int | None = None  # sync: percent of the pod's CPU request
+
+    def describe(self) -> str:
+        target = (
+            f"{self.cpu_utilization_percent}% CPU utilization"
+            if self.cpu_utilization_percent is not None
+            else f"{self.in_flight_per_pod:g} requests in flight per pod"
+        )
+        return f"{target} = {self.headroom:g} x {self.basis.run.label} at {self.basis.describe()}"
+
+
+def _in_flight(level: Level) -> float:
+    if level.mode == "closed" and level.concurrency:
+        return float(level.concurrency)
+    # Open loop: Little's law, requests in the system = arrival rate x time in the system.
+    return level.throughput_rps * (level.p("mean") or level.p("p50") or 0.0) / 1000
+
+
+def autoscaling_targets(
+    results: Results, arch: str, slo_p95_ms: float, cpu_request_cores: float = 1.0, headroom: float = HEADROOM
+) -> AutoscalingTargets:
+    """Autoscaling targets for `arch` from bench `results` (ValueError when no level of it met the SLO)."""
+    runs = [r for r in results.runs if r.arch == arch and r.error is None]
+    within = [o for o in (_best_within(r, slo_p95_ms) for r in runs) if o is not None]
+    if not within:
+        raise ValueError(f"no {arch} level in these results met P95 <= {slo_p95_ms:g} ms without errors")
+    basis = max(within, key=lambda o: o.capacity)
+    if arch != "sync":
+        return AutoscalingTargets(arch, basis, headroom, in_flight_per_pod=round(headroom * _in_flight(basis.level), 3))
+    if basis.level.resources is None:
+        raise ValueError(f"{basis.run.label}: the level has no CPU measurement to set a utilization target from")
+    # cpu_percent_mean is percent of one core, the HPA's utilization percent of the pod's request.
+    utilization = headroom * basis.level.resources.cpu_percent_mean / cpu_request_cores
+    return AutoscalingTargets(arch, basis, headroom, cpu_utilization_percent=max(1, round(utilization)))

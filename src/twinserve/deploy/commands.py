@@ -1,0 +1,189 @@
+"""`twinserve k8s`: Kubernetes (or KServe) manifests and a Dockerfile for `twinserve serve` with the same flags.
+
+Stdout gets the Deployment, Service, HorizontalPodAutoscaler (+ prometheus-adapter rules) and PodMonitor as
+multi-document YAML, or the KServe InferenceService alone with `--kserve` (the two are alternatives).
+`--out DIR` writes both as `kubernetes.yaml` and `kserve.yaml`, plus `Dockerfile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from twinserve import __version__
+from twinserve.config import Config, load_config
+from twinserve.deploy.dockerfile import dockerfile, pip_requirement
+from twinserve.deploy.k8s import (
+    DEFAULT_MEMORY_PER_PROCESS_MIB,
+    K8sPlan,
+    cpu_request_cores,
+    inference_service,
+    manifests,
+    serve_command,
+    to_yaml,
+)
+from twinserve.errors import ConfigError
+from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
+from twinserve.lab.results import Results, Run, load_results
+
+__all__ = ["add_deploy_commands", "k8s_config"]
+
+
+def _autoscale(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX replicas, got {text!r}") from None
+    if not 1 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return low, high
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_deploy_commands(commands: Any, add_config_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    k8s = commands.add_parser(
+        "k8s",
+        help="write Kubernetes/KServe manifests and a Dockerfile that run `twinserve serve` with these flags",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    k8s.add_argument("models", nargs="*", metavar="MODEL", help="as for `twinserve serve`")
+    k8s.add_argument("--image", required=True, help="container image that has twinserve (see the Dockerfile)")
+    scale = k8s.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=_positive(int), help="a fixed number of pods (no autoscaler)")
+    scale.add_argument(
+        "--autoscale", type=_autoscale, default=(2, 10), metavar="MIN,MAX", help="autoscaler bounds (default 2,10)"
+    )
+    k8s.add_argument("--results", type=Path, help="bench results.json (or its folder): autoscaling targets, memory")
+    k8s.add_argument("--slo-p95-ms", type=_positive(float), help="P95 objective for --results (default: bench's)")
+    k8s.add_argument("--name", default="twinserve", help="object names (default twinserve)")
+    k8s.add_argument("--namespace", help="namespace of every object (default: kubectl's)")
+    k8s.add_argument("--out", type=Path, metavar="DIR", help="write kubernetes.yaml, kserve.yaml and Dockerfile here")
+    k8s.add_argument("--kserve", action="store_true", help="stdout: the KServe InferenceService instead")
+    k8s.add_argument(
+        "--memory-per-process-mib",
+        type=_positive(float),
+        default=DEFAULT_MEMORY_PER_PROCESS_MIB,
+        help=f"RSS per process without --results (default {DEFAULT_MEMORY_PER_PROCESS_MIB:g})",
+    )
+    k8s.add_argument("--startup-timeout", type=_positive(float), default=600.0, metavar="SECONDS")
+    k8s.add_argument("--extra", action="append", default=[], help="pip extra for the Dockerfile (repeatable)")
+    add_config_flags(k8s)
+    k8s.set_defaults(handler=_k8s)
+
+
+def k8s_config(overrides: dict[str, Any]) -> Config:
+    """The server's Config in a pod: validated as `serve` would, bound to 0.0.0.0, workers pinned (default 1).
+
+    Pinned because the defaults count the cores of the machine running the command (for sync), and inside a
+    container those would be the node's, not the pod's share.
+    """
+    settings = {k: v for k, v in overrides.items() if v is not None and v != []}
+    settings.update(host="0.0.0.0", workers=settings.get("workers") or 1)
+    config = load_config(**settings)
+    if config.port < 1024:
+        raise ConfigError(
+            f"--port: the container runs as a non-root user and needs a fixed port >= 1024, not {config.port}"
+        )
+    return config
+
+
+def _bench_settings(results: Results, run: Run) -> dict[str, Any]:
+    """The settings the benchmarked server ran with: its swept ones, and the defaults bench left to the machine."""
+    settings = {k: v for k, v in run.settings.items() if k in Config.model_fields and v is not None}
+    if run.arch == "sync":
+        settings.setdefault("workers", results.machine.cpu_count)  # serve's default on the bench machine
+    return settings
+
+
+def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Config, AutoscalingTargets]:
+    """Targets from --results, with the measured model and run's settings for every flag the user left unset.
+
+    Targets measured with one set of settings do not transfer to another, so an explicit flag that differs from
+    the measured run gets a warning.
+    """
+    path: Path = args.results / "results.json" if args.results.is_dir() else args.results
+    try:
+        results = load_results(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--results: {exc}") from None
+    slo = args.slo_p95_ms or results.slo_p95_ms
+    if slo is None:
+        raise ConfigError("--slo-p95-ms: needed with --results (the bench had no objective)")
+    if not overrides.get("models"):
+        overrides["models"] = [results.model]  # the model that was measured
+    given = k8s_config(overrides)
+    arch = given.arch
+    try:
+        basis = autoscaling_targets(results, arch, slo).basis
+    except ValueError as exc:
+        raise ConfigError(f"--results: {exc}") from None
+    for name, value in _bench_settings(results, basis.run).items():
+        if overrides.get(name) is None:
+            overrides[name] = value
+        elif getattr(given, name) != value:
+            flag = "--" + name.replace("_", "-")
+            print(
+                f"twinserve: warning: {flag} {overrides[name]} differs from the measured {basis.run.label!r} "
+                f"({value}); its autoscaling targets may not hold",
+                file=sys.stderr,
+            )
+    config = k8s_config(overrides)
+    return config, autoscaling_targets(results, arch, slo, cpu_request_cores(config))
+
+
+def _plan(args: argparse.Namespace) -> K8sPlan:
+    overrides = {name: getattr(args, name) for name in Config.model_fields}
+    config, targets = (k8s_config(overrides), None) if args.results is None else _targets(args, overrides)
+    return K8sPlan(
+        config=config,
+        image=args.image,
+        name=args.name,
+        namespace=args.namespace,
+        replicas=args.replicas,
+        autoscale=args.autoscale,
+        memory_per_process_mib=args.memory_per_process_mib,
+        targets=targets,
+        startup_timeout_s=args.startup_timeout,
+    )
+
+
+def _k8s(args: argparse.Namespace) -> int:
+    try:
+        plan = _plan(args)
+    except ConfigError as exc:
+        print(f"twinserve: error: {exc}", file=sys.stderr)
+        return 2
+    header = f"Generated by twinserve {__version__} k8s for: {shlex.join(serve_command(plan.config))}"
+    if plan.targets is not None:
+        header += f"\nAutoscaling target: {plan.targets.describe()}"
+    if args.out is None:
+        docs = [inference_service(plan)] if args.kserve else manifests(plan)
+        sys.stdout.write(to_yaml(docs, header))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "kubernetes.yaml": to_yaml(manifests(plan), header),
+        "kserve.yaml": to_yaml([inference_service(plan)], header),
+        "Dockerfile": dockerfile(plan.config, pip_requirement(args.extra)),
+    }
+    for file_name, text in files.items():
+        (args.out / file_name).write_text(text)
+        print(f"wrote {args.out / file_name}")
+    return 0

@@ -1,0 +1,402 @@
+"""Kubernetes manifests for one twinserve server: Deployment, Service, autoscaler, PodMonitor, KServe.
+
+Every object is a plain dict built from one `K8sPlan`, whose `Config` is the same object `twinserve serve` would
+build from the same flags; the container runs exactly `serve_command(config)`. Sizing rules:
+
+- CPU request: one core per process doing model work (sync and async workers; hybrid model workers), plus
+  `FRONT_CPU` per hybrid front process. No CPU limit: throttling a GIL-bound worker only adds latency.
+- Memory request = limit: `MEMORY_HEADROOM` x the processes' RSS, per process from bench results when given,
+  else `memory_per_process_mib` each.
+- Autoscaling: sync on CPU utilization; async and hybrid on `twinserve_in_flight_requests` per pod (a Pods
+  metric served by prometheus-adapter, whose rule ships as a ConfigMap). Targets come from
+  `lab.advise.autoscaling_targets` with results, else `DEFAULT_CPU_UTILIZATION` / `DEFAULT_IN_FLIGHT_PER_CORE`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from twinserve.config import Config
+from twinserve.lab.advise import AutoscalingTargets
+
+__all__ = [
+    "DEFAULT_CPU_UTILIZATION",
+    "DEFAULT_IN_FLIGHT_PER_CORE",
+    "DEFAULT_MEMORY_PER_PROCESS_MIB",
+    "FRONT_CPU",
+    "HTTP_PORT_NAME",
+    "IN_FLIGHT_METRIC",
+    "LIVE_PATH",
+    "MEMORY_HEADROOM",
+    "METRICS_PATH",
+    "PRESTOP_SLEEP_S",
+    "READY_PATH",
+    "RUN_AS_USER",
+    "STARTUP_PERIOD_S",
+    "TMP_DIR",
+    "K8sPlan",
+    "Sizing",
+    "adapter_rules",
+    "autoscaler",
+    "cpu_request_cores",
+    "deployment",
+    "hpa_metric",
+    "inference_service",
+    "manifests",
+    "pod_monitor",
+    "process_counts",
+    "serve_command",
+    "service",
+    "sizing",
+    "termination_grace_s",
+    "to_yaml",
+]
+
+Doc = dict[str, Any]
+
+HTTP_PORT_NAME = "http"
+LIVE_PATH = "/v2/health/live"
+READY_PATH = "/v2/health/ready"
+METRICS_PATH = "/metrics"
+IN_FLIGHT_METRIC = "twinserve_in_flight_requests"
+DEFAULT_MEMORY_PER_PROCESS_MIB = 512.0
+MEMORY_HEADROOM = 1.25
+FRONT_CPU = 0.5
+DEFAULT_CPU_UTILIZATION = 70
+DEFAULT_IN_FLIGHT_PER_CORE = 8.0
+PRESTOP_SLEEP_S = 5  # endpoints controllers and kube-proxy stop routing to the pod before SIGTERM reaches it
+STARTUP_PERIOD_S = 5
+RUN_AS_USER = 10001
+TMP_DIR = "/tmp"
+#: Fields the manifest always sets on the command line, whatever their value.
+_ALWAYS = ("arch", "host", "port", "workers")
+
+
+@dataclass(frozen=True)
+class K8sPlan:
+    """What to deploy: a validated Config (workers pinned, host 0.0.0.0) plus the cluster-side choices."""
+
+    config: Config
+    image: str
+    name: str = "twinserve"
+    namespace: str | None = None
+    replicas: int | None = None  # a fixed count, no autoscaler
+    autoscale: tuple[int, int] = (2, 10)  # min, max replicas when `replicas` is None
+    memory_per_process_mib: float = DEFAULT_MEMORY_PER_PROCESS_MIB
+    targets: AutoscalingTargets | None = None  # from bench results; None: the defaults
+    startup_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Sizing:
+    cpu_cores: float
+    memory_mib: int
+    server_processes: int
+    model_processes: int
+
+
+def serve_command(config: Config) -> list[str]:
+    """`twinserve serve MODEL... --arch A --host H --port P --workers N` plus every setting off its default."""
+    command = ["twinserve", "serve", *config.models]
+    for name, field in Config.model_fields.items():
+        if name == "models":
+            continue
+        value = getattr(config, name)
+        if name not in _ALWAYS and value == field.get_default(call_default_factory=True):
+            continue
+        if name == "workers":
+            value = config.effective_workers
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            command.append(flag if value else "--no-" + flag[2:])
+        else:
+            command += [flag, str(value)]
+    return command
+
+
+def process_counts(config: Config) -> tuple[int, int]:
+    """(server processes, model-worker processes) one pod runs, supervisors included."""
+    workers = config.effective_workers
+    supervisor = 1 if config.arch == "sync" or workers > 1 else 0  # gunicorn's arbiter; uvicorn's with workers
+    model = workers * config.model_workers if config.resolved_arch_executor == "process" else 0
+    return workers + supervisor, model
+
+
+def cpu_request_cores(config: Config) -> float:
+    """Cores the processes doing model work can keep busy: one each (the GIL caps a process's threads)."""
+    workers = config.effective_workers
+    if config.resolved_arch_executor == "process":
+        return workers * config.model_workers + FRONT_CPU * workers
+    return float(workers)
+
+
+def _per_process_rss(plan: K8sPlan) -> tuple[float, float]:
+    """RSS MiB of one server process and of one model worker: measured when the plan has results."""
+    default = plan.memory_per_process_mib
+    resources = plan.targets.basis.level.resources if plan.targets is not None else None
+    if resources is None:
+        return default, default
+    by_role: dict[str, float] = {}
+    for process in resources.per_process:
+        by_role[process.role] = max(by_role.get(process.role, 0.0), process.rss_mib)
+    whole = resources.rss_mib_max / max(resources.processes, 1)
+    return by_role.get("server", whole), by_role.get("model_worker", by_role.get("server", whole))
+
+
+def sizing(plan: K8sPlan) -> Sizing:
+    servers, models = process_counts(plan.config)
+    server_rss, model_rss = _per_process_rss(plan)
+    memory = MEMORY_HEADROOM * (servers * server_rss + models * model_rss)
+    return Sizing(cpu_request_cores(plan.config), 64 * math.ceil(memory / 64), servers, models)
+
+
+def _quantity(value: float) -> str:
+    """A Kubernetes quantity: whole numbers plain, fractions in milli-units."""
+    return str(int(value)) if value == int(value) else f"{round(value * 1000)}m"
+
+
+def _labels(plan: K8sPlan) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "twinserve", "app.kubernetes.io/instance": plan.name}
+
+
+def _metadata(plan: K8sPlan, name: str | None = None, **extra: Any) -> Doc:
+    meta: Doc = {"name": name or plan.name}
+    if plan.namespace:
+        meta["namespace"] = plan.namespace
+    meta["labels"] = {**_labels(plan), "app.kubernetes.io/component": plan.config.arch}
+    meta.update(extra)
+    return meta
+
+
+def _probe(path: str, period: int, failures: int, port: bool = True) -> Doc:
+    action: Doc = {"path": path, "port": HTTP_PORT_NAME} if port else {"path": path}
+    return {"httpGet": action, "periodSeconds": period, "timeoutSeconds": 2, "failureThreshold": failures}
+
+
+def _container(plan: K8sPlan, port_name: str, probes: dict[str, Doc]) -> Doc:
+    size = sizing(plan)
+    memory = f"{size.memory_mib}Mi"
+    return {
+        "name": "twinserve" if port_name == HTTP_PORT_NAME else "kserve-container",
+        "image": plan.image,
+        "command": serve_command(plan.config),
+        "ports": [{"name": port_name, "containerPort": plan.config.port, "protocol": "TCP"}],
+        # TMPDIR, not a fixed PROMETHEUS_MULTIPROC_DIR: the server makes a fresh metrics directory under it on
+        # each start, while a fixed one on the emptyDir would keep a crashed container's stale files.
+        "env": [{"name": "TMPDIR", "value": TMP_DIR}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {
+            "requests": {"cpu": _quantity(size.cpu_cores), "memory": memory},
+            "limits": {"memory": memory},
+        },
+        **probes,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
+    }
+
+
+def _volumes() -> list[Doc]:
+    return [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
+
+
+def _pod_security() -> Doc:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _scrape_annotations(plan: K8sPlan) -> dict[str, str]:
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(plan.config.port),
+        "prometheus.io/path": METRICS_PATH,
+    }
+
+
+def termination_grace_s(config: Config) -> int:
+    """Longer than the preStop sleep plus the server's own graceful timeout, so SIGKILL never cuts it short."""
+    return PRESTOP_SLEEP_S + math.ceil(config.graceful_timeout) + 5
+
+
+def deployment(plan: K8sPlan) -> Doc:
+    startup_failures = max(1, math.ceil(plan.startup_timeout_s / STARTUP_PERIOD_S))
+    container = _container(
+        plan,
+        HTTP_PORT_NAME,
+        {
+            # Readiness waits for the model load; liveness and readiness start only once this has passed.
+            "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_S, startup_failures),
+            "livenessProbe": _probe(LIVE_PATH, 10, 3),
+            "readinessProbe": _probe(READY_PATH, 5, 2),
+        },
+    )
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}}
+    spec: Doc = {
+        "selector": {"matchLabels": _labels(plan)},
+        "template": {
+            "metadata": {
+                "labels": {**_labels(plan), "app.kubernetes.io/component": plan.config.arch},
+                "annotations": _scrape_annotations(plan),
+            },
+            "spec": {
+                "terminationGracePeriodSeconds": termination_grace_s(plan.config),
+                "securityContext": _pod_security(),
+                "containers": [container],
+                "volumes": _volumes(),
+            },
+        },
+    }
+    if plan.replicas is not None:  # left unset under an autoscaler, so re-applying never fights it
+        spec = {"replicas": plan.replicas, **spec}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(plan), "spec": spec}
+
+
+def service(plan: K8sPlan) -> Doc:
+    port = {"name": HTTP_PORT_NAME, "port": plan.config.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(plan),
+        "spec": {"type": "ClusterIP", "selector": _labels(plan), "ports": [port]},
+    }
+
+
+def hpa_metric(plan: K8sPlan) -> Doc:
+    """The autoscaler's metric: CPU utilization for sync, requests in flight per pod for async and hybrid."""
+    targets = plan.targets
+    if plan.config.arch == "sync":
+        utilization = targets.cpu_utilization_percent if targets is not None else None
+        target: Doc = {"type": "Utilization", "averageUtilization": utilization or DEFAULT_CPU_UTILIZATION}
+        return {"type": "Resource", "resource": {"name": "cpu", "target": target}}
+    in_flight = targets.in_flight_per_pod if targets is not None else None
+    if in_flight is None:
+        in_flight = DEFAULT_IN_FLIGHT_PER_CORE * cpu_request_cores(plan.config)
+    return {
+        "type": "Pods",
+        "pods": {
+            "metric": {"name": IN_FLIGHT_METRIC},
+            "target": {"type": "AverageValue", "averageValue": _quantity(in_flight)},
+        },
+    }
+
+
+def autoscaler(plan: K8sPlan) -> Doc:
+    low, high = plan.autoscale
+    basis = plan.targets.describe() if plan.targets is not None else "twinserve's defaults (no bench results)"
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(plan, annotations={"twinserve.dev/target-basis": basis}),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": plan.name},
+            "minReplicas": low,
+            "maxReplicas": high,
+            "metrics": [hpa_metric(plan)],
+        },
+    }
+
+
+def adapter_rules(plan: K8sPlan) -> Doc:
+    """prometheus-adapter's rule exposing the in-flight gauge as a Pods metric: merge into the adapter's config."""
+    rule = {
+        "seriesQuery": f'{IN_FLIGHT_METRIC}{{namespace!="",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"matches": f"^{IN_FLIGHT_METRIC}$", "as": IN_FLIGHT_METRIC},
+        "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+    }
+    note = "rules for prometheus-adapter: merge into its config.yaml (Helm chart: rules.custom)"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(plan, f"{plan.name}-prometheus-adapter-rules", annotations={"twinserve.dev/note": note}),
+        "data": {"rules.yaml": yaml.safe_dump({"rules": [rule]}, sort_keys=False)},
+    }
+
+
+def pod_monitor(plan: K8sPlan) -> Doc:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(plan),
+        "spec": {
+            "selector": {"matchLabels": _labels(plan)},
+            "podMetricsEndpoints": [{"port": HTTP_PORT_NAME, "path": METRICS_PATH, "interval": "15s"}],
+        },
+    }
+
+
+def manifests(plan: K8sPlan) -> list[Doc]:
+    """Deployment, Service, then (autoscaled) HorizontalPodAutoscaler and adapter rules, then PodMonitor."""
+    docs = [deployment(plan), service(plan)]
+    if plan.replicas is None:
+        docs.append(autoscaler(plan))
+        if plan.config.arch != "sync":
+            docs.append(adapter_rules(plan))
+    docs.append(pod_monitor(plan))
+    return docs
+
+
+def inference_service(plan: K8sPlan) -> Doc:
+    """A KServe InferenceService running the same command (twinserve speaks V1 `:predict` and V2 itself).
+
+    Knative owns the port (named `http1`, probes without a port), start-up and draining, so the container has
+    no startupProbe, preStop or grace period; it scales on concurrency (async, hybrid) or CPU (sync).
+    """
+    container = _container(
+        plan,
+        "http1",
+        {"livenessProbe": _probe(LIVE_PATH, 10, 3, port=False), "readinessProbe": _probe(READY_PATH, 5, 2, port=False)},
+    )
+    low, high = (plan.replicas, plan.replicas) if plan.replicas is not None else plan.autoscale
+    metric = hpa_metric(plan)
+    if plan.config.arch == "sync":
+        scale: Doc = {"scaleMetric": "cpu", "scaleTarget": metric["resource"]["target"]["averageUtilization"]}
+    else:
+        in_flight = plan.targets.in_flight_per_pod if plan.targets is not None else None
+        target = in_flight if in_flight is not None else DEFAULT_IN_FLIGHT_PER_CORE * cpu_request_cores(plan.config)
+        scale = {"scaleMetric": "concurrency", "scaleTarget": max(1, math.floor(target))}
+    annotations = {"serving.kserve.io/enable-prometheus-scraping": "true", **_scrape_annotations(plan)}
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": _metadata(plan, annotations=annotations),
+        "spec": {
+            "predictor": {
+                "minReplicas": low,
+                "maxReplicas": high,
+                **scale,
+                "securityContext": _pod_security(),
+                "containers": [container],
+                "volumes": _volumes(),
+            }
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML, with multi-line strings (the adapter's rules) as readable `|` blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def to_yaml(docs: list[Doc], header: str = "") -> str:
+    """Multi-document YAML, optionally under a `#` comment header."""
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, explicit_start=True)

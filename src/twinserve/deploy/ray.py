@@ -1,0 +1,293 @@
+"""`twinserve ray`: the same model and HTTP contract on Ray Serve, one async front per replica.
+
+Each replica is a Ray Serve ASGI ingress whose app is the one `twinserve serve --arch async` runs
+(`create_asgi_app` over a `Service`), built in the replica at start-up. Ray runs the app's ASGI lifespan when the
+replica starts, so each replica loads its models once; batching is twinserve's own engine batcher inside each
+replica, with the same settings as `serve` (`@serve.batch` batches calls of a deployment method, not the ASGI
+requests the shared front handles, and would bypass twinserve's admission, deadlines and batch metrics). Ray's HTTP
+proxy routes every path to the app (`route_prefix="/"`).
+
+Metrics: every replica is a separate process with its own multiprocess directory, so `/metrics` is exact for the
+replica that answered the scrape, not for the whole application: a scrape through the proxy reaches one replica.
+Summing over replicas is Prometheus's job (scrape the replicas, told apart by the `pid` label of
+`twinserve_process_resident_memory_bytes`).
+
+Request ids: Ray's proxy gives each request the client's `X-Request-ID` (else a uuid) and returns it itself; the app
+echoes the same id. A client id twinserve finds unsafe is still echoed raw by the proxy, while twinserve logs and
+answers with one of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from twinserve.config import Config, load_config
+from twinserve.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["APP_NAME", "Scaling", "TwinserveReplica", "add_ray_command", "build_app", "run"]
+
+#: The Serve application and deployment name.
+APP_NAME = "twinserve"
+MiB = 1024 * 1024
+#: A local Ray's shared-memory object store: requests and responses travel over HTTP, not through it.
+LOCAL_OBJECT_STORE_BYTES = 100 * MiB
+#: A replica whose models fail to load is retried this often before `twinserve ray` gives up (Ray's default: 20).
+CONSTRUCTOR_RETRIES = 2
+_REQUEST_ID = b"x-request-id"
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A fixed number of replicas, or autoscaling between `min_replicas` and `max_replicas`."""
+
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+    #: Autoscaling target per replica; None: the model's batch size (a replica's batcher is full at that many).
+    target_ongoing: float | None = None
+    #: CPUs Ray reserves for each replica.
+    replica_cpus: float = 1.0
+
+    def options(self, config: Config) -> dict[str, Any]:
+        # Ray's default (5 requests per replica) would cap twinserve's batches; admission (--max-queue) decides.
+        options: dict[str, Any] = {
+            "max_ongoing_requests": config.max_queue,
+            "ray_actor_options": {"num_cpus": self.replica_cpus},
+            "max_constructor_retry_count": CONSTRUCTOR_RETRIES,
+            "graceful_shutdown_timeout_s": config.graceful_timeout,
+            # twinserve logs each request once, with its id, batch size and queue wait.
+            "logging_config": {"enable_access_log": False},
+        }
+        if self.autoscale is None:
+            options["num_replicas"] = self.replicas
+            return options
+        low, high = self.autoscale
+        target = self.target_ongoing if self.target_ongoing is not None else config.effective_max_batch_size
+        options["autoscaling_config"] = {
+            "min_replicas": low,
+            "max_replicas": high,
+            "initial_replicas": low,
+            "target_ongoing_requests": target,
+        }
+        return options
+
+
+class _ReplicaApp:
+    """The async front as a replica serves it.
+
+    Ray's proxy gives every request an `x-request-id` (the client's, else its own) and puts it on the response
+    itself; the app echoes the same id, so its copy of the header is dropped rather than sent twice. Ray stops a
+    replica without running its exit hooks, so its metrics directory goes when the app's lifespan ends.
+    """
+
+    def __init__(self, app: ASGIApp, metrics_dir: str | None) -> None:
+        self.app = app
+        self.metrics_dir = metrics_dir
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._removing_metrics(send))
+        elif scope["type"] == "http" and any(name == _REQUEST_ID for name, _ in scope.get("headers", ())):
+            await self.app(scope, receive, _without_request_id(send))
+        else:
+            await self.app(scope, receive, send)
+
+    def _removing_metrics(self, send: Send) -> Send:
+        async def send_and_clean(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete" and self.metrics_dir is not None:
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            await send(message)
+
+        return send_and_clean
+
+
+def _without_request_id(send: Send) -> Send:
+    async def send_once(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _REQUEST_ID]
+        await send(message)
+
+    return send_once
+
+
+def _own_metrics_dir() -> str | None:
+    """Give this replica process its own prometheus-client multiprocess directory (returned).
+
+    It must be set before prometheus-client is first imported here; if something in the replica process imported
+    it already, metrics stay in this process's default registry, which is also exact for this replica.
+    """
+    from twinserve.observability.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
+
+    os.environ.pop(MULTIPROC_ENV, None)  # never one inherited from the deploying process: that is another server's
+    if "prometheus_client" in sys.modules:
+        return None
+    return prepare_multiprocess_dir()
+
+
+class TwinserveReplica:
+    """One Ray Serve replica: the async front over this process's `Service` (wrapped by `serve.ingress()`)."""
+
+    def __init__(self, config_json: str, search_path: str) -> None:
+        self._config_json = config_json
+        # Like the CLI: `pkg.mod:Class` import strings resolve against the directory `twinserve ray` ran in.
+        if search_path not in sys.path:
+            sys.path.insert(0, search_path)
+
+    def __serve_build_asgi_app__(self) -> ASGIApp:
+        """Called by Ray once per replica; Ray then runs the app's lifespan, which loads the models."""
+        metrics_dir = _own_metrics_dir()
+        from twinserve.core.runtime import load_runtimes
+        from twinserve.fronts.asgi import create_asgi_app
+        from twinserve.fronts.contract import Service
+        from twinserve.observability.logging import configure_logging
+        from twinserve.observability.metrics import start_memory_sampler
+        from twinserve.observability.tracing import setup_tracing
+
+        config = Config.model_validate_json(self._config_json)
+        configure_logging(config.log_level, config.log_format)
+        start_memory_sampler("server")
+        service = Service(load_runtimes(config), config, setup_tracing(config))
+        return _ReplicaApp(create_asgi_app(service), metrics_dir)
+
+
+def _replica_config(model: str, config: Config) -> Config:
+    if config.arch == "sync":
+        raise ConfigError("--arch: Ray replicas run the async front; use async or hybrid")
+    if config.workers not in (None, 1):
+        raise ConfigError("--workers: each Ray replica is one server process; use --replicas or --autoscale")
+    return config.model_copy(update={"models": [model]})
+
+
+def build_app(model: str, config: Config, scaling: Scaling | None = None) -> Application:
+    """The Ray Serve application serving `model` with `config`'s settings, for `serve.run` (async or hybrid)."""
+    from twinserve.model import import_model
+    from twinserve.observability.tracing import check_tracing
+
+    config = _replica_config(model, config)
+    check_tracing(config)
+    import_model(model)  # a bad MODEL fails here, not in every replica
+    from ray import serve
+
+    scaling = scaling or Scaling()
+    deployment = serve.deployment(name=APP_NAME, **scaling.options(config))(serve.ingress()(TwinserveReplica))
+    return deployment.bind(config.model_dump_json(), os.getcwd())
+
+
+def _connect(address: str | None, num_cpus: int | None) -> None:
+    import ray
+
+    if address:
+        try:
+            ray.init(address=address)
+        except ConnectionError as exc:
+            raise ConfigError(f"--address: {exc}") from None
+    else:
+        ray.init(num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False)
+
+
+def run(model: str, config: Config, scaling: Scaling, address: str | None = None, num_cpus: int | None = None) -> None:
+    """Deploy `model` on Ray Serve (a local Ray unless `address` names a cluster) until SIGTERM/SIGINT.
+
+    Stopping shuts Serve and the local Ray down; on a cluster it deletes this application only.
+    """
+    app = build_app(model, config, scaling)  # bad settings fail before Ray starts
+    import ray
+    from ray import serve
+
+    stop = threading.Event()
+    _connect(address, num_cpus)
+    # After ray.init, so these handlers are the ones in place.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stop.set())
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        print(f"twinserve: serving {model} on Ray Serve at http://{config.host}:{config.port}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        if address:
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
+
+
+# -- the `twinserve ray` command -----------------------------------------------------------------------------
+#: `twinserve ray`'s own arguments; every other one is a Config field.
+_OWN_ARGS = frozenset(
+    {"command", "handler", "model", "replicas", "autoscale", "target_ongoing", "address", "num_cpus", "replica_cpus"}
+)
+
+
+def _bounds(text: str) -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX, got {text!r}") from None
+    if not 0 <= low <= high or high < 1:
+        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX and MAX >= 1, got {text!r}")
+    return low, high
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_ray_command(commands: Any, add_config_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register `twinserve ray` (the serve settings' flags come from `add_config_flags`)."""
+    parser = commands.add_parser(
+        "ray",
+        help="serve MODEL on Ray Serve, the same HTTP contract as `serve --arch async`",
+        description="Deploy MODEL as a Ray Serve application (a local Ray unless --address) whose replicas each run "
+        "twinserve's async front; Ray's proxy listens on --host:--port. Runs until SIGTERM/SIGINT.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="import string `pkg.mod:Class` or `path/file.py:Class`")
+    scaling = parser.add_mutually_exclusive_group()
+    scaling.add_argument("--replicas", type=_positive(int), default=1, help="fixed number of replicas (default 1)")
+    scaling.add_argument("--autoscale", type=_bounds, metavar="MIN,MAX", help="autoscale between MIN and MAX")
+    parser.add_argument(
+        "--target-ongoing", type=_positive(float), help="autoscaling target per replica (default: the batch size)"
+    )
+    parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
+    parser.add_argument("--num-cpus", type=_positive(int), help="CPUs of the local Ray (default: all)")
+    parser.add_argument(
+        "--replica-cpus", type=_positive(float), default=1.0, help="CPUs reserved per replica (default 1)"
+    )
+    add_config_flags(parser)
+    parser.set_defaults(handler=_ray_command)
+
+
+def _ray_command(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in vars(args).items() if k not in _OWN_ARGS}
+    overrides["arch"] = overrides.get("arch") or "async"
+    if args.target_ongoing is not None and args.autoscale is None:
+        print("twinserve: error: --target-ongoing needs --autoscale", file=sys.stderr)
+        return 2
+    scaling = Scaling(args.replicas, args.autoscale, args.target_ongoing, args.replica_cpus)
+    try:
+        run(args.model, load_config(**overrides), scaling, args.address, args.num_cpus)
+    except ConfigError as exc:
+        print(f"twinserve: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
