@@ -20,6 +20,8 @@ from twinserve.examples.io import populate
 
 IRIS = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 J = {"content-type": "application/json"}
+V2_IRIS = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": list(IRIS.values())}]}
+V2_WIDE = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 5], "data": [1, 2, 3, 4, 5]}]}
 
 CASES: list[tuple[str, str, str, dict[str, object]]] = [
     ("GET /v2/health/live", "GET", "/v2/health/live", {}),
@@ -44,6 +46,14 @@ CASES: list[tuple[str, str, str, dict[str, object]]] = [
     ),
     ("model raises", "POST", "/v1/models/faulty:predict", {"json": {"instances": ["boom"]}}),
     ("wrong output count", "POST", "/v1/models/mismatch:predict", {"json": {"instances": [1, 2]}}),
+    ("GET /v2", "GET", "/v2", {}),
+    ("GET /v2/models/iris", "GET", "/v2/models/iris", {}),
+    ("GET /v2/models/iris/ready", "GET", "/v2/models/iris/ready", {}),
+    ("GET /v2/models/iris/config", "GET", "/v2/models/iris/config", {}),
+    ("GET /v2/models/iris/stats", "GET", "/v2/models/iris/stats", {}),
+    ("POST /v2/models/iris/infer", "POST", "/v2/models/iris/infer", {"json": V2_IRIS}),
+    ("V2 wrong shape", "POST", "/v2/models/iris/infer", {"json": V2_WIDE}),
+    ("V2 unknown model", "POST", "/v2/models/nope/infer", {"json": V2_IRIS}),
 ]
 
 
@@ -65,7 +75,8 @@ def main() -> None:
                 response = httpx.request(method, server.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
                 row.append(str(response.status_code))
                 if response.status_code >= 400:
-                    code = response.json()["error"]["code"]
+                    error = response.json()["error"]
+                    code = error["code"] if isinstance(error, dict) else "(V2 body: message only)"
             print(f"| {label} | " + " | ".join(row) + f" | {code} |")
     finally:
         for server in servers.values():

@@ -13,7 +13,10 @@ ARCHS = ("sync", "async", "hybrid")
 CONTRACT_MODELS = (
     "twinserve.examples.tabular:Classifier",
     "twinserve.examples.io:FeatureLookup",
-    *(model_path(name) for name in ("Echo", "AsyncEcho", "Mixed", "Faulty", "Mismatch", "Gate", "WhereAmI")),
+    *(
+        model_path(name)
+        for name in ("Echo", "AsyncEcho", "Mixed", "Faulty", "Mismatch", "Gate", "WhereAmI", "Affine", "Sensors")
+    ),
 )
 
 

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
 import twinserve
+from twinserve import Tensor
 
 
 class Echo(twinserve.Model):
@@ -129,3 +131,51 @@ class FailsToLoad(twinserve.Model):
 
     def predict(self, batch: list[Any]) -> list[Any]:
         return batch
+
+
+class Affine(twinserve.Model):
+    """Declares its V2 tensors and converts them itself: each row of `x` times its `scale`, and the row's total."""
+
+    inputs = (Tensor("x", "FP64", [-1, 2]), Tensor("scale", "FP64", [-1]))
+    outputs = (Tensor("y", "FP64", [-1, 2]), Tensor("total", "FP64", [-1]))
+
+    def from_tensors(self, arrays: dict[str, np.ndarray[Any, Any]]) -> list[dict[str, Any]]:
+        return [{"x": x, "scale": s} for x, s in zip(arrays["x"].tolist(), arrays["scale"].tolist(), strict=True)]
+
+    def predict(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"y": [value * item["scale"] for value in item["x"]]} for item in batch]
+
+    def to_tensors(self, outputs: list[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        y = np.array([o["y"] for o in outputs], dtype=np.float64)
+        return {"y": y, "total": y.sum(axis=1)}
+
+
+class Reading(BaseModel):
+    sensor: str
+    values: list[float]
+
+
+class Summary(BaseModel):
+    sensor: str
+    count: int
+    mean: float
+    ok: bool
+    extremes: list[float] = [0.0, 0.0]
+    notes: dict[str, Any] = {}
+
+
+class Sensors(twinserve.Model):
+    """No declared tensors, types that derive to several: JSON text in, one tensor per output field out."""
+
+    def predict(self, batch: list[Reading]) -> list[Summary]:
+        return [
+            Summary(
+                sensor=r.sensor,
+                count=len(r.values),
+                mean=sum(r.values) / len(r.values),
+                ok=all(v >= 0 for v in r.values),
+                extremes=[min(r.values), max(r.values)],
+                notes={"first": r.values[0]},
+            )
+            for r in batch
+        ]

@@ -11,7 +11,7 @@ from twinserve.errors import (
     TwinserveError,
     ValidationFailed,
 )
-from twinserve.model import Model, import_model
+from twinserve.model import Model, Tensor, import_model
 from twinserve.observability.context import request_id, request_ids
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "ModelFailed",
     "ModelNotFound",
     "ServerError",
+    "Tensor",
     "TwinserveError",
     "ValidationFailed",
     "__version__",

@@ -5,6 +5,7 @@
     ├── ModelImportError                (start-up only; never reaches a client)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
+    │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
@@ -34,6 +35,7 @@ __all__ = [
     "ClientError",
     "ConfigError",
     "DeadlineExceeded",
+    "InvalidTensor",
     "MalformedRequest",
     "MethodNotAllowed",
     "ModelFailed",
@@ -89,6 +91,13 @@ class ClientError(TwinserveError):
 class MalformedRequest(ClientError):
     status = 400
     code = "malformed_json"
+
+
+class InvalidTensor(ClientError):
+    """A V2 inference request whose tensors do not match the model's: unknown name, wrong shape or datatype."""
+
+    status = 400
+    code = "invalid_tensor"
 
 
 class NotFound(ClientError):

@@ -18,6 +18,16 @@ those, the sync front prefers the plain ones.
 
 Instance types come from the annotations: the parameter of `preprocess` if there is one, else the element
 type of `predict`'s `batch`. Pydantic models and plain JSON types both work; unannotated means "any JSON".
+
+Over the Open Inference Protocol (V2) a model takes and returns named tensors. twinserve derives them from the
+instance and output types (see `twinserve.protocol.tensors`), or a model declares them::
+
+    class Embedder(twinserve.Model):
+        inputs = [Tensor("text", "BYTES", [-1])]            # the first dimension is the batch: row i = instance i
+        outputs = [Tensor("embedding", "FP32", [-1, 384])]
+
+and may convert itself with `from_tensors(arrays) -> instances` and `to_tensors(outputs) -> arrays` (plain
+`def`s, run in the server process before `preprocess` and after `predict`).
 """
 
 from __future__ import annotations
@@ -37,7 +47,41 @@ from twinserve.errors import ModelImportError
 if TYPE_CHECKING:
     from twinserve.config import Config
 
-__all__ = ["Hook", "Model", "ModelSpec", "import_model"]
+__all__ = ["DATATYPES", "Hook", "Model", "ModelSpec", "Tensor", "import_model"]
+
+#: The tensor datatypes of the Open Inference Protocol (V2).
+DATATYPES = frozenset(
+    {"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP16", "FP32", "FP64", "BYTES"}
+)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One named tensor of the Open Inference Protocol (V2): a datatype and a shape, -1 for a variable dimension.
+
+    The first dimension is the batch dimension (always -1): row i of every input is instance i, row i of every
+    output is the output of instance i.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def __init__(self, name: str, datatype: str, shape: Sequence[int] = (-1,)) -> None:
+        shape = tuple(shape)
+        if not name or not isinstance(name, str):
+            raise ModelImportError(f"a tensor needs a name, got {name!r}")
+        if datatype not in DATATYPES:
+            raise ModelImportError(f"tensor {name!r}: datatype must be one of {sorted(DATATYPES)}, got {datatype!r}")
+        if not shape or shape[0] != -1 or any(not isinstance(d, int) or d < -1 for d in shape):
+            raise ModelImportError(f"tensor {name!r}: shape must start with the batch dimension -1, got {list(shape)}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "datatype", datatype)
+        object.__setattr__(self, "shape", shape)
+
+    def describe(self) -> dict[str, Any]:
+        """The V2 metadata of this tensor."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
 class Model:
@@ -49,6 +93,9 @@ class Model:
     version: ClassVar[str] = "1"
     #: Set by twinserve before `load()` is called.
     config: Config
+    #: The V2 input and output tensors; None: derived from the instance and output types.
+    inputs: ClassVar[Sequence[Tensor] | None] = None
+    outputs: ClassVar[Sequence[Tensor] | None] = None
 
     def load(self) -> None:
         """Load weights, open pools. Called once per process, before the server reports ready."""
@@ -128,10 +175,34 @@ class ModelSpec:
             self.input_type: Any = _first_param_hint(self.preprocess.fn)
         else:
             self.input_type = _element_type(_first_param_hint(predict_fn))
+        # The Open Inference Protocol (V2) view: declared tensors and conversion hooks, each optional.
+        self.inputs = _tensors(model, "inputs")
+        self.outputs = _tensors(model, "outputs")
+        self.from_tensors = _converter(model, "from_tensors")
+        self.to_tensors = _converter(model, "to_tensors")
 
     def examples(self) -> list[Any]:
         fn = getattr(self.model, "examples", None)
         return list(fn()) if callable(fn) else []
+
+
+def _tensors(model: object, attribute: str) -> tuple[Tensor, ...] | None:
+    declared = getattr(model, attribute, None)
+    if declared is None:
+        return None
+    tensors = tuple(declared)
+    if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        raise ModelImportError(f"{type(model).__qualname__}.{attribute} must be a non-empty list of twinserve.Tensor")
+    if len({t.name for t in tensors}) != len(tensors):
+        raise ModelImportError(f"{type(model).__qualname__}.{attribute} names a tensor twice")
+    return tensors
+
+
+def _converter(model: object, name: str) -> Callable[..., Any] | None:
+    hook = _hook(model, name)
+    if hook is not None and hook.is_async:
+        raise ModelImportError(f"{type(model).__qualname__}.{name} must be a plain def: it only converts data")
+    return None if hook is None else hook.fn
 
 
 def _import_from_file(path: Path) -> Any:

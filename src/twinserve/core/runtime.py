@@ -32,6 +32,7 @@ from twinserve.observability.context import current_request
 from twinserve.observability.metrics import metrics
 from twinserve.observability.tracing import BatchTrace, RequestTrace
 from twinserve.protocol.v1 import V1Codec
+from twinserve.protocol.v2 import V2Codec
 
 __all__ = ["ModelRuntime", "load_runtimes"]
 
@@ -50,6 +51,7 @@ class ModelRuntime:
         self.spec = ModelSpec(self.model)
         self.name = self.spec.name
         self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type)
+        self.v2 = V2Codec(self.spec)  # the same instances, as Open Inference Protocol tensors
         self.ready = False
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size
@@ -59,6 +61,7 @@ class ModelRuntime:
         self._metrics: dict[str, Any] = {
             "batch_size": registry.batch_size.labels(self.name),
             "inference": registry.inference_seconds.labels(self.name),
+            "compute": registry.compute_seconds.labels(self.name),
             "queue_wait": registry.queue_wait.labels(self.name),
             "queued": registry.queued.labels(self.name),
             "load": registry.load_seconds.labels(self.name),
@@ -128,6 +131,7 @@ class ModelRuntime:
         m = self._metrics
         m["batch_size"].observe(size)
         m["inference"].observe(seconds)
+        m["compute"].inc(seconds * len(waits))
         for wait in waits:
             m["queue_wait"].observe(wait)
         m["queued"].set(queued)

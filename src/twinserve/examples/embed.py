@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import StringConstraints
 
-from twinserve.model import Model
+from twinserve.model import Model, Tensor
 
 __all__ = ["DIMENSIONS", "MiniLM"]
 
@@ -23,6 +23,9 @@ class MiniLM(Model):
     """One sentence in, one unit-norm 384-dimensional embedding out."""
 
     name = "minilm"
+    # Over V2: a BYTES tensor of sentences in, a [N, 384] FP32 tensor out (derived, it would be FP32 [-1, -1]).
+    inputs = (Tensor("text", "BYTES", [-1]),)
+    outputs = (Tensor("embedding", "FP32", [-1, DIMENSIONS]),)
 
     def load(self) -> None:
         # The weights ship inside the package: never let the libraries reach for a model hub.

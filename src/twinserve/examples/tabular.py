@@ -29,7 +29,7 @@ class IrisFeatures(BaseModel):
 class IrisPrediction(BaseModel):
     label: Label
     class_id: int
-    probabilities: list[float]
+    probabilities: list[float] = Field(min_length=len(LABELS), max_length=len(LABELS))  # V2: FP32 [-1, 3]
 
 
 class Classifier(Model):

@@ -24,10 +24,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
 from twinserve.fronts.contract import Reply, Service, error_reply
-from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
+from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.observability.metrics import mark_process_dead, metrics
+from twinserve.protocol.v2 import HEADER_LENGTH
 
 __all__ = ["create_asgi_app"]
 
@@ -117,18 +119,41 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+async def _predict(request: Request, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Any:
+    """The outputs for `instances`, unless the client leaves first (then they are never computed)."""
+    gone = _disconnect_flag(request)
+    if gone is not None:
+        return await runtime.apredict(instances, deadline, gone)
+    return await _unless_disconnected(request, runtime.apredict(instances, deadline))
+
+
+def _v2_path_params(middle: str) -> dict[str, str] | None:
+    """`{model}` or `{model}/versions/{version}` (the part of a V2 infer path between its prefix and suffix)."""
+    parts = middle.split("/")
+    if len(parts) == 3 and parts[1] == "versions":
+        model, version = parts[0], parts[2]
+        return {"model": model, "version": version} if model and version and ":" not in model else None
+    return {"model": middle} if len(parts) == 1 and middle and ":" not in middle else None
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
 class _PredictFastPath:
-    """`POST /v1/models/{name}:predict` straight to its handler; everything else through the FastAPI app.
+    """`POST /v1/models/{name}:predict` and `POST /v2/models/{name}[/versions/{v}]/infer` straight to their
+    handlers; everything else through the FastAPI app.
 
     Profiling showed FastAPI's middleware stack and router costing more per predict than the handler itself; the
-    handler and its error rendering are the same either way.
+    handler and its error rendering are the same either way. V1 is matched first, so V2 costs it nothing.
     """
 
     prefix, suffix = "/v1/models/", ":predict"
+    v2_prefix, v2_suffix = "/v2/models/", "/infer"
 
-    def __init__(self, app: FastAPI, predict: Callable[[Request], Awaitable[Response]]) -> None:
+    def __init__(self, app: FastAPI, predict: Handler, infer: Handler) -> None:
         self.app = app
         self.predict = predict
+        self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -138,6 +163,13 @@ class _PredictFastPath:
                 if name and "/" not in name and ":" not in name:
                     scope["path_params"] = {"model": name}
                     response = await self.predict(Request(scope, receive, send))
+                    await response(scope, receive, send)
+                    return
+            elif path.startswith(self.v2_prefix) and path.endswith(self.v2_suffix):
+                params = _v2_path_params(path[len(self.v2_prefix) : -len(self.v2_suffix)])
+                if params is not None:
+                    scope["path_params"] = params
+                    response = await self.infer(Request(scope, receive, send))
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
@@ -177,12 +209,19 @@ def create_asgi_app(service: Service) -> ASGIApp:
         )
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(await _read_body(request, service))
-        gone = _disconnect_flag(request)
-        if gone is not None:
-            outputs = await runtime.apredict(instances, deadline, gone)
-        else:
-            outputs = await _unless_disconnected(request, runtime.apredict(instances, deadline))
+        outputs = await _predict(request, runtime, instances, deadline)
         return Reply(200, runtime.codec.encode(outputs, len(instances)))
+
+    async def infer(request: Request) -> Reply:
+        params = request.path_params
+        runtime = service.admit_v2(
+            params["model"], params.get("version"), request.headers.get("content-type"), _content_length(request)
+        )
+        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
+        inference = runtime.v2.decode(await _read_body(request, service), request.headers.get(HEADER_LENGTH))
+        deadline = service.v2_deadline(deadline, inference.timeout_us)
+        outputs = await _predict(request, runtime, inference.instances, deadline)
+        return service.infer_reply(runtime, inference, outputs)
 
     async def list_models(request: Request) -> Reply:
         return service.list_models()
@@ -205,19 +244,38 @@ def create_asgi_app(service: Service) -> ASGIApp:
     async def metrics_(request: Request) -> Reply:
         return service.metrics()
 
+    async def server_metadata(request: Request) -> Reply:
+        return service.server_metadata()
+
+    def model_route(handler: Callable[[str, str | None], Reply]) -> Endpoint:
+        async def endpoint(request: Request) -> Reply:
+            return handler(request.path_params["model"], request.path_params.get("version"))
+
+        endpoint.__name__ = handler.__name__
+        return endpoint
+
+    async def model_stats(request: Request) -> Reply:
+        return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
+
     endpoints: dict[str, Endpoint] = {
         "list_models": list_models,
         "model_metadata": model_metadata,
         "predict": predict,
         "live": live,
         "ready": ready,
+        "server_metadata": server_metadata,
+        "v2_model_metadata": model_route(service.v2_model_metadata),
+        "model_ready": model_route(service.model_ready),
+        "infer": infer,
+        "model_config": model_route(service.model_config),
+        "model_stats": model_stats,
         "openapi": openapi,
         "docs": docs,
         "metrics": metrics_,
     }
     for route in ROUTES:
-        path = route.path.replace("{model}", "{model:model}")
-        handler = _handled(service, route.name, endpoints[route.name])
+        path = route.path.replace("{model}", "{model:model}").replace("{version}", "{version:model}")
+        handler = _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path))
         app.router.add_route(path, handler, methods=[route.method], name=route.name)
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -235,10 +293,10 @@ def create_asgi_app(service: Service) -> ASGIApp:
             error = ClientError(str(exc.detail))
             error.status = exc.status_code  # type: ignore[misc]
         service.finish(context, "unknown", "", error.status, error.code)
-        return _respond(error_reply(error, context.request_id), context.request_id)
+        return _respond(error_reply(error, context.request_id, is_v2(request.url.path)), context.request_id)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    return _PredictFastPath(app, _handled(service, "predict", predict))
+    return _PredictFastPath(app, _handled(service, "predict", predict), _handled(service, "infer", infer, v2=True))
 
 
 def _without_fastapi_tracing() -> dict[str, Any]:
@@ -249,8 +307,9 @@ def _without_fastapi_tracing() -> dict[str, Any]:
     return {}
 
 
-def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap an endpoint: request id in and out, every error rendered by the shared contract, metrics counted."""
+def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) -> Handler:
+    """Wrap an endpoint: request id in and out, every error rendered by the shared contract (with the V2 body on
+    V2 routes), metrics counted."""
 
     in_flight = metrics().in_flight
 
@@ -270,7 +329,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint) -> Callable[[Reque
         finally:
             in_flight.dec()
         if error is not None:
-            reply = error_reply(error, context.request_id)
+            reply = error_reply(error, context.request_id, v2)
         model = request.path_params.get("model", "")
         service.finish(context, name, model, reply.status, error.code if error is not None else None)
         return _respond(reply, context.request_id)

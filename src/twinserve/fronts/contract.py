@@ -27,12 +27,20 @@ from twinserve.errors import (
     error_payload,
 )
 from twinserve.fronts.openapi import openapi_document, swagger_page
-from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
-from twinserve.observability.metrics import CONTENT_TYPE, REJECTION_REASONS, metrics, render
+from twinserve.observability.metrics import (
+    CONTENT_TYPE,
+    REJECTION_REASONS,
+    InferenceTotals,
+    inference_totals,
+    metrics,
+    render,
+)
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.v1 import dumps
+from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, error_body, server_metadata, statistics
 
 __all__ = [
     "JSON",
@@ -58,9 +66,13 @@ _ids = itertools.count()
 _reset_ids()
 os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_QUIET_ENDPOINTS = frozenset({"live", "ready", "metrics"})
+_QUIET_ENDPOINTS = frozenset({"live", "ready", "model_ready", "metrics"})
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
-_ROUTE_PATHS = {route.name: route.path for route in ROUTES}
+#: V2 bodies may also be a JSON header followed by binary tensor data.
+_V2_TYPE = re.compile(r"^application/(?:(?:[\w.+-]+\+)?json|octet-stream)$")
+_ROUTE_PATHS: dict[str, str] = {}
+for _route in ROUTES:
+    _ROUTE_PATHS.setdefault(_route.name, _route.path)  # a V2 route before its `/versions/{version}` twin
 _UNTRACED_PATHS = frozenset(route.path for route in ROUTES if route.name in _QUIET_ENDPOINTS)
 
 
@@ -81,8 +93,10 @@ def request_id_from(header: str | None) -> str:
     return f"{_ID_PREFIX}{next(_ids):016x}"
 
 
-def error_reply(error: TwinserveError, request_id: str) -> Reply:
-    return Reply(error.status, dumps(error_payload(error, request_id)), error.headers or None)
+def error_reply(error: TwinserveError, request_id: str, v2: bool = False) -> Reply:
+    """The error as a response: twinserve's body, or the Open Inference Protocol's `{"error": "message"}`."""
+    body = error_body(error) if v2 else dumps(error_payload(error, request_id))
+    return Reply(error.status, body, error.headers or None)
 
 
 class Service:
@@ -169,6 +183,8 @@ class Service:
             children = self._children[key] = (m.request_seconds.labels(model, endpoint), {})
         histogram, counters = children
         histogram.observe(seconds)
+        if status >= 400:
+            metrics().failed_seconds.labels(model, endpoint).inc(seconds)
         counter = counters.get(status)
         if counter is None:
             counter = counters[status] = metrics().requests.labels(model, endpoint, str(status))
@@ -194,18 +210,83 @@ class Service:
 
     def admit(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
         """Checks that need only the request line and headers, done before the body is read."""
-        runtime = self.runtime(model)
+        return self._admit(self.runtime(model), content_type, content_length, _JSON_TYPE, JSON)
+
+    def admit_v2(
+        self, model: str, version: str | None, content_type: str | None, content_length: int | None
+    ) -> ModelRuntime:
+        """`admit` for a V2 inference request, whose body may carry binary tensor data."""
+        runtime = self.v2_runtime(model, version)
+        return self._admit(runtime, content_type, content_length, _V2_TYPE, f"{JSON} or {BINARY}")
+
+    def _admit(
+        self,
+        runtime: ModelRuntime,
+        content_type: str | None,
+        content_length: int | None,
+        accepted: re.Pattern[str],
+        expected: str,
+    ) -> ModelRuntime:
         if self.limiter is not None:
             self.limiter.acquire()
         if content_type:
             media_type = content_type.split(";", 1)[0].strip().lower()
-            if not _JSON_TYPE.match(media_type):
-                raise UnsupportedMediaType(f"Content-Type must be {JSON}, got {media_type!r}")
+            if not accepted.match(media_type):
+                raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
         if content_length is not None and content_length > self.max_body_bytes:
             raise self.too_large()
         if not runtime.ready:
-            raise ModelNotReady(f"model {model!r} is still loading", headers={"Retry-After": "1"})
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
         return runtime
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
+
+    # -- the Open Inference Protocol (V2) --------------------------------------------------------------------
+    @cached_property
+    def _server_metadata(self) -> bytes:
+        from twinserve import __version__
+
+        return dumps(server_metadata(__version__))
+
+    def server_metadata(self) -> Reply:
+        return Reply(200, self._server_metadata)
+
+    def v2_runtime(self, model: str, version: str | None = None) -> ModelRuntime:
+        runtime = self.runtime(model)
+        served = runtime.spec.version
+        if version is not None and version != served:
+            raise ModelNotFound(f"model {model!r} has no version {version!r}; it serves version {served!r}")
+        return runtime
+
+    def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
+        return Reply(200, dumps(self.v2_runtime(model, version).v2.metadata()))
+
+    def model_ready(self, model: str, version: str | None = None) -> Reply:
+        runtime = self.v2_runtime(model, version)
+        # The protocol answers "not ready" with a 4xx status.
+        return Reply(200 if runtime.ready else 400, dumps({"name": runtime.name, "ready": runtime.ready}))
+
+    def model_config(self, model: str, version: str | None = None) -> Reply:
+        runtime = self.v2_runtime(model, version)
+        return Reply(200, dumps(runtime.v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
+
+    def model_stats(self, model: str | None = None, version: str | None = None) -> Reply:
+        """Triton's statistics extension: one model's, or every model's when `model` is None."""
+        runtimes = list(self.runtimes.values()) if model is None else [self.v2_runtime(model, version)]
+        totals = inference_totals(INFERENCE_ENDPOINTS)
+        stats = [statistics(r.name, r.spec.version, totals.get(r.name, InferenceTotals())) for r in runtimes]
+        return Reply(200, dumps({"model_stats": stats}))
+
+    def v2_deadline(self, deadline: float | None, timeout_us: int | None) -> float | None:
+        """The earlier of `deadline` (the header's, or the default) and the request's own `timeout` parameter."""
+        if timeout_us is None:
+            return deadline
+        own = time.monotonic() + min(timeout_us / 1e6, self.config.max_timeout_ms / 1000)
+        return own if deadline is None else min(deadline, own)
+
+    def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
+        body, header_length = runtime.v2.encode(request, outputs)
+        if header_length is None:
+            return Reply(200, body)
+        return Reply(200, body, {HEADER_LENGTH: str(header_length)}, content_type=BINARY)

@@ -1,7 +1,7 @@
 """An OpenAPI 3.1 document for the shared route table, with each served model's real request schema.
 
 Each model gets its own concrete predict path (`/v1/models/iris:predict`) so `/docs` shows the exact instance
-schema and a ready-to-send example body for it.
+schema and a ready-to-send example body for it, and its V2 metadata and infer paths with its tensors.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
 from twinserve.fronts.routes import JSON, ROUTES
+from twinserve.model import DATATYPES
 from twinserve.protocol.v1 import json_default
 
 __all__ = ["openapi_document", "swagger_page"]
@@ -45,6 +46,59 @@ _ERRORS = {
 }
 
 
+_V2_ERRORS = {
+    "400": "Malformed JSON; unknown input or output, wrong shape or datatype",
+    "404": "Unknown model or version",
+    "422": "A row fails the model's schema",
+    "500": "The model raised or returned a wrong number of outputs",
+    "503": "Model still loading",
+}
+
+_V2_TENSOR = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "datatype": {"type": "string", "enum": sorted(DATATYPES)},
+        "shape": {"type": "array", "items": {"type": "integer"}},
+        "parameters": {"type": "object"},
+        "data": {"description": "row-major, flat or nested; absent when binary data follows the JSON"},
+    },
+    "required": ["name", "datatype", "shape"],
+}
+
+_V2_SCHEMAS: dict[str, Any] = {
+    "V2Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+    "V2Tensor": _V2_TENSOR,
+    "V2InferenceRequest": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {"type": "object"},
+            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/V2Tensor"}, "minItems": 1},
+            "outputs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+                    "required": ["name"],
+                },
+            },
+        },
+        "required": ["inputs"],
+    },
+    "V2InferenceResponse": {
+        "type": "object",
+        "properties": {
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "id": {"type": "string"},
+            "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/V2Tensor"}},
+        },
+        "required": ["model_name", "outputs"],
+    },
+}
+
+
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
@@ -60,8 +114,37 @@ def _jsonable(value: Any) -> Any:
         return value
 
 
+def _tensors(title: str, tensors: list[dict[str, Any]]) -> str:
+    return f"{title}: " + ", ".join(f"`{t['name']}` {t['datatype']} {t['shape']}" for t in tensors)
+
+
+def _v2_paths(name: str, runtime: ModelRuntime) -> dict[str, Any]:
+    """The model's V2 metadata and infer paths, its tensors in the description, an example body if it has one."""
+    errors = {code: _json({"$ref": _REF.format(model="V2Error")}, text) for code, text in _V2_ERRORS.items()}
+    metadata = runtime.v2.metadata()
+    body: dict[str, Any] = {"schema": {"$ref": _REF.format(model="V2InferenceRequest")}}
+    example = runtime.v2.example(runtime.spec.examples())
+    if example is not None:
+        body["example"] = _jsonable(example)
+    description = f"{_tensors('Inputs', metadata['inputs'])}. {_tensors('Outputs', metadata['outputs'])}."
+    return {
+        f"/v2/models/{name}": {
+            "get": {"operationId": f"{name}_v2_metadata", "responses": {"200": _json({}), **errors}}
+        },
+        f"/v2/models/{name}/infer": {
+            "post": {
+                "operationId": f"{name}_infer",
+                "summary": f"Infer with {name!r} (Open Inference Protocol)",
+                "description": description,
+                "requestBody": {"required": True, "content": {JSON: body}},
+                "responses": {"200": _json({"$ref": _REF.format(model="V2InferenceResponse")}), **errors},
+            }
+        },
+    }
+
+
 def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: str) -> dict[str, Any]:
-    schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA}
+    schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA, **_V2_SCHEMAS}
     error_responses = {code: _json({"$ref": _REF.format(model="Error")}, text) for code, text in _ERRORS.items()}
     paths: dict[str, Any] = {}
     for route in ROUTES:
@@ -99,6 +182,7 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
                 },
             }
         }
+        paths.update(_v2_paths(name, runtime))
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HTML", "JSON", "MODEL_NAME_PATTERN", "REQUEST_ID_HEADER", "ROUTES", "Route"]
+__all__ = ["HTML", "INFERENCE_ENDPOINTS", "JSON", "MODEL_NAME_PATTERN", "REQUEST_ID_HEADER", "ROUTES", "Route", "is_v2"]
 
 JSON = "application/json"
 HTML = "text/html; charset=utf-8"
@@ -19,7 +19,15 @@ class Route:
 
     name: str
     method: str
-    path: str  # `{model}` marks the model-name segment
+    path: str  # `{model}` marks the model-name segment, `{version}` a model version
+
+
+def _v2_model(name: str, method: str, suffix: str) -> tuple[Route, Route]:
+    """A V2 model route and its `/versions/{version}` twin."""
+    return (
+        Route(name, method, "/v2/models/{model}" + suffix),
+        Route(name, method, "/v2/models/{model}/versions/{version}" + suffix),
+    )
 
 
 ROUTES: tuple[Route, ...] = (
@@ -28,7 +36,23 @@ ROUTES: tuple[Route, ...] = (
     Route("predict", "POST", "/v1/models/{model}:predict"),
     Route("live", "GET", "/v2/health/live"),
     Route("ready", "GET", "/v2/health/ready"),
+    # The Open Inference Protocol (KServe V2), with Triton's model configuration and statistics extensions.
+    Route("server_metadata", "GET", "/v2"),
+    Route("model_stats", "GET", "/v2/models/stats"),  # every model (before `{model}`, which it would match)
+    *_v2_model("v2_model_metadata", "GET", ""),
+    *_v2_model("model_ready", "GET", "/ready"),
+    *_v2_model("infer", "POST", "/infer"),
+    *_v2_model("model_config", "GET", "/config"),
+    *_v2_model("model_stats", "GET", "/stats"),
     Route("openapi", "GET", "/openapi.json"),
     Route("docs", "GET", "/docs"),
     Route("metrics", "GET", "/metrics"),
 )
+
+#: The endpoints that reach a model's `predict`, whichever protocol.
+INFERENCE_ENDPOINTS = frozenset({"predict", "infer"})
+
+
+def is_v2(path: str) -> bool:
+    """Whether errors on `path` take the V2 body `{"error": "message"}` (the health probes keep twinserve's)."""
+    return path == "/v2" or (path.startswith("/v2/") and not path.startswith("/v2/health/"))

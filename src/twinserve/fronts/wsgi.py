@@ -12,9 +12,10 @@ from werkzeug.routing import BaseConverter
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
 from twinserve.fronts.contract import Reply, Service, error_reply
-from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES
+from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.observability.context import RequestContext
 from twinserve.observability.metrics import metrics
+from twinserve.protocol.v2 import HEADER_LENGTH
 
 __all__ = ["create_wsgi_app"]
 
@@ -68,18 +69,34 @@ def create_wsgi_app(service: Service) -> Flask:
         outputs = runtime.predict(instances, deadline)
         return Response(runtime.codec.encode(outputs, len(instances)), status=200, content_type=JSON)
 
+    def infer(model: str, version: str | None = None) -> Response:
+        runtime = service.admit_v2(model, version, request.content_type, request.content_length)
+        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
+        inference = runtime.v2.decode(_read_body(service), request.headers.get(HEADER_LENGTH))
+        outputs = runtime.predict(inference.instances, service.v2_deadline(deadline, inference.timeout_us))
+        return _respond(service.infer_reply(runtime, inference, outputs))
+
+    def model_route(handler: Callable[[str, str | None], Reply]) -> Callable[..., Response]:
+        return lambda model, version=None: _respond(handler(model, version))
+
     views: dict[str, Callable[..., Response]] = {
         "list_models": lambda: _respond(service.list_models()),
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
         "predict": predict,
         "live": lambda: _respond(service.live()),
         "ready": lambda: _respond(service.ready()),
+        "server_metadata": lambda: _respond(service.server_metadata()),
+        "v2_model_metadata": model_route(service.v2_model_metadata),
+        "model_ready": model_route(service.model_ready),
+        "infer": infer,
+        "model_config": model_route(service.model_config),
+        "model_stats": lambda model=None, version=None: _respond(service.model_stats(model, version)),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
         "metrics": lambda: _respond(service.metrics()),
     }
     for route in ROUTES:
-        rule = route.path.replace("{model}", "<model:model>")
+        rule = route.path.replace("{model}", "<model:model>").replace("{version}", "<model:version>")
         app.add_url_rule(
             rule,
             endpoint=route.name,
@@ -125,7 +142,7 @@ def create_wsgi_app(service: Service) -> Flask:
 
     def _error(error: TwinserveError) -> Response:
         g.error_code = error.code
-        return _respond(error_reply(error, _context().request_id))
+        return _respond(error_reply(error, _context().request_id, is_v2(request.path)))
 
     @app.errorhandler(TwinserveError)
     def _twinserve_error(exc: TwinserveError) -> Response:

@@ -16,11 +16,16 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CONTENT_TYPE",
     "MULTIPROC_ENV",
     "REJECTION_REASONS",
+    "InferenceTotals",
+    "inference_totals",
     "mark_process_dead",
     "metrics",
     "prepare_multiprocess_dir",
@@ -82,6 +87,10 @@ class _Metrics:
             ["model", "endpoint"],
             buckets=LATENCY_BUCKETS,
         )
+        # Only errors add to it, so successful requests pay nothing (their time is the histogram's sum less this).
+        self.failed_seconds = Counter(
+            "twinserve_failed_request_seconds", "Time spent on requests answered with an error.", ["model", "endpoint"]
+        )
         self.rejected = Counter(
             "twinserve_rejected_requests_total", "Requests refused by admission control.", ["model", "reason"]
         )
@@ -100,6 +109,11 @@ class _Metrics:
             "twinserve_inference_duration_seconds", "Time one predict call (one batch) took.", ["model"],
             buckets=LATENCY_BUCKETS,
         )  # fmt: skip
+        self.compute_seconds = Counter(
+            "twinserve_request_compute_seconds",
+            "Predict time as the requests saw it: each request in a batch counts the batch's whole predict call.",
+            ["model"],
+        )
         self.batch_size = Histogram(
             "twinserve_batch_size", "Instances per predict call.", ["model"], buckets=BATCH_BUCKETS
         )
@@ -158,19 +172,77 @@ def start_memory_sampler(role: str, interval: float = 1.0) -> None:
     threading.Thread(target=sample, name="twinserve-memory", daemon=True).start()
 
 
+def _registry() -> Any:
+    """Every process of this server's samples (multiprocess mode), else this process's default registry."""
+    from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
+
+    if not os.environ.get(MULTIPROC_ENV):  # in-process use (tests of the core, embedding)
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
 def render() -> bytes:
     """The Prometheus text exposition of every process of this server."""
-    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    from prometheus_client import generate_latest
 
-    registry = CollectorRegistry()
-    if os.environ.get(MULTIPROC_ENV):
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    else:  # in-process use (tests of the core, embedding): the default registry
-        from prometheus_client import REGISTRY
-
-        registry = REGISTRY
-    output: bytes = generate_latest(registry)
+    output: bytes = generate_latest(_registry())
     return output
+
+
+@dataclass
+class InferenceTotals:
+    """One model's inference counters, summed over every process of the server (for V2 statistics)."""
+
+    requests: float = 0.0  # answered requests to its inference endpoints
+    succeeded: float = 0.0  # of which with a 2xx status
+    seconds: float = 0.0  # their total time, received to answered
+    failed_seconds: float = 0.0  # the part of it spent on the failed ones
+    computed: float = 0.0  # requests that went through a predict call (once per batch they were in)
+    queue_seconds: float = 0.0  # their total wait for a batch
+    compute_seconds: float = 0.0  # their total predict time, each counting its batch's whole call
+    batches: float = 0.0  # predict calls
+    instances: float = 0.0  # instances predicted (cache hits excluded)
+    cache_hits: float = 0.0  # per instance
+    cache_misses: float = 0.0
+
+
+def inference_totals(endpoints: Collection[str]) -> dict[str, InferenceTotals]:
+    """Totals per model, from the same samples `/metrics` shows; `endpoints` are the inference endpoints."""
+    totals: dict[str, InferenceTotals] = {}
+    for family in _registry().collect():
+        for sample in family.samples:
+            model = sample.labels.get("model")
+            if not model:
+                continue
+            name, labels, value = sample.name, sample.labels, sample.value
+            t = totals.get(model) or totals.setdefault(model, InferenceTotals())
+            endpoint_matches = labels.get("endpoint") in endpoints
+            if name == "twinserve_requests_total" and endpoint_matches:
+                t.requests += value
+                if labels["code"].startswith("2"):
+                    t.succeeded += value
+            elif name == "twinserve_request_duration_seconds_sum" and endpoint_matches:
+                t.seconds += value
+            elif name == "twinserve_failed_request_seconds_total" and endpoint_matches:
+                t.failed_seconds += value
+            elif name == "twinserve_queue_wait_seconds_count":
+                t.computed += value
+            elif name == "twinserve_queue_wait_seconds_sum":
+                t.queue_seconds += value
+            elif name == "twinserve_request_compute_seconds_total":
+                t.compute_seconds += value
+            elif name == "twinserve_batch_size_count":
+                t.batches += value
+            elif name == "twinserve_batch_size_sum":
+                t.instances += value
+            elif name == "twinserve_cache_requests_total":
+                if labels["result"] == "hit":
+                    t.cache_hits += value
+                else:
+                    t.cache_misses += value
+    return totals
 
 
 def mark_process_dead(pid: int) -> None:
