@@ -16,5 +16,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "observability",
         "lab",
         "deploy",
+        "cli_args",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from twinserve import __version__
+from twinserve.cli_args import positive
 from twinserve.config import Config, load_config
 from twinserve.deploy.dockerfile import dockerfile, pip_requirement
 from twinserve.deploy.k8s import (
@@ -43,19 +44,6 @@ def _autoscale(text: str) -> tuple[int, int]:
     return low, high
 
 
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
-
-
 def add_deploy_commands(commands: Any, add_config_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     k8s = commands.add_parser(
         "k8s",
@@ -66,23 +54,23 @@ def add_deploy_commands(commands: Any, add_config_flags: Callable[[argparse.Argu
     k8s.add_argument("models", nargs="*", metavar="MODEL", help="as for `twinserve serve`")
     k8s.add_argument("--image", required=True, help="container image that has twinserve (see the Dockerfile)")
     scale = k8s.add_mutually_exclusive_group()
-    scale.add_argument("--replicas", type=_positive(int), help="a fixed number of pods (no autoscaler)")
+    scale.add_argument("--replicas", type=positive(int), help="a fixed number of pods (no autoscaler)")
     scale.add_argument(
         "--autoscale", type=_autoscale, default=(2, 10), metavar="MIN,MAX", help="autoscaler bounds (default 2,10)"
     )
     k8s.add_argument("--results", type=Path, help="bench results.json (or its folder): autoscaling targets, memory")
-    k8s.add_argument("--slo-p95-ms", type=_positive(float), help="P95 objective for --results (default: bench's)")
+    k8s.add_argument("--slo-p95-ms", type=positive(float), help="P95 objective for --results (default: bench's)")
     k8s.add_argument("--name", default="twinserve", help="object names (default twinserve)")
     k8s.add_argument("--namespace", help="namespace of every object (default: kubectl's)")
     k8s.add_argument("--out", type=Path, metavar="DIR", help="write kubernetes.yaml, kserve.yaml and Dockerfile here")
     k8s.add_argument("--kserve", action="store_true", help="stdout: the KServe InferenceService instead")
     k8s.add_argument(
         "--memory-per-process-mib",
-        type=_positive(float),
+        type=positive(float),
         default=DEFAULT_MEMORY_PER_PROCESS_MIB,
         help=f"RSS per process without --results (default {DEFAULT_MEMORY_PER_PROCESS_MIB:g})",
     )
-    k8s.add_argument("--startup-timeout", type=_positive(float), default=600.0, metavar="SECONDS")
+    k8s.add_argument("--startup-timeout", type=positive(float), default=600.0, metavar="SECONDS")
     k8s.add_argument("--extra", action="append", default=[], help="pip extra for the Dockerfile (repeatable)")
     add_config_flags(k8s)
     k8s.set_defaults(handler=_k8s)

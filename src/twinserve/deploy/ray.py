@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from twinserve.cli_args import positive
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError
 
@@ -241,19 +242,6 @@ def _bounds(text: str) -> tuple[int, int]:
     return low, high
 
 
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
-
-
 def add_ray_command(commands: Any, add_config_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register `twinserve ray` (the serve settings' flags come from `add_config_flags`)."""
     parser = commands.add_parser(
@@ -264,15 +252,15 @@ def add_ray_command(commands: Any, add_config_flags: Callable[[argparse.Argument
     )
     parser.add_argument("model", metavar="MODEL", help="import string `pkg.mod:Class` or `path/file.py:Class`")
     scaling = parser.add_mutually_exclusive_group()
-    scaling.add_argument("--replicas", type=_positive(int), default=1, help="fixed number of replicas (default 1)")
+    scaling.add_argument("--replicas", type=positive(int), default=1, help="fixed number of replicas (default 1)")
     scaling.add_argument("--autoscale", type=_bounds, metavar="MIN,MAX", help="autoscale between MIN and MAX")
     parser.add_argument(
-        "--target-ongoing", type=_positive(float), help="autoscaling target per replica (default: the batch size)"
+        "--target-ongoing", type=positive(float), help="autoscaling target per replica (default: the batch size)"
     )
     parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
-    parser.add_argument("--num-cpus", type=_positive(int), help="CPUs of the local Ray (default: all)")
+    parser.add_argument("--num-cpus", type=positive(int), help="CPUs of the local Ray (default: all)")
     parser.add_argument(
-        "--replica-cpus", type=_positive(float), default=1.0, help="CPUs reserved per replica (default 1)"
+        "--replica-cpus", type=positive(float), default=1.0, help="CPUs reserved per replica (default 1)"
     )
     add_config_flags(parser)
     parser.set_defaults(handler=_ray_command)
