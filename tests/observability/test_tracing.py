@@ -17,17 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import opentelemetry.sdk.trace  # noqa: F401  the otel extra is part of `make test`: missing, these tests fail
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tests.conftest import ARCHS
 from tests.serving import ROOT, Server, model_path
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.observability.tracing import check_tracing
-
-pytest.importorskip("opentelemetry.sdk.trace", reason="needs the otel extra")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 MODELS = [model_path("Mixed"), model_path("Faulty"), model_path("Echo")]
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
