@@ -1,5 +1,7 @@
 """`twinserve ray` against `twinserve serve --arch async`: a real local Ray (2 CPUs, 100 MB object store) serving
-the tabular example with two replicas, checked from outside over HTTP like any client would."""
+the tabular example and a gated test model with two replicas, checked from outside over HTTP like any client would.
+
+One Ray deployment serves the whole module (Ray starts slowly); `serve` runs with the same models and flags."""
 
 from __future__ import annotations
 
@@ -11,34 +13,42 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
 import pytest
+import tritonclient.http as triton
 
-from tests.serving import Server, predict, scrape
+from tests.serving import Server, model_path, predict, scrape, wait_for_file
 from twinserve.cli import main
 from twinserve.config import Config
-from twinserve.deploy.ray import Scaling
+from twinserve.deploy.ray import Scaling, replica_capacity
 
 pytestmark = pytest.mark.ray
 
 MODEL = "twinserve.examples.tabular:Classifier"
+GATE = model_path("Gate")
 MEMORY = "twinserve_process_resident_memory_bytes"
+#: Both servers: one request computed at a time per process, and room for 3 queued instances (the tabular example's
+#: three examples fit in one request), so a flood of gated requests overflows them deterministically.
+QUEUE = 3
+FLAGS = ("--max-batch-size", "1", "--model-workers", "1", "--max-queue", str(QUEUE))
 
 
 class RayServer(Server):
-    """`twinserve ray MODEL --replicas 2` as a subprocess, bounded for a small machine."""
+    """`twinserve ray MODEL... --replicas 2` as a subprocess, bounded for a small machine."""
 
     def __init__(self, *extra: str) -> None:
         # Ray's session files and the replicas' metrics directories land here, where the test can check and remove
         # them (a short path: Ray's unix sockets live under it).
         self.tmp = Path(tempfile.mkdtemp(prefix="tsr-"))
-        super().__init__([MODEL], "async", env={"TMPDIR": str(self.tmp)})
-        self.args = [sys.executable, "-m", "twinserve", "ray", MODEL, "--port", str(self.port), "--num-cpus", "2"]
-        self.args += extra
+        super().__init__([MODEL, GATE], "async", env={"TMPDIR": str(self.tmp)})
+        self.args = [sys.executable, "-m", "twinserve", "ray", MODEL, GATE, "--port", str(self.port)]
+        self.args += ["--num-cpus", "2", *FLAGS, *extra]
 
     def tree(self) -> list[psutil.Process]:
         """Every process this server started (Ray's own daemons and its workers descend from it)."""
@@ -56,12 +66,18 @@ def _stop_all(processes: list[psutil.Process]) -> None:
 
 
 def test_scaling_options() -> None:
-    config = Config(arch="async", max_queue=200)
+    config = Config(arch="async", models=[MODEL], max_queue=200, model_workers=2, max_batch_size=16)
     fixed = Scaling(replicas=3).options(config)
     assert fixed["num_replicas"] == 3
     assert "autoscaling_config" not in fixed
-    # Ray must not cap a replica's concurrency below what its batcher and admission control expect.
-    assert fixed["max_ongoing_requests"] == 200
+    # Ray must send a full replica more requests than its batcher holds (200 queued + 2 x 16 computing), so that
+    # twinserve's own admission, not Ray's proxy, answers the excess.
+    assert fixed["max_ongoing_requests"] == replica_capacity(config) == 200 + 2 * 2 * 16
+    assert replica_capacity(config.model_copy(update={"models": [MODEL, GATE]})) == 2 * (200 + 2 * 2 * 16)
+    assert "max_queued_requests" not in fixed  # Ray's default: the proxy holds requests while no replica can
+    bounded = Scaling(max_queued_requests=50).options(config)
+    assert bounded["max_queued_requests"] == 50
+    assert bounded["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
     auto = Scaling(autoscale=(1, 4)).options(config)
     assert "num_replicas" not in auto
     assert auto["autoscaling_config"] == {
@@ -102,7 +118,7 @@ def ray_server() -> Iterator[RayServer]:
 
 @pytest.fixture(scope="module")
 def async_server() -> Iterator[Server]:
-    with Server([MODEL], "async") as server:
+    with Server([MODEL, GATE], "async", *FLAGS) as server:
         yield server
 
 
@@ -158,6 +174,121 @@ def test_metrics_names_equal_async(ray_server: RayServer, async_server: Server) 
     # Each replica exports its own samples: together they must name exactly what the async server does.
     on_ray = {name for _ in range(20) for name, _ in scrape(ray_server)}
     assert on_ray == {name for name, _ in scrape(async_server)}
+
+
+# -- the Open Inference Protocol (V2) ------------------------------------------------------------------------------
+FLOWERS = [[5.1, 3.5, 1.4, 0.2], [6.4, 3.2, 4.5, 1.5], [6.3, 3.3, 6.0, 2.5]]
+
+
+def _fp32(rows: list[list[float]], name: str = "input", datatype: str = "FP32") -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": [len(rows), len(rows[0])], "data": rows}
+
+
+@pytest.mark.parametrize(
+    "path", ["/v2", "/v2/models/iris", "/v2/models/iris/versions/1", "/v2/models/gate", "/v2/models/iris/config"]
+)
+def test_v2_metadata_equal_async(ray_server: RayServer, async_server: Server, path: str) -> None:
+    on_ray, on_async = (httpx.get(s.url + path, timeout=30) for s in (ray_server, async_server))
+    assert on_ray.status_code == on_async.status_code == 200
+    assert on_ray.content == on_async.content
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "status"),
+    [
+        ("iris", {"id": "fp32", "inputs": [_fp32(FLOWERS)]}, 200),
+        ("iris", {"inputs": [_fp32(FLOWERS[:1])], "outputs": [{"name": "class_id"}]}, 200),
+        ("iris", {"inputs": [_fp32([[1.0, 2.0, 3.0]])]}, 400),  # wrong shape
+        ("iris", {"inputs": [_fp32(FLOWERS[:1], datatype="FP64")]}, 400),
+        ("iris", {"inputs": [_fp32([[1.0, 2.0, 3.0, -4.0]])]}, 422),  # the model's own validation
+        ("nope", {"inputs": [_fp32(FLOWERS[:1])]}, 404),
+    ],
+)
+def test_v2_infer_equal_async(
+    ray_server: RayServer, async_server: Server, model: str, body: dict[str, Any], status: int
+) -> None:
+    headers = {"x-request-id": "same-v2-id"}
+    url = f"/v2/models/{model}/infer"
+    on_ray, on_async = (
+        httpx.post(s.url + url, json=body, headers=headers, timeout=30) for s in (ray_server, async_server)
+    )
+    assert on_ray.status_code == on_async.status_code == status, (on_ray.text, on_async.text)
+    assert on_ray.headers["content-type"] == on_async.headers["content-type"]
+    assert on_ray.content == on_async.content
+    if status >= 400:
+        assert list(on_ray.json()) == ["error"]
+
+
+def test_v2_binary_tensors_through_tritonclient_equal_async(ray_server: RayServer, async_server: Server) -> None:
+    results = []
+    for server in (ray_server, async_server):
+        with triton.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=30) as client:
+            tensor = triton.InferInput("input", [3, 4], "FP32")
+            tensor.set_data_from_numpy(np.array(FLOWERS, dtype=np.float32), binary_data=True)
+            results.append(client.infer("iris", [tensor], request_id="binary-1"))
+    on_ray, on_async = results
+    assert on_ray.get_response() == on_async.get_response()
+    for name in ("label", "class_id", "probabilities"):
+        np.testing.assert_array_equal(on_ray.as_numpy(name), on_async.as_numpy(name))
+    assert on_ray.as_numpy("class_id").tolist() == [0, 1, 2]
+
+
+# -- backpressure ----------------------------------------------------------------------------------------------
+def _flood(server: Server, gates: Path, requests: int, processes: int) -> set[bytes]:
+    """`requests` concurrent gated requests to a server of `processes` replicas or workers: once each process is
+    computing one, each queues QUEUE more and rejects the rest with twinserve's 503 at once; released, every
+    accepted one is answered. Returns the rejections' distinct bodies."""
+    held = processes * (1 + QUEUE)
+    url = f"{server.url}/v1/models/gate:predict"
+    headers = {"x-request-id": "flood"}  # one id for all: every rejection's body is then the same
+    started = [gates / str(i) / "gate.started" for i in range(requests)]
+
+    def gated(i: int) -> httpx.Response:
+        started[i].parent.mkdir(parents=True, exist_ok=True)
+        body = {"instances": [{"gate": str(started[i].with_suffix(""))}]}
+        return httpx.post(url, json=body, headers=headers, timeout=90)
+
+    with ThreadPoolExecutor(requests) as pool:
+        # One computing in each process first (else a burst can fill a queue before a batch leaves it).
+        futures: list[Future[httpx.Response]] = [pool.submit(gated, i) for i in range(processes)]
+        for path in started[:processes]:
+            wait_for_file(path, timeout=60)
+        futures += [pool.submit(gated, i) for i in range(processes, requests)]
+        deadline = time.monotonic() + 60
+        while sum(f.done() for f in futures) < requests - held:
+            assert time.monotonic() < deadline, f"{sum(f.done() for f in futures)} of {requests} answered"
+            time.sleep(0.01)  # polling the futures while the gates hold the accepted ones
+        rejected = [f.result() for f in futures if f.done()]
+        for path in started:
+            path.with_suffix(".release").touch()
+        responses = [f.result() for f in futures]
+    assert len(rejected) == requests - held, [r.status_code for r in rejected]
+    for response in rejected:
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["content-type"] == "application/json"
+        assert response.json()["error"]["code"] == "queue_full"
+    accepted = [r for r in responses if r.status_code != 503]
+    assert len(accepted) == held
+    assert all(r.status_code == 200 and r.json() == {"predictions": ["released"]} for r in accepted)
+    return {r.content for r in rejected}
+
+
+def test_backpressure_gives_twinserves_503_like_serve(
+    ray_server: RayServer, async_server: Server, tmp_path: Path
+) -> None:
+    on_serve = _flood(async_server, tmp_path / "serve", 12, 1)
+    on_ray = _flood(ray_server, tmp_path / "ray", 12, 2)  # each replica holds 1 + QUEUE and rejects the rest itself
+    # One id, one queue state: the very same rejection from both, so a client cannot tell Ray from serve.
+    assert len(on_ray) == 1
+    assert on_ray == on_serve
+    for server in (async_server, ray_server):  # and both serve normally afterwards
+        assert predict(server, "iris", _examples(async_server)).status_code == 200
+
+
+def test_max_queued_requests_must_be_positive() -> None:
+    with pytest.raises(SystemExit):
+        main(["ray", MODEL, "--max-queued-requests", "0"])
 
 
 def test_requests_spread_over_both_replicas(ray_server: RayServer) -> None:

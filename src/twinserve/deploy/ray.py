@@ -25,7 +25,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ray.serve import Application
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["APP_NAME", "Scaling", "TwinserveReplica", "add_ray_command", "build_app", "run"]
+__all__ = ["APP_NAME", "Scaling", "TwinserveReplica", "add_ray_command", "build_app", "replica_capacity", "run"]
 
 #: The Serve application and deployment name.
 APP_NAME = "twinserve"
@@ -59,17 +59,22 @@ class Scaling:
     target_ongoing: float | None = None
     #: CPUs Ray reserves for each replica.
     replica_cpus: float = 1.0
+    #: Requests Ray's proxy may hold while no replica can take one (None: Ray's default, no bound).
+    max_queued_requests: int | None = None
 
     def options(self, config: Config) -> dict[str, Any]:
-        # Ray's default (5 requests per replica) would cap twinserve's batches; admission (--max-queue) decides.
         options: dict[str, Any] = {
-            "max_ongoing_requests": config.max_queue,
+            "max_ongoing_requests": replica_capacity(config),
             "ray_actor_options": {"num_cpus": self.replica_cpus},
             "max_constructor_retry_count": CONSTRUCTOR_RETRIES,
             "graceful_shutdown_timeout_s": config.graceful_timeout,
             # twinserve logs each request once, with its id, batch size and queue wait.
             "logging_config": {"enable_access_log": False},
         }
+        if self.max_queued_requests is not None:
+            # Ray answers these itself (plain text): the status and Retry-After at least match twinserve's 503.
+            options["max_queued_requests"] = self.max_queued_requests
+            options["backpressure_config"] = {"status_code": 503, "retry_after_s": 1}
         if self.autoscale is None:
             options["num_replicas"] = self.replicas
             return options
@@ -82,6 +87,19 @@ class Scaling:
             "target_ongoing_requests": target,
         }
         return options
+
+
+def replica_capacity(config: Config) -> int:
+    """Ray's `max_ongoing_requests`: more requests than a replica can hold before its own admission rejects.
+
+    A replica's batcher holds at most `--max-queue` queued instances (so as many requests) per model plus
+    `--model-workers` batches of at most `--max-batch-size` requests being computed; as many again may be decoding
+    or encoding. Ray's default (5) would cap batches, and any cap at or under the batcher's would make Ray's proxy
+    queue the excess (unbounded, or answered by Ray in plain text) where twinserve answers 503 + Retry-After with
+    its own body: above it, a full replica still gets the request and rejects it like `twinserve serve` does.
+    """
+    in_flight = config.model_workers * config.effective_max_batch_size
+    return len(config.models) * (config.max_queue + 2 * in_flight)
 
 
 class _ReplicaApp:
@@ -162,22 +180,26 @@ class TwinserveReplica:
         return _ReplicaApp(create_asgi_app(service), metrics_dir)
 
 
-def _replica_config(model: str, config: Config) -> Config:
+def _replica_config(models: Sequence[str], config: Config) -> Config:
     if config.arch == "sync":
         raise ConfigError("--arch: Ray replicas run the async front; use async or hybrid")
     if config.workers not in (None, 1):
         raise ConfigError("--workers: each Ray replica is one server process; use --replicas or --autoscale")
-    return config.model_copy(update={"models": [model]})
+    if not models:
+        raise ConfigError("MODEL: give at least one model to serve")
+    return config.model_copy(update={"models": list(models)})
 
 
-def build_app(model: str, config: Config, scaling: Scaling | None = None) -> Application:
-    """The Ray Serve application serving `model` with `config`'s settings, for `serve.run` (async or hybrid)."""
+def build_app(model: str | Sequence[str], config: Config, scaling: Scaling | None = None) -> Application:
+    """The Ray Serve application serving `model` (or several, like `twinserve serve`) with `config`'s settings,
+    for `serve.run` (async or hybrid)."""
     from twinserve.model import import_model
     from twinserve.observability.tracing import check_tracing
 
-    config = _replica_config(model, config)
+    config = _replica_config([model] if isinstance(model, str) else model, config)
     check_tracing(config)
-    import_model(model)  # a bad MODEL fails here, not in every replica
+    for target in config.models:
+        import_model(target)  # a bad MODEL fails here, not in every replica
     from ray import serve
 
     scaling = scaling or Scaling()
@@ -197,8 +219,14 @@ def _connect(address: str | None, num_cpus: int | None) -> None:
         ray.init(num_cpus=num_cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False)
 
 
-def run(model: str, config: Config, scaling: Scaling, address: str | None = None, num_cpus: int | None = None) -> None:
-    """Deploy `model` on Ray Serve (a local Ray unless `address` names a cluster) until SIGTERM/SIGINT.
+def run(
+    model: str | Sequence[str],
+    config: Config,
+    scaling: Scaling,
+    address: str | None = None,
+    num_cpus: int | None = None,
+) -> None:
+    """Deploy `model` (or several) on Ray Serve (a local Ray unless `address` names a cluster) until SIGTERM/SIGINT.
 
     Stopping shuts Serve and the local Ray down; on a cluster it deletes this application only.
     """
@@ -214,7 +242,8 @@ def run(model: str, config: Config, scaling: Scaling, address: str | None = None
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
         serve.run(app, name=APP_NAME, route_prefix="/")
-        print(f"twinserve: serving {model} on Ray Serve at http://{config.host}:{config.port}", flush=True)
+        served = model if isinstance(model, str) else " ".join(model)
+        print(f"twinserve: serving {served} on Ray Serve at http://{config.host}:{config.port}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
@@ -228,7 +257,18 @@ def run(model: str, config: Config, scaling: Scaling, address: str | None = None
 # -- the `twinserve ray` command -----------------------------------------------------------------------------
 #: `twinserve ray`'s own arguments; every other one is a Config field.
 _OWN_ARGS = frozenset(
-    {"command", "handler", "model", "replicas", "autoscale", "target_ongoing", "address", "num_cpus", "replica_cpus"}
+    {
+        "command",
+        "handler",
+        "models",
+        "replicas",
+        "autoscale",
+        "target_ongoing",
+        "max_queued_requests",
+        "address",
+        "num_cpus",
+        "replica_cpus",
+    }
 )
 
 
@@ -246,16 +286,24 @@ def add_ray_command(commands: Any, add_config_flags: Callable[[argparse.Argument
     """Register `twinserve ray` (the serve settings' flags come from `add_config_flags`)."""
     parser = commands.add_parser(
         "ray",
-        help="serve MODEL on Ray Serve, the same HTTP contract as `serve --arch async`",
-        description="Deploy MODEL as a Ray Serve application (a local Ray unless --address) whose replicas each run "
-        "twinserve's async front; Ray's proxy listens on --host:--port. Runs until SIGTERM/SIGINT.",
+        help="serve MODEL(s) on Ray Serve, the same HTTP contract as `serve --arch async`",
+        description="Deploy MODEL(s) as a Ray Serve application (a local Ray unless --address) whose replicas each "
+        "run twinserve's async front; Ray's proxy listens on --host:--port. Runs until SIGTERM/SIGINT.",
     )
-    parser.add_argument("model", metavar="MODEL", help="import string `pkg.mod:Class` or `path/file.py:Class`")
+    parser.add_argument(
+        "models", nargs="+", metavar="MODEL", help="import string `pkg.mod:Class` or `path/file.py:Class`"
+    )
     scaling = parser.add_mutually_exclusive_group()
     scaling.add_argument("--replicas", type=positive(int), default=1, help="fixed number of replicas (default 1)")
     scaling.add_argument("--autoscale", type=_bounds, metavar="MIN,MAX", help="autoscale between MIN and MAX")
     parser.add_argument(
         "--target-ongoing", type=positive(float), help="autoscaling target per replica (default: the batch size)"
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=positive(int),
+        help="requests Ray's proxy may hold while no replica can take one, e.g. while replicas start (default: no "
+        "bound); past it Ray itself answers 503 + Retry-After (plain text). A full replica answers twinserve's 503.",
     )
     parser.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
     parser.add_argument("--num-cpus", type=positive(int), help="CPUs of the local Ray (default: all)")
@@ -272,9 +320,9 @@ def _ray_command(args: argparse.Namespace) -> int:
     if args.target_ongoing is not None and args.autoscale is None:
         print("twinserve: error: --target-ongoing needs --autoscale", file=sys.stderr)
         return 2
-    scaling = Scaling(args.replicas, args.autoscale, args.target_ongoing, args.replica_cpus)
+    scaling = Scaling(args.replicas, args.autoscale, args.target_ongoing, args.replica_cpus, args.max_queued_requests)
     try:
-        run(args.model, load_config(**overrides), scaling, args.address, args.num_cpus)
+        run(args.models, load_config(**overrides), scaling, args.address, args.num_cpus)
     except ConfigError as exc:
         print(f"twinserve: error: {exc}", file=sys.stderr)
         return 2
