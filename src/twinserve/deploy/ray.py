@@ -4,8 +4,15 @@ Each replica is a Ray Serve ASGI ingress whose app is the one `twinserve serve -
 (`create_asgi_app` over a `Service`), built in the replica at start-up. Ray runs the app's ASGI lifespan when the
 replica starts, so each replica loads its models once; batching is twinserve's own engine batcher inside each
 replica, with the same settings as `serve` (`@serve.batch` batches calls of a deployment method, not the ASGI
-requests the shared front handles, and would bypass twinserve's admission, deadlines and batch metrics). Ray's HTTP
-proxy routes every path to the app (`route_prefix="/"`).
+requests the shared front handles, and would bypass twinserve's admission, deadlines and batch metrics; measured
+against a bare `@serve.batch` deployment of the same model in `benchmarks/ray_batching.py`). Ray's HTTP proxy
+routes every path to the app (`route_prefix="/"`).
+
+Backpressure: Ray lets a replica take up to `max_ongoing_requests` requests, set above what its batcher holds
+(`replica_capacity`), so a full replica still receives the next request and its own admission answers 503 with
+twinserve's body and `Retry-After`, exactly as `twinserve serve` does. Ray's proxy queues requests only while no
+replica can take one (replicas starting, dying, scaled to zero); `--max-queued-requests` bounds that queue, and
+past it Ray itself answers 503 + `Retry-After: 1` with a plain-text body.
 
 Metrics: every replica is a separate process with its own multiprocess directory, so `/metrics` is exact for the
 replica that answered the scrape, not for the whole application: a scrape through the proxy reaches one replica.
