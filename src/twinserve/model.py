@@ -96,6 +96,9 @@ class Model:
     #: The V2 input and output tensors; None: derived from the instance and output types.
     inputs: ClassVar[Sequence[Tensor] | None] = None
     outputs: ClassVar[Sequence[Tensor] | None] = None
+    #: When predict raises for a batch of several requests, twinserve re-runs parts of it to find the failing
+    #: requests (see `twinserve.core.isolation`); False when predict must never see an instance twice.
+    isolate_failures: ClassVar[bool] = True
 
     def load(self) -> None:
         """Load weights, open pools. Called once per process, before the server reports ready."""
@@ -156,6 +159,7 @@ class ModelSpec:
         self.model = model
         self.name: str = getattr(model, "name", None) or cls.__name__.lower()
         self.version: str = str(getattr(model, "version", "1"))
+        self.isolate_failures = bool(getattr(model, "isolate_failures", True))
         predict = _hook(model, "predict")
         apredict = _hook(model, "apredict")
         if predict is None and apredict is None:
