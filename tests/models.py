@@ -202,3 +202,13 @@ class Sensors(twinserve.Model):
             )
             for r in batch
         ]
+
+
+class Pickled(twinserve.Model):
+    """A scikit-learn model from the joblib file named by $PICKLED_MODEL, through twinserve.load_pickle."""
+
+    def load(self) -> None:
+        self.clf = twinserve.load_pickle(os.environ["PICKLED_MODEL"], self.config)
+
+    def predict(self, batch: list[list[float]]) -> list[int]:
+        return [int(label) for label in self.clf.predict(np.array(batch))]

@@ -98,6 +98,11 @@ class Config(BaseSettings):
     isolate_max_reruns: int = Field(
         16, ge=1, le=65536, description="Most predict re-runs spent isolating the failing requests of one batch."
     )
+    trust_pickle: bool = Field(
+        False,
+        description="Let models load pickle/joblib files with twinserve.load_pickle (unpickling runs any code "
+        "in the file; prefer skops, ONNX or safetensors).",
+    )
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
