@@ -76,7 +76,7 @@ def test_only_the_poisoned_requests_of_a_batch_fail(arch: str, tmp_path: Path) -
         }
         assert outcomes == {"answered": 3, "failed": 2}
         isolation = httpx.get(server.url + "/v1/models/poison").json()["serving"]["failure_isolation"]
-        assert isolation == {"max_reruns": 16, "batches": 1, "reruns": 8, "failed_requests": 2}
+        assert isolation == {"max_reruns": 32, "batches": 1, "reruns": 8, "failed_requests": 2}
         server.wait_for_output("isolated 2 failing request(s) req-b, req-d, 3 answered")
 
         # The model that opts out: the same batch fails for every request in it, computed once.

@@ -96,7 +96,7 @@ class Config(BaseSettings):
         "the requests that fail alone get the error (a model opts out with `isolate_failures = False`).",
     )
     isolate_max_reruns: int = Field(
-        16, ge=1, le=65536, description="Most predict re-runs spent isolating the failing requests of one batch."
+        32, ge=1, le=65536, description="Most predict re-runs spent isolating the failing requests of one batch."
     )
     trust_pickle: bool = Field(
         False,
