@@ -11,6 +11,10 @@ A model is any class with a batch-first `predict`; subclassing `Model` is option
         def predict(self, batch: list[Features]) -> list[Label]:   # or `async def`
             return [...]                              # exactly one output per input
 
+When `predict` raises for a batch of several requests, twinserve re-runs halves of it to answer the requests
+that do not fail (`twinserve.core.isolation`); a model whose `predict` must not see an instance twice sets the
+class attribute `isolate_failures = False`.
+
 Optional hooks: `preprocess(instance)` (per instance, `def` or `async def`, for I/O such as fetching
 features) and `examples()` (a few valid instances). A model that has both a blocking and a coroutine version
 of a hook names the coroutine one with an `a` prefix (`apreprocess`, `apredict`); the async front prefers

@@ -16,6 +16,7 @@ from twinserve.core.batcher import AsyncBatcher, BatchQueue, ThreadBatcher
 from twinserve.core.isolation import Bisection, abisect, bisect, isolatable, split_outputs
 from twinserve.errors import (
     ClientDisconnected,
+    DeadlineExceeded,
     ModelFailed,
     OutputMismatch,
     TwinserveError,
@@ -97,6 +98,14 @@ def test_a_rejection_raised_by_the_model_is_isolated_too() -> None:
     model = PoisonModel(ValidationFailed)
     result = bisect(model, groups_with({2}, 4), ValidationFailed("whole batch"), max_reruns=100)
     assert result.failed == [2] and isinstance(result.outcomes[2], ValidationFailed)
+
+
+def test_requests_nobody_waits_for_are_not_computed_again() -> None:
+    model = PoisonModel()
+    gone = {1, 2, 3}  # e.g. their clients left or their deadlines passed while the batch was being isolated
+    result = bisect(model, groups_with({0}, 4), ModelFailed("whole"), 100, abandoned=gone.__contains__)
+    assert model.calls == [["bad0"]]  # [0 1] -> [0] only; [2 3] -> nothing left to run
+    assert result.reruns == 1 and result.failed == [0, 1, 2, 3]
 
 
 def test_a_single_request_is_not_rerun() -> None:
@@ -252,3 +261,29 @@ def test_thread_batcher_answers_the_good_requests_of_a_poisoned_batch() -> None:
     _check_isolated([results[i] for i in range(len(REQUESTS))])
     assert len(model.calls[0]) == 7
     assert (batcher.stats.isolated, batcher.stats.isolation_failed) == (1, 2)
+
+
+def test_async_batcher_does_not_recompute_a_request_that_expired_meanwhile() -> None:
+    model = PoisonModel()
+
+    async def run(batch: list[Any]) -> list[Any]:
+        if len(model.calls) == 0:
+            await asyncio.sleep(0.3)  # the first, whole-batch call outlives the deadline of one request
+        return model(batch)
+
+    async def main() -> list[Any]:
+        batcher = AsyncBatcher(BatchQueue(16, 0.0, 100, 1), run, max_reruns=16)
+        tasks = [
+            asyncio.create_task(batcher.submit(["a"], None)),
+            asyncio.create_task(batcher.submit(["late"], time.monotonic() + 0.05)),
+            asyncio.create_task(batcher.submit(["bad"], None)),
+        ]
+        await asyncio.sleep(0)
+        batcher.start()
+        results = list(await asyncio.gather(*tasks, return_exceptions=True))
+        await batcher.close()
+        return results
+
+    a, late, bad = asyncio.run(main())
+    assert a == ["out-a"] and isinstance(late, DeadlineExceeded) and isinstance(bad, ModelFailed)
+    assert all("late" not in call for call in model.calls[1:])

@@ -81,6 +81,11 @@ class Batch(Generic[W]):
     def sizes(self) -> list[int]:
         return [r.size for r in self.requests]
 
+    def abandoned(self, index: int) -> bool:
+        """Whether nobody waits for request `index` any more (its client left, or its deadline passed)."""
+        request = self.requests[index]
+        return request.abandoned() or (request.deadline is not None and request.deadline <= time.monotonic())
+
     def isolates(self, error: BaseException, max_reruns: int) -> bool:
         """Whether a failure of this whole batch is worth bisecting (see `twinserve.core.isolation`)."""
         return max_reruns > 0 and len(self.requests) > 1 and isolatable(error)
@@ -362,7 +367,8 @@ class AsyncBatcher:
         except TwinserveError as exc:
             if not batch.isolates(exc, self.max_reruns):
                 raise
-            isolated = await abisect(self._run, [r.instances for r in batch.requests], exc, self.max_reruns)
+            groups = [r.instances for r in batch.requests]
+            isolated = await abisect(self._run, groups, exc, self.max_reruns, batch.abandoned)
         self.stats.record_isolation(batch, isolated)
         return isolated.outcomes
 
@@ -474,7 +480,8 @@ class ThreadBatcher:
         except TwinserveError as exc:
             if not batch.isolates(exc, self.max_reruns):
                 raise
-            isolated = bisect(self._run, [r.instances for r in batch.requests], exc, self.max_reruns)
+            groups = [r.instances for r in batch.requests]
+            isolated = bisect(self._run, groups, exc, self.max_reruns, batch.abandoned)
         with self._cond:  # batches may compute on several threads at once
             self.stats.record_isolation(batch, isolated)
         return isolated.outcomes

@@ -92,20 +92,31 @@ class Bisection:
         self._running: list[int] | None = None
         self._settle(list(range(len(self.sizes))), error)
 
-    def next(self) -> list[int] | None:
-        """The requests to run together next, or None once every request has an outcome."""
+    def next(self, abandoned: Callable[[int], bool] | None = None) -> list[int] | None:
+        """The requests to run together next, or None once every request has an outcome.
+
+        Requests for which `abandoned` is true (their client left, their deadline passed: nobody waits for
+        them any more) are settled with their group's error instead of being computed again.
+        """
         if self._running is not None:
             raise RuntimeError("report the running group with succeeded() or failed() first")
-        if self._todo and self.reruns >= self.max_reruns:
-            for group, error in self._todo:  # out of budget: fail what is left with what it last failed with
-                for request in group:
+        while self._todo:
+            if self.reruns >= self.max_reruns:
+                for group, error in self._todo:  # out of budget: fail what is left with what it last failed with
+                    for request in group:
+                        self._outcomes[request] = error
+                self._todo.clear()
+                break
+            group, error = self._todo.pop()
+            if abandoned is not None:
+                for request in [r for r in group if abandoned(r)]:
                     self._outcomes[request] = error
-            self._todo.clear()
-        if not self._todo:
-            return None
-        self._running, _ = self._todo.pop()
-        self.reruns += 1
-        return list(self._running)
+                    group.remove(request)
+            if group:
+                self._running = group
+                self.reruns += 1
+                return list(group)
+        return None
 
     def succeeded(self, parts: Sequence[list[Any]]) -> None:
         """The running group computed: `parts` holds each of its requests' outputs, in order."""
@@ -141,11 +152,18 @@ class Bisection:
 
 
 def bisect(
-    run: Callable[[list[Any]], Any], groups: Sequence[list[Any]], error: TwinserveError, max_reruns: int
+    run: Callable[[list[Any]], Any],
+    groups: Sequence[list[Any]],
+    error: TwinserveError,
+    max_reruns: int,
+    abandoned: Callable[[int], bool] | None = None,
 ) -> Isolated:
-    """Isolate the failing requests of a batch that failed with `error`, re-running `run` (blocking)."""
+    """Isolate the failing requests (instance lists) of a batch that failed with `error`, re-running `run`.
+
+    `abandoned(i)`, if given, tells whether request i is still awaited (see `Bisection.next`).
+    """
     plan = Bisection([len(g) for g in groups], error, max_reruns)
-    while (part := plan.next()) is not None:
+    while (part := plan.next(abandoned)) is not None:
         try:
             outputs = run([instance for request in part for instance in groups[request]])
             parts = split_outputs([len(groups[request]) for request in part], outputs)
@@ -157,11 +175,15 @@ def bisect(
 
 
 async def abisect(
-    run: Callable[[list[Any]], Awaitable[Any]], groups: Sequence[list[Any]], error: TwinserveError, max_reruns: int
+    run: Callable[[list[Any]], Awaitable[Any]],
+    groups: Sequence[list[Any]],
+    error: TwinserveError,
+    max_reruns: int,
+    abandoned: Callable[[int], bool] | None = None,
 ) -> Isolated:
     """`bisect` over a coroutine `run`."""
     plan = Bisection([len(g) for g in groups], error, max_reruns)
-    while (part := plan.next()) is not None:
+    while (part := plan.next(abandoned)) is not None:
         try:
             outputs = await run([instance for request in part for instance in groups[request]])
             parts = split_outputs([len(groups[request]) for request in part], outputs)
