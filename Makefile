@@ -18,7 +18,7 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev,torch,otel,locust,ray]'
+	$(BIN)/python -m pip install -q -e '.[dev,torch,otel,locust,ray,safe]'
 	touch $@ $(VENV)/.installed-base
 
 ## serve MODEL in sync, async and hybrid, load each side by side, write the report and advise (SLO=200 ms)

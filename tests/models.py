@@ -81,14 +81,37 @@ class Gate(twinserve.Model):
 
     def predict(self, batch: list[dict[str, str]]) -> list[str]:
         for item in batch:
-            gate = Path(item["gate"])
-            gate.with_suffix(".started").write_text(str(os.getpid()))
-            deadline = time.monotonic() + 60
-            while not gate.with_suffix(".release").exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("gate never released")
-                time.sleep(0.01)
+            _hold(Path(item["gate"]))
         return ["released" for _ in batch]
+
+
+def _hold(gate: Path) -> None:
+    gate.with_suffix(".started").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not gate.with_suffix(".release").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("gate never released")
+        time.sleep(0.01)
+
+
+class Poison(twinserve.Model):
+    """Upper-cases strings, and raises for any batch holding the string "poison". A `{"gate": path}` instance
+    holds predict as Gate does, so that tests can queue good and poison requests into one batch behind it."""
+
+    def predict(self, batch: list[Any]) -> list[str]:
+        for item in batch:
+            if isinstance(item, dict):
+                _hold(Path(item["gate"]))
+        if "poison" in batch:
+            raise RuntimeError("poisoned batch")
+        return ["released" if isinstance(item, dict) else str(item).upper() for item in batch]
+
+
+class PoisonWhole(Poison):
+    """Poison with failure isolation turned off: a poisoned batch fails for every request in it."""
+
+    name = "poison-whole"
+    isolate_failures = False
 
 
 class BatchRecorder(twinserve.Model):
@@ -179,3 +202,13 @@ class Sensors(twinserve.Model):
             )
             for r in batch
         ]
+
+
+class Pickled(twinserve.Model):
+    """A scikit-learn model from the joblib file named by $PICKLED_MODEL, through twinserve.load_pickle."""
+
+    def load(self) -> None:
+        self.clf = twinserve.load_pickle(os.environ["PICKLED_MODEL"], self.config)
+
+    def predict(self, batch: list[list[float]]) -> list[int]:
+        return [int(label) for label in self.clf.predict(np.array(batch))]

@@ -17,5 +17,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "lab",
         "deploy",
         "cli_args",
+        "loading",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

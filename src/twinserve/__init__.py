@@ -6,11 +6,14 @@ from twinserve.config import Config, load_config
 from twinserve.errors import (
     ClientError,
     ModelFailed,
+    ModelFileError,
     ModelNotFound,
     ServerError,
     TwinserveError,
+    UntrustedModelFile,
     ValidationFailed,
 )
+from twinserve.loading import load_onnx, load_pickle, load_sklearn, load_torch_weights
 from twinserve.model import Model, Tensor, import_model
 from twinserve.observability.context import request_id, request_ids
 
@@ -19,14 +22,20 @@ __all__ = [
     "Config",
     "Model",
     "ModelFailed",
+    "ModelFileError",
     "ModelNotFound",
     "ServerError",
     "Tensor",
     "TwinserveError",
+    "UntrustedModelFile",
     "ValidationFailed",
     "__version__",
     "import_model",
     "load_config",
+    "load_onnx",
+    "load_pickle",
+    "load_sklearn",
+    "load_torch_weights",
     "request_id",
     "request_ids",
     "serve",

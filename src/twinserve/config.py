@@ -90,6 +90,19 @@ class Config(BaseSettings):
     )
     cache_size: int = Field(0, ge=0, description="Cached outputs per model, LRU (0: no cache).")
     cache_ttl_s: float | None = Field(None, gt=0, description="Seconds a cached output stays valid (default: forever).")
+    isolate_failures: bool = Field(
+        True,
+        description="When predict raises for a batch of several requests, re-run it split in halves so that only "
+        "the requests that fail alone get the error (a model opts out with `isolate_failures = False`).",
+    )
+    isolate_max_reruns: int = Field(
+        32, ge=1, le=65536, description="Most predict re-runs spent isolating the failing requests of one batch."
+    )
+    trust_pickle: bool = Field(
+        False,
+        description="Let models load pickle/joblib files with twinserve.load_pickle (unpickling runs any code "
+        "in the file; prefer skops, ONNX or safetensors).",
+    )
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")

@@ -3,6 +3,8 @@
     TwinserveError                      500 internal
     ├── ConfigError                     (start-up only; never reaches a client)
     ├── ModelImportError                (start-up only; never reaches a client)
+    ├── ModelFileError                  (start-up only: a model file that twinserve.loading cannot load)
+    │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
@@ -39,6 +41,7 @@ __all__ = [
     "MalformedRequest",
     "MethodNotAllowed",
     "ModelFailed",
+    "ModelFileError",
     "ModelImportError",
     "ModelNotFound",
     "ModelNotReady",
@@ -50,6 +53,7 @@ __all__ = [
     "ServerError",
     "TwinserveError",
     "UnsupportedMediaType",
+    "UntrustedModelFile",
     "ValidationFailed",
     "WorkerDied",
     "error_from_code",
@@ -81,6 +85,18 @@ class ModelImportError(TwinserveError):
     """MODEL could not be imported or is not a model class."""
 
     code = "model_import"
+
+
+class ModelFileError(TwinserveError):
+    """A model file is missing, corrupt or of the wrong format (`twinserve.loading`)."""
+
+    code = "model_file"
+
+
+class UntrustedModelFile(ModelFileError):
+    """Loading a model file would run its code (a pickle without --trust-pickle) or rebuild untrusted types."""
+
+    code = "untrusted_model_file"
 
 
 class ClientError(TwinserveError):

@@ -11,6 +11,10 @@ A model is any class with a batch-first `predict`; subclassing `Model` is option
         def predict(self, batch: list[Features]) -> list[Label]:   # or `async def`
             return [...]                              # exactly one output per input
 
+When `predict` raises for a batch of several requests, twinserve re-runs halves of it to answer the requests
+that do not fail (`twinserve.core.isolation`); a model whose `predict` must not see an instance twice sets the
+class attribute `isolate_failures = False`.
+
 Optional hooks: `preprocess(instance)` (per instance, `def` or `async def`, for I/O such as fetching
 features) and `examples()` (a few valid instances). A model that has both a blocking and a coroutine version
 of a hook names the coroutine one with an `a` prefix (`apreprocess`, `apredict`); the async front prefers
@@ -96,6 +100,9 @@ class Model:
     #: The V2 input and output tensors; None: derived from the instance and output types.
     inputs: ClassVar[Sequence[Tensor] | None] = None
     outputs: ClassVar[Sequence[Tensor] | None] = None
+    #: When predict raises for a batch of several requests, twinserve re-runs parts of it to find the failing
+    #: requests (see `twinserve.core.isolation`); False when predict must never see an instance twice.
+    isolate_failures: ClassVar[bool] = True
 
     def load(self) -> None:
         """Load weights, open pools. Called once per process, before the server reports ready."""
@@ -156,6 +163,7 @@ class ModelSpec:
         self.model = model
         self.name: str = getattr(model, "name", None) or cls.__name__.lower()
         self.version: str = str(getattr(model, "version", "1"))
+        self.isolate_failures = bool(getattr(model, "isolate_failures", True))
         predict = _hook(model, "predict")
         apredict = _hook(model, "apredict")
         if predict is None and apredict is None:

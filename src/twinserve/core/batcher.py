@@ -9,7 +9,9 @@ cancelled requests are taken out before compute.
 
 `AsyncBatcher` (async and hybrid fronts) and `ThreadBatcher` (the sync front, opt-in) own the waiting: they put
 requests in, sleep until `next_flush_at`, run batches on an `Executor`, split results back, and resolve every
-waiter in all cases (result, model error, worker death, deadline), so nothing hangs.
+waiter in all cases (result, model error, worker death, deadline), so nothing hangs. When the model fails a batch
+of several requests, both drivers find the failing ones by bisection (`twinserve.core.isolation`) when given a
+re-run budget, so the others are still answered.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -24,11 +27,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from twinserve.errors import ClientDisconnected, DeadlineExceeded, OutputMismatch, QueueFull, TwinserveError
+from twinserve.core.isolation import Isolated, Outcome, abisect, bisect, isolatable, split_outputs
+from twinserve.errors import ClientDisconnected, DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.observability.context import RequestContext, computing, current_request
 from twinserve.observability.tracing import BatchTrace
 
 __all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher"]
+
+logger = logging.getLogger("twinserve.batcher")
 
 W = TypeVar("W")  # the driver's waiter: an asyncio.Future or a concurrent.futures.Future
 
@@ -72,6 +78,18 @@ class Batch(Generic[W]):
     def instances(self) -> list[Any]:
         return [i for r in self.requests for i in r.instances]
 
+    def sizes(self) -> list[int]:
+        return [r.size for r in self.requests]
+
+    def abandoned(self, index: int) -> bool:
+        """Whether nobody waits for request `index` any more (its client left, or its deadline passed)."""
+        request = self.requests[index]
+        return request.abandoned() or (request.deadline is not None and request.deadline <= time.monotonic())
+
+    def isolates(self, error: BaseException, max_reruns: int) -> bool:
+        """Whether a failure of this whole batch is worth bisecting (see `twinserve.core.isolation`)."""
+        return max_reruns > 0 and len(self.requests) > 1 and isolatable(error)
+
     def started(self, now: float) -> list[str]:
         """Note each request's batch size and queue wait; return their ids, for the model code's context."""
         size, ids = self.size, []
@@ -93,6 +111,8 @@ class Batch(Generic[W]):
 
 #: Told of every computed batch: its size, each request's queue wait, compute seconds, instances still queued.
 BatchObserver = Callable[[int, list[float], float, int], None]
+#: Told of every isolated batch: its requests, how many of them failed, and the predict re-runs it took.
+IsolationObserver = Callable[[int, int, int], None]
 
 
 @dataclass
@@ -104,7 +124,11 @@ class BatchStats:
     expired: int = 0
     cancelled: int = 0
     rejected: int = 0
+    isolated: int = 0  # failed batches bisected
+    isolation_reruns: int = 0
+    isolation_failed: int = 0  # requests that failed alone
     observer: BatchObserver | None = None
+    isolation_observer: IsolationObserver | None = None
 
     def record(self, batch: Batch[Any], started: float, finished: float, queued: int) -> None:
         self.batches += 1
@@ -112,6 +136,27 @@ class BatchStats:
         if self.observer is not None:
             waits = [started - r.enqueued_at for r in batch.requests]
             self.observer(batch.size, waits, finished - started, queued)
+
+    def record_isolation(self, batch: Batch[Any], isolated: Isolated) -> None:
+        failed = isolated.failed
+        self.isolated += 1
+        self.isolation_reruns += isolated.reruns
+        self.isolation_failed += len(failed)
+        ids = [_request_id(batch.requests[i]) for i in failed]
+        logger.warning(
+            "a batch of %d requests failed; %d predict re-runs isolated %d failing request(s) %s, %d answered",
+            len(batch.requests),
+            isolated.reruns,
+            len(failed),
+            ", ".join(ids),
+            len(batch.requests) - len(failed),
+        )
+        if self.isolation_observer is not None:
+            self.isolation_observer(len(batch.requests), len(failed), isolated.reruns)
+
+
+def _request_id(request: Pending[Any]) -> str:
+    return request.context.request_id if request.context is not None else "(no id)"
 
 
 class BatchQueue(Generic[W]):
@@ -215,22 +260,6 @@ class BatchQueue(Generic[W]):
         self.queued_instances = sum(r.size for r in alive)
 
 
-def _split(batch: Batch[Any], outputs: Any) -> list[list[Any]]:
-    """Outputs of a whole batch -> one list per request, in order; the count must match exactly."""
-    size = batch.size
-    try:
-        count = len(outputs)
-    except TypeError:
-        raise OutputMismatch(f"predict must return a list, got {type(outputs).__name__}") from None
-    if count != size:
-        raise OutputMismatch(f"predict returned {count} outputs for {size} inputs")
-    parts, start = [], 0
-    for request in batch.requests:
-        parts.append(list(outputs[start : start + request.size]))
-        start += request.size
-    return parts
-
-
 def _gone_error() -> ClientDisconnected:
     return ClientDisconnected("the client closed the connection while the request was queued")
 
@@ -242,10 +271,16 @@ def _expired_error() -> DeadlineExceeded:
 class AsyncBatcher:
     """Asyncio driver: one collector task per model; batches run as tasks, at most `max_in_flight` at once."""
 
-    def __init__(self, queue: BatchQueue[asyncio.Future[list[Any]]], run: Callable[[list[Any]], Awaitable[Any]]):
+    def __init__(
+        self,
+        queue: BatchQueue[asyncio.Future[list[Any]]],
+        run: Callable[[list[Any]], Awaitable[Any]],
+        max_reruns: int = 0,
+    ) -> None:
         self.queue = queue
         self.stats = BatchStats()
         self._run = run
+        self.max_reruns = max_reruns  # predict re-runs to isolate the failing requests of a batch (0: none)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
@@ -309,21 +344,33 @@ class AsyncBatcher:
         try:
             ids = batch.started(started)
             with computing(ids, batch.trace):
-                outputs = await self._run(batch.instances())
-            parts = _split(batch, outputs)
+                outcomes = await self._outcomes(batch)
         except TwinserveError as exc:
             self._fail(batch.requests, exc)
         except Exception as exc:  # the executor should have wrapped it; never leave a waiter hanging
             self._fail(batch.requests, TwinserveError(f"internal error: {type(exc).__name__}: {exc}"))
         else:
-            for request, part in zip(batch.requests, parts, strict=True):
-                if not request.waiter.done():
-                    request.waiter.set_result(part)
+            for request, outcome in zip(batch.requests, outcomes, strict=True):
+                if isinstance(outcome, TwinserveError):
+                    self._fail([request], outcome)
+                elif not request.waiter.done():
+                    request.waiter.set_result(outcome)
         finally:
             self.queue.done()
             self.stats.record(batch, started, time.monotonic(), self.queue.queued_instances)
             self._wake.set()
             self._fail(batch.requests, TwinserveError("batch ended without a result"))
+
+    async def _outcomes(self, batch: Batch[asyncio.Future[list[Any]]]) -> list[Outcome]:
+        try:
+            return list(split_outputs(batch.sizes(), await self._run(batch.instances())))
+        except TwinserveError as exc:
+            if not batch.isolates(exc, self.max_reruns):
+                raise
+            groups = [r.instances for r in batch.requests]
+            isolated = await abisect(self._run, groups, exc, self.max_reruns, batch.abandoned)
+        self.stats.record_isolation(batch, isolated)
+        return isolated.outcomes
 
     def _fail(self, requests: list[Pending[asyncio.Future[list[Any]]]], exc: Exception) -> None:
         for request in requests:
@@ -348,10 +395,12 @@ class ThreadBatcher:
         queue: BatchQueue[concurrent.futures.Future[list[Any]]],
         run: Callable[[list[Any]], Any],
         workers: int,
+        max_reruns: int = 0,
     ) -> None:
         self.queue = queue
         self.stats = BatchStats()
         self._run = run
+        self.max_reruns = max_reruns  # predict re-runs to isolate the failing requests of a batch (0: none)
         self._cond = threading.Condition()
         self._closed = False
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="twinserve-batch")
@@ -405,22 +454,37 @@ class ThreadBatcher:
         try:
             ids = batch.started(started)
             with computing(ids, batch.trace):
-                outputs = self._run(batch.instances())
-            parts = _split(batch, outputs)
+                outcomes = self._outcomes(batch)
         except Exception as exc:
             error = exc if isinstance(exc, TwinserveError) else TwinserveError(f"internal error: {exc}")
             for request in batch.requests:
                 if not request.waiter.done():
                     request.waiter.set_exception(error)
         else:
-            for request, part in zip(batch.requests, parts, strict=True):
-                if not request.waiter.done():
-                    request.waiter.set_result(part)
+            for request, outcome in zip(batch.requests, outcomes, strict=True):
+                if request.waiter.done():
+                    continue
+                if isinstance(outcome, TwinserveError):
+                    request.waiter.set_exception(outcome)
+                else:
+                    request.waiter.set_result(outcome)
         finally:
             with self._cond:
                 self.queue.done()
                 self.stats.record(batch, started, time.monotonic(), self.queue.queued_instances)
                 self._cond.notify()
+
+    def _outcomes(self, batch: Batch[concurrent.futures.Future[list[Any]]]) -> list[Outcome]:
+        try:
+            return list(split_outputs(batch.sizes(), self._run(batch.instances())))
+        except TwinserveError as exc:
+            if not batch.isolates(exc, self.max_reruns):
+                raise
+            groups = [r.instances for r in batch.requests]
+            isolated = bisect(self._run, groups, exc, self.max_reruns, batch.abandoned)
+        with self._cond:  # batches may compute on several threads at once
+            self.stats.record_isolation(batch, isolated)
+        return isolated.outcomes
 
     def close(self) -> None:
         with self._cond:

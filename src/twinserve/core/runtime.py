@@ -56,6 +56,10 @@ class ModelRuntime:
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size
         self.executor_name = resolve_executor(config, self.spec)
+        #: Predict re-runs a failed batch may take to isolate its failing requests (0: the whole batch fails).
+        self.isolate_max_reruns = (
+            config.isolate_max_reruns if config.isolate_failures and self.spec.isolate_failures else 0
+        )
         self.executor: Executor | None = None
         registry = metrics()
         self._metrics: dict[str, Any] = {
@@ -65,6 +69,10 @@ class ModelRuntime:
             "queue_wait": registry.queue_wait.labels(self.name),
             "queued": registry.queued.labels(self.name),
             "load": registry.load_seconds.labels(self.name),
+            "isolations": registry.isolations.labels(self.name),
+            "isolation_reruns": registry.isolation_reruns.labels(self.name),
+            "isolation_answered": registry.isolation_requests.labels(self.name, "answered"),
+            "isolation_failed": registry.isolation_requests.labels(self.name, "failed"),
             "cache_hit": registry.cache.labels(self.name, "hit"),
             "cache_miss": registry.cache.labels(self.name, "miss"),
         }
@@ -107,9 +115,10 @@ class ModelRuntime:
             executor = self.executor = self._new_executor()
             executor.start()
             self._thread_batcher = ThreadBatcher(
-                self._new_queue(executor.max_in_flight), executor.run, executor.max_in_flight
+                self._new_queue(executor.max_in_flight), executor.run, executor.max_in_flight, self.isolate_max_reruns
             )
             self._thread_batcher.stats.observer = self._observe_batch
+            self._thread_batcher.stats.isolation_observer = self._observe_isolation
         else:
             self.executor_name = "request-thread"  # predict is called directly where the request runs (S3)
         self._loaded(start)
@@ -122,8 +131,11 @@ class ModelRuntime:
                 await call_async(self.spec.load, offload=self._offload)
         executor = self.executor = self._new_executor()
         await executor.astart()
-        self._async_batcher = AsyncBatcher(self._new_queue(executor.max_in_flight), executor.arun)
+        self._async_batcher = AsyncBatcher(
+            self._new_queue(executor.max_in_flight), executor.arun, self.isolate_max_reruns
+        )
         self._async_batcher.stats.observer = self._observe_batch
+        self._async_batcher.stats.isolation_observer = self._observe_isolation
         self._async_batcher.start()
         self._loaded(start)
 
@@ -135,6 +147,13 @@ class ModelRuntime:
         for wait in waits:
             m["queue_wait"].observe(wait)
         m["queued"].set(queued)
+
+    def _observe_isolation(self, requests: int, failed: int, reruns: int) -> None:
+        m = self._metrics
+        m["isolations"].inc()
+        m["isolation_reruns"].inc(reruns)
+        m["isolation_answered"].inc(requests - failed)
+        m["isolation_failed"].inc(failed)
 
     def _loaded(self, start: float) -> None:
         self.load_seconds = time.perf_counter() - start
@@ -278,6 +297,12 @@ class ModelRuntime:
                 "rejected_queue_full": stats.rejected,
                 "expired": stats.expired,
                 "cancelled": stats.cancelled,
+            }
+            serving["failure_isolation"] = {
+                "max_reruns": self.isolate_max_reruns,
+                "batches": stats.isolated,
+                "reruns": stats.isolation_reruns,
+                "failed_requests": stats.isolation_failed,
             }
         return {
             **self.summary(),

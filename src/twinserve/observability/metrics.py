@@ -117,6 +117,19 @@ class _Metrics:
         self.batch_size = Histogram(
             "twinserve_batch_size", "Instances per predict call.", ["model"], buckets=BATCH_BUCKETS
         )
+        self.isolations = Counter(
+            "twinserve_batch_isolations_total",
+            "Failed batches of several requests re-run in halves to find the failing requests.",
+            ["model"],
+        )
+        self.isolation_reruns = Counter(
+            "twinserve_batch_isolation_reruns_total", "Predict re-runs spent isolating failing requests.", ["model"]
+        )
+        self.isolation_requests = Counter(
+            "twinserve_batch_isolation_requests_total",
+            "Requests of isolated batches, by outcome: answered, or failed alone.",
+            ["model", "outcome"],
+        )
         self.cache = Counter("twinserve_cache_requests_total", "Cache lookups per instance.", ["model", "result"])
         self.load_seconds = Gauge(
             "twinserve_model_load_seconds", "Time the model took to load.", ["model"], multiprocess_mode="max"
