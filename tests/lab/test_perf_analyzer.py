@@ -43,14 +43,26 @@ def test_input_data_holds_one_row_per_step() -> None:
         "inputs": [
             {"name": "image", "datatype": "UINT8", "shape": [2, 2, 2], "data": list(range(8))},
             {"name": "tag", "datatype": "BYTES", "shape": [2, 1], "data": ["a", "b"]},
+            {"name": "scale", "datatype": "FP64", "shape": [2, 1], "data": [2, 0.5]},
         ]
     }
     assert perf_analyzer.input_data([request, images])["data"] == [
         {"input": {"content": SETOSA, "shape": [4]}},
         {"input": {"content": [6.4, 3.2, 4.5, 1.5], "shape": [4]}},
-        {"image": {"content": [0, 1, 2, 3], "shape": [2, 2]}, "tag": {"content": ["a"], "shape": [1]}},
-        {"image": {"content": [4, 5, 6, 7], "shape": [2, 2]}, "tag": {"content": ["b"], "shape": [1]}},
+        {
+            "image": {"content": [0, 1, 2, 3], "shape": [2, 2]},
+            "tag": {"content": ["a"], "shape": [1]},
+            "scale": {"content": [2.0], "shape": [1]},
+        },
+        {
+            "image": {"content": [4, 5, 6, 7], "shape": [2, 2]},
+            "tag": {"content": ["b"], "shape": [1]},
+            "scale": {"content": [0.5], "shape": [1]},
+        },
     ]
+    # perf_analyzer reads `2` as no float at all: FP data go out as floats, integers stay integers
+    steps = perf_analyzer.input_data([images])["data"]
+    assert isinstance(steps[0]["scale"]["content"][0], float) and isinstance(steps[0]["image"]["content"][0], int)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +138,12 @@ def test_the_script_measures_a_server(installation: perf_analyzer.Installation) 
         unknown = subprocess.run(
             [script, "measure", server.url, "nope", "--duration", "1"], env=env, capture_output=True, text=True
         )
+        invalid = perf_analyzer.input_data(
+            [{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [500, 3.5, 1.4, 0.2]}]}]
+        )
+        # perf_analyzer stops at the first failed request and says why: the server's own V2 error message
+        with pytest.raises(perf_analyzer.PerfAnalyzerError, match=r"less than or equal to 100"):
+            perf_analyzer.measure(installation, server.url, "iris", invalid, [1], duration_s=1)
     assert unknown.returncode == 1 and "model 'nope' has no V2 example request" in unknown.stderr
 
 

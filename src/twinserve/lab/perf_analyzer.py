@@ -136,11 +136,11 @@ def install(quiet: bool = False) -> Installation:
             wheels, staged = Path(tmp) / "wheels", Path(tmp) / "staged"
             pins = [f"tritonclient=={TRITONCLIENT_VERSION}", f"nvidia-cuda-runtime-cu12=={CUDA_RUNTIME_VERSION}"]
             download = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
-            done = subprocess.run(
-                [*download, *(["-q"] if quiet else []), *pins], capture_output=quiet, text=True, check=False
-            )
+            done = subprocess.run([*download, "-q", *pins], capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                raise PerfAnalyzerError(f"pip download {' '.join(pins)} failed: {(done.stderr or '').strip()}")
+                raise PerfAnalyzerError(f"pip download {' '.join(pins)} failed: {done.stderr.strip()}")
+            if not quiet:
+                print(f"downloaded {' and '.join(pins)}; unpacking into {home}", file=sys.stderr)
             staged.mkdir()
             _unpack(wheels, "tritonclient-", _BINARY_MEMBER, staged / "perf_analyzer")
             _unpack(wheels, "nvidia_cuda_runtime_cu12-", _CUDART_MEMBER, staged / "libcudart.so.12")
@@ -211,12 +211,20 @@ def input_data(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
             size = math.prod(shape[1:])
             if len(data) != shape[0] * size or any(isinstance(v, list | dict) for v in data):
                 raise PerfAnalyzerError(f"input {name!r}: 'data' must be flat and hold {shape} elements")
+            data = _typed(tensor.get("datatype"), data)
             split[name] = [{"content": data[i * size : (i + 1) * size], "shape": shape[1:]} for i in range(shape[0])]
         rows = {len(parts) for parts in split.values()}
         if len(rows) != 1:
             raise PerfAnalyzerError(f"the inputs disagree on the batch dimension: {sorted(rows)}")
         steps += [{name: parts[i] for name, parts in split.items()} for i in range(rows.pop())]
     return {"data": steps}
+
+
+def _typed(datatype: Any, data: list[Any]) -> list[Any]:
+    """Integers as floats for FP tensors: perf_analyzer refuses `5` there ("unable to find float data in json")."""
+    if datatype not in ("FP16", "FP32", "FP64"):
+        return data
+    return [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in data]
 
 
 # -- runs and their report -------------------------------------------------------------------------------------
@@ -306,6 +314,8 @@ def measure(
             report.unlink(missing_ok=True)
             out = run(level, duration_s, report)
             stdout += out
+            if not report.exists():
+                raise PerfAnalyzerError(f"perf_analyzer wrote no report: {out.strip()[-500:]}")
             levels += parse_report(report.read_text(), out)
     return Measured(levels, stdout)
 
