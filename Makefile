@@ -33,6 +33,7 @@ serve: $(VENV)/.installed-base
 ## lint, type-check and run every test (real servers and Redis on 127.0.0.1)
 test: $(VENV)/.installed-dev
 	./scripts/system-deps.sh
+	TWINSERVE_PYTHON=$(BIN)/python ./scripts/perf-analyzer.sh install
 	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/ruff format --check src tests scripts benchmarks
 	$(BIN)/mypy

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # System tools the test suite starts for real: redis-server (feature store of the I/O example) and prometheus
-# (a real scraper of /metrics). Installs whichever is missing, with apt-get, when run as root.
+# (a real scraper of /metrics), and libraries of tools they run. Installs whichever is missing, with apt-get,
+# when run as root.
 set -euo pipefail
+has_library() {
+    local cache
+    cache="$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)"
+    grep -q "$1" <<<"$cache"
+}
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders report.html in tests/lab/test_report.py
+has_library 'libb64\.so\.0d' || missing+=(libb64-0d)  # NVIDIA perf_analyzer links it (scripts/perf-analyzer.sh)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

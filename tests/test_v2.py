@@ -283,6 +283,7 @@ def test_statistics_count_every_inference_request(server: Server, client: triton
     assert delta["success"]["count"] == 5 and delta["success"]["ns"] > 0
     assert delta["fail"]["count"] == 1 and delta["fail"]["ns"] > 0
     assert delta["queue"]["count"] == 5 and delta["compute_infer"]["count"] == 5
+    assert delta["compute_input"]["count"] == delta["compute_output"]["count"] == 5
     assert delta["compute_infer"]["ns"] > 0
     every = httpx.get(f"{server.url}/v2/models/stats").json()["model_stats"]
     assert {"iris", "mixed", "affine"} <= {entry["name"] for entry in every}

@@ -77,7 +77,7 @@ class BenchPlan:
     warmup_s: float = 2.0
     payload: Path | None = None
     slo_p95_ms: float | None = None
-    driver: Literal["twinserve", "wrk", "locust"] = "twinserve"
+    driver: Literal["twinserve", "wrk", "locust", "perf_analyzer"] = "twinserve"
     ceiling_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     ready_timeout_s: float = 300.0
 

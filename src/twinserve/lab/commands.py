@@ -63,7 +63,7 @@ def add_lab_commands(commands: Any) -> None:
     bench.add_argument("--out", type=Path, help="default ./twinserve-results/<timestamp>")
     bench.add_argument("--payload", type=Path, metavar="FILE", help="request bodies, one JSON object per line")
     bench.add_argument("--slo-p95-ms", type=float, help="advise for this P95 objective")
-    bench.add_argument("--driver", choices=["twinserve", "wrk", "locust"], default="twinserve")
+    bench.add_argument("--driver", choices=["twinserve", "wrk", "locust", "perf_analyzer"], default="twinserve")
     bench.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
     bench.add_argument(
         "--ceiling-sizes", type=_list(int), default=[1, 8, 32], help="batch sizes timed in-process (default 1,8,32)"

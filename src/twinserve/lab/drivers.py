@@ -1,7 +1,8 @@
-"""Load drivers: twinserve's own generator, wrk and Locust, each reporting into the same `Level` fields.
+"""Load drivers: twinserve's own generator, wrk, Locust and NVIDIA perf_analyzer, all into the same `Level` fields.
 
-Only twinserve's generator drives open-loop levels: wrk (Debian's, not wrk2) and Locust's users are closed loops,
-and neither corrects for coordinated omission.
+Only twinserve's generator drives open-loop levels: wrk (Debian's, not wrk2), Locust's users and perf_analyzer's
+threads are closed loops, and none of them corrects for coordinated omission. perf_analyzer sends V2 tensors to
+`/v2/models/{name}/infer`; the others send the V1 bodies to `:predict`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from twinserve.lab import perf_analyzer
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ def drive(
         raise DriverError(f"--driver {plan.driver} drives closed-loop levels only; use --concurrency")
     if plan.driver == "wrk":
         return _wrk(url, bodies, int(load), plan.duration_s, plan.warmup_s)
+    if plan.driver == "perf_analyzer":
+        return _perf_analyzer(plan, url, bodies, int(load))
     return _locust(url, bodies, int(load), plan.duration_s, plan.warmup_s)
 
 
@@ -237,3 +241,30 @@ def _locust(url: str, bodies: list[bytes], users: int, duration: float, warmup: 
         "latency_ms": {**ms, "max": float(row["Max Response Time"]), "mean": float(row["Average Response Time"])},
         "connections_used": users,
     }
+
+
+# -- perf_analyzer -------------------------------------------------------------------------------------------
+def _perf_analyzer(plan: BenchPlan, url: str, bodies: list[bytes], concurrency: int) -> dict[str, Any]:
+    installation = perf_analyzer.locate()
+    if installation is None:
+        raise DriverError(
+            "--driver perf_analyzer needs NVIDIA perf_analyzer: python -m twinserve.lab.perf_analyzer install "
+            "(or scripts/perf-analyzer.sh install)"
+        )
+    base, rest = url.split("/v1/models/", 1)
+    model = rest.removesuffix(":predict")
+    requests = [orjson.loads(body) for body in bodies]
+    v2 = all(isinstance(r, dict) and "inputs" in r for r in requests)
+    if not v2 and plan.payload is not None:
+        raise DriverError(
+            "--driver perf_analyzer sends V2 tensors: give --payload lines that are V2 inference requests "
+            '({"inputs": [...]}), or none to send the model\'s examples()'
+        )
+    try:
+        # Without a payload the bodies are V1 ones built from examples(), which only the model's code turns into
+        # tensors: the server's own V2 example of the same examples() is sent instead.
+        data = perf_analyzer.input_data(requests if v2 else [perf_analyzer.v2_example(base, model)])
+        measured = perf_analyzer.measure(installation, base, model, data, [concurrency], plan.duration_s, plan.warmup_s)
+    except perf_analyzer.PerfAnalyzerError as exc:
+        raise DriverError(str(exc)) from None
+    return measured.levels[0]

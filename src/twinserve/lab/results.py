@@ -77,7 +77,7 @@ class ServerStats(_Model):
 class Level(_Model):
     """One load level against one server: the load generator's figures, plus the server's resources."""
 
-    driver: Literal["twinserve", "locust", "wrk"] = "twinserve"
+    driver: Literal["twinserve", "locust", "wrk", "perf_analyzer"] = "twinserve"
     mode: Literal["closed", "open"]
     concurrency: int | None = None
     rate: float | None = None
@@ -90,6 +90,8 @@ class Level(_Model):
     throughput_rps: float
     latency_ms: Percentiles
     service_time_ms: Percentiles = Field(default_factory=dict)
+    #: perf_analyzer's mean per-request breakdown, the server's part read from the V2 statistics extension.
+    server_side_ms: dict[str, float] = Field(default_factory=dict)
     generator_cpu_percent: float | None = None
     generator_limited: bool = False
     connections_used: int | None = None

@@ -337,7 +337,8 @@ def statistics(name: str, version: str, totals: InferenceTotals) -> dict[str, An
 
     Counts are of requests (V1 and V2 alike), durations cumulative: success and fail the whole request, queue the
     wait for a batch, compute_infer the predict call each request was in. compute_input and compute_output are
-    not measured apart (zero); cache counts are per instance, with no duration.
+    not measured apart: they count what compute_infer counts, with no duration (perf_analyzer refuses compute
+    counts that differ); cache counts are per instance, with no duration.
     """
 
     def stat(count: float, seconds: float = 0.0) -> dict[str, int]:
@@ -352,9 +353,9 @@ def statistics(name: str, version: str, totals: InferenceTotals) -> dict[str, An
             "success": stat(totals.succeeded, max(0.0, totals.seconds - totals.failed_seconds)),
             "fail": stat(totals.requests - totals.succeeded, totals.failed_seconds),
             "queue": stat(totals.computed, totals.queue_seconds),
-            "compute_input": stat(0),
+            "compute_input": stat(totals.computed),
             "compute_infer": stat(totals.computed, totals.compute_seconds),
-            "compute_output": stat(0),
+            "compute_output": stat(totals.computed),
             "cache_hit": stat(totals.cache_hits),
             "cache_miss": stat(totals.cache_misses),
         },
