@@ -117,6 +117,10 @@ class _Metrics:
         self.batch_size = Histogram(
             "twinserve_batch_size", "Instances per predict call.", ["model"], buckets=BATCH_BUCKETS
         )
+        self.first_chunk_seconds = Histogram(
+            "twinserve_time_to_first_chunk_seconds", "Time from a stream request received to its first step ready.",
+            ["model"], buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
         self.cache = Counter("twinserve_cache_requests_total", "Cache lookups per instance.", ["model", "result"])
         self.load_seconds = Gauge(
             "twinserve_model_load_seconds", "Time the model took to load.", ["model"], multiprocess_mode="max"
