@@ -33,8 +33,8 @@ serve: $(VENV)/.installed-base
 ## lint, type-check and run every test (real servers and Redis on 127.0.0.1)
 test: $(VENV)/.installed-dev
 	./scripts/system-deps.sh
-	$(BIN)/ruff check src tests scripts benchmarks
-	$(BIN)/ruff format --check src tests scripts benchmarks
+	$(BIN)/ruff check src tests scripts benchmarks examples
+	$(BIN)/ruff format --check src tests scripts benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 

@@ -293,6 +293,10 @@ def _converter(model: object, name: str) -> Callable[..., Any] | None:
 
 def _import_from_file(path: Path) -> Any:
     module_name = "twinserve_user_" + path.stem
+    existing = sys.modules.get(module_name)
+    if existing is not None and getattr(existing, "__file__", None) == str(path):
+        # Two models from one file share its classes: instances pickled to model workers must resolve by name.
+        return existing
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ModelImportError(f"cannot import {path}")
