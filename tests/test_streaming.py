@@ -216,5 +216,7 @@ def test_example_client_prints_the_tokens(stream_servers: dict[str, Server]) -> 
     run = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == collected
-    refused = subprocess.run([*args[:-3], "--model", "echo", "1"], capture_output=True, text=True, timeout=60, check=False)
+    refused = subprocess.run(
+        [*args[:-3], "--model", "echo", "1"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert refused.returncode == 1 and "not_streaming" in refused.stderr

@@ -56,7 +56,7 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -119,8 +119,9 @@ class Model:
     def load(self) -> None:
         """Load weights, open pools. Called once per process, before the server reports ready."""
 
-    def predict(self, batch: list[Any]) -> list[Any]:
-        """Return one output per instance of `batch`, in order."""
+    def predict(self, batch: list[Any]) -> list[Any] | Iterator[list[Any]]:
+        """Return one output per instance of `batch`, in order; or, as a generator, yield steps of one chunk per
+        instance (a streaming model)."""
         raise NotImplementedError
 
     def examples(self) -> list[Any]:
