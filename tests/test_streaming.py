@@ -185,10 +185,19 @@ def test_predict_on_a_streaming_model_collects_the_steps(server: Server, model: 
 
 def test_streams_are_the_same_in_every_architecture(stream_servers: dict[str, Server]) -> None:
     prompts = [{"text": "Why stream?", "max_tokens": 5}, {"text": "hello", "max_tokens": 3}]
+    v2_request = {
+        "inputs": [{"name": "input", "datatype": "BYTES", "shape": [2], "data": list(map(json.dumps, prompts))}]
+    }
     answers = []
     for server in stream_servers.values():
         with open_stream(server, "tokens", prompts) as response:
             answers.append(list(events(response)))
+        # V2 infer on a streaming model collects its steps, as :predict does.
+        steps = [data["predictions"] for _, data in answers[-1][:-1]]
+        v2 = httpx.post(f"{server.url}/v2/models/tokens/infer", json=v2_request, timeout=30)
+        assert v2.status_code == 200, v2.text
+        assert v2.json()["outputs"][0]["shape"] == [2, 5]
+        assert v2.json()["outputs"][0]["data"] == [step[0] for step in steps] + [step[1] for step in steps]
     assert answers[0] == answers[1] == answers[2]
     assert len(answers[0]) == 6 and answers[0][-1] == ("end", {})
     assert answers[0][4][1]["predictions"][1] == ""  # the shorter answer is complete: empty chunks
