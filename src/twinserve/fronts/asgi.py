@@ -150,7 +150,7 @@ class _StreamStart:
         self.runtime, self.steps, self.first, self.expected = runtime, steps, first, expected
 
 
-async def _first_step(steps: AsyncSteps) -> list[Any] | None:
+async def _step_or_none(steps: AsyncSteps) -> list[Any] | None:
     try:
         return await steps.__anext__()
     except StopAsyncIteration:
@@ -207,7 +207,7 @@ class _EventStream:
 
     async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
         """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""
-        step = asyncio.ensure_future(_first_step(self.start.steps))
+        step = asyncio.ensure_future(_step_or_none(self.start.steps))
         await asyncio.wait([step, watcher], return_when=asyncio.FIRST_COMPLETED)
         if not step.done():
             step.cancel()
@@ -316,7 +316,7 @@ def create_asgi_app(service: Service) -> ASGIApp:
         steps = await runtime.astream(instances, deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
-            first = await _unless_disconnected(request, _first_step(steps))
+            first = await _unless_disconnected(request, _step_or_none(steps))
         except BaseException:
             await steps.aclose()
             raise

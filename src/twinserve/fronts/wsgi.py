@@ -106,7 +106,7 @@ class _EventStream:
             self.status, self.error_code = exc.status, exc.code
             yield sse_error(exc, self.context.request_id)
         except Exception as exc:
-            logger.exception("unhandled error in the stream of %s", request_path(self.context))
+            logger.exception("unhandled error in the stream of %s", _request_path(self.context))
             error = TwinserveError(f"internal error: {type(exc).__name__}")
             self.status, self.error_code = error.status, error.code
             yield sse_error(error, self.context.request_id)
@@ -121,12 +121,12 @@ class _EventStream:
             pass  # the model's finally raised: model_code logged it
         finally:
             if self.error_code == ClientDisconnected.code:
-                logger.info("client left the stream of %s; its generator was closed", request_path(self.context))
+                logger.info("client left the stream of %s; its generator was closed", _request_path(self.context))
             self.service.finish(self.context, "stream", self.runtime.name, self.status, self.error_code)
             metrics().in_flight.dec()
 
 
-def request_path(context: RequestContext) -> str:
+def _request_path(context: RequestContext) -> str:
     return f"{context.method} {context.path} ({context.request_id})"
 
 
