@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,8 @@ def test_steps_arrive_as_they_are_made(server: Server, model: str, tmp_path: Pat
 @pytest.mark.parametrize("model", STREAMING)
 def test_client_leaving_closes_the_generator(server: Server, model: str, tmp_path: Path) -> None:
     endless = 100_000  # steps it would take if nothing stopped it
+    left = {"model": model, "endpoint": "stream", "code": "499"}
+    left_before = sample(scrape(server), "twinserve_requests_total", **left)
     with open_stream(server, model, [drip(tmp_path, steps=endless, pause_s=0.01)]) as response:
         received = events(response)
         assert next(received) == ("message", {"predictions": ["a-0"]})
@@ -117,6 +120,12 @@ def test_client_leaving_closes_the_generator(server: Server, model: str, tmp_pat
     stopped_at = int(marker.split()[3])
     assert 2 <= stopped_at < endless
     assert steps_computed(tmp_path) == stopped_at  # nothing was computed after the generator was closed
+    # Counted once, as a request whose client left (it is counted just after the generator is closed).
+    deadline = time.monotonic() + 30
+    while sample(scrape(server), "twinserve_requests_total", **left) == left_before:
+        assert time.monotonic() < deadline, "the abandoned stream was never counted"
+        time.sleep(0.05)
+    assert sample(scrape(server), "twinserve_requests_total", **left) == left_before + 1
     # The server (and, in hybrid, the model worker that held the stream) serves the next stream.
     again = tmp_path / "again"
     again.mkdir()

@@ -175,6 +175,7 @@ class _EventStream:
             *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
         ]
         watcher = asyncio.get_running_loop().create_task(_client_left(receive))
+        last: bytes | None = None
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             step = start.first
@@ -183,16 +184,13 @@ class _EventStream:
                             "more_body": True})  # fmt: skip
                 step = await self._next(watcher)
             if not watcher.done():
-                status, error_code = 200, None
-                await send({"type": "http.response.body", "body": SSE_END, "more_body": False})
+                status, error_code, last = 200, None, SSE_END
         except TwinserveError as exc:
-            status, error_code = exc.status, exc.code
-            await send({"type": "http.response.body", "body": sse_error(exc, request_id), "more_body": False})
+            status, error_code, last = exc.status, exc.code, sse_error(exc, request_id)
         except Exception as exc:
             logger.exception("unhandled error in the stream of %s", self.context.path)
             error = TwinserveError(f"internal error: {type(exc).__name__}")
-            status, error_code = error.status, error.code
-            await send({"type": "http.response.body", "body": sse_error(error, request_id), "more_body": False})
+            status, error_code, last = error.status, error.code, sse_error(error, request_id)
         finally:
             watcher.cancel()
             try:
@@ -202,8 +200,11 @@ class _EventStream:
             finally:
                 if error_code == ClientDisconnected.code:
                     logger.info("client left the stream of %s; its generator was closed", self.context.path)
+                # Counted before the client can see the end.
                 self.service.finish(self.context, "stream", start.runtime.name, status, error_code)
                 metrics().in_flight.dec()
+        if last is not None:
+            await send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
         """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""

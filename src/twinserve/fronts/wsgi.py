@@ -101,15 +101,17 @@ class _EventStream:
                 for step in self.steps:
                     yield sse_step(self.runtime, step, self.expected)
             self.status, self.error_code = 200, None
-            yield SSE_END
+            last = SSE_END
         except TwinserveError as exc:
             self.status, self.error_code = exc.status, exc.code
-            yield sse_error(exc, self.context.request_id)
+            last = sse_error(exc, self.context.request_id)
         except Exception as exc:
             logger.exception("unhandled error in the stream of %s", _request_path(self.context))
             error = TwinserveError(f"internal error: {type(exc).__name__}")
             self.status, self.error_code = error.status, error.code
-            yield sse_error(error, self.context.request_id)
+            last = sse_error(error, self.context.request_id)
+        self.close()  # counted before the client can see the end
+        yield last
 
     def close(self) -> None:
         if self.closed:
