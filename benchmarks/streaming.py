@@ -23,11 +23,11 @@ ARCHS = ("sync", "async", "hybrid")
 MODEL = "twinserve.examples.tokens:Tokens"
 
 
-def one_stream(url: str, body: dict[str, object], steps: int) -> tuple[float, float]:
+def one_stream(client: httpx.Client, url: str, body: dict[str, object], steps: int) -> tuple[float, float]:
     """(seconds to the first step, seconds in all) for one stream read to its `end` event."""
     start = time.perf_counter()
     first, seen = 0.0, 0
-    with httpx.stream("POST", url, json=body, timeout=120) as response:
+    with client.stream("POST", url, json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if line.startswith('data: {"predictions"'):
@@ -43,18 +43,22 @@ def one_stream(url: str, body: dict[str, object], steps: int) -> tuple[float, fl
 
 def measure(arch: str, steps: int, repeats: int, clients: int) -> dict[str, float]:
     body = {"instances": [{"text": "benchmark", "max_tokens": steps}]}
-    with Server([MODEL], arch, "--workers", "1", "--threads", str(clients + 2)) as server:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    with (
+        Server([MODEL], arch, "--workers", "1", "--threads", str(clients + 2)) as server,
+        httpx.Client(timeout=120, limits=limits) as client,  # keep-alive: the server's cost, not the client's
+    ):
         url = f"{server.url}/v1/models/tokens:stream"
-        one_stream(url, body, steps)  # warm-up
-        runs = [one_stream(url, body, steps) for _ in range(repeats)]
+        one_stream(client, url, body, steps)  # warm-up
+        runs = [one_stream(client, url, body, steps) for _ in range(repeats)]
         with ThreadPoolExecutor(clients) as pool:
             start = time.perf_counter()
-            list(pool.map(lambda _: one_stream(url, body, steps), range(clients * 2)))
+            list(pool.map(lambda _: one_stream(client, url, body, steps), range(clients * 2)))
             concurrent = clients * 2 * steps / (time.perf_counter() - start)
         predict_url = f"{server.url}/v1/models/tokens:predict"
         start = time.perf_counter()
         for _ in range(repeats):
-            httpx.post(predict_url, json=body, timeout=120).raise_for_status()
+            client.post(predict_url, json=body).raise_for_status()
         collected = (time.perf_counter() - start) / repeats
     return {
         "first_ms": statistics.median(first for first, _ in runs) * 1000,
