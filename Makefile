@@ -34,8 +34,8 @@ serve: $(VENV)/.installed-base
 test: $(VENV)/.installed-dev
 	./scripts/system-deps.sh
 	TWINSERVE_PYTHON=$(BIN)/python ./scripts/perf-analyzer.sh install
-	$(BIN)/ruff check src tests scripts benchmarks
-	$(BIN)/ruff format --check src tests scripts benchmarks
+	$(BIN)/ruff check src tests scripts benchmarks examples
+	$(BIN)/ruff format --check src tests scripts benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 

@@ -46,6 +46,7 @@ CASES: list[tuple[str, str, str, dict[str, object]]] = [
     ),
     ("model raises", "POST", "/v1/models/faulty:predict", {"json": {"instances": ["boom"]}}),
     ("wrong output count", "POST", "/v1/models/mismatch:predict", {"json": {"instances": [1, 2]}}),
+    (":stream on a model that does not stream", "POST", "/v1/models/echo:stream", {"json": {"instances": [1]}}),
     ("GET /v2", "GET", "/v2", {}),
     ("GET /v2/models/iris", "GET", "/v2/models/iris", {}),
     ("GET /v2/models/iris/ready", "GET", "/v2/models/iris/ready", {}),

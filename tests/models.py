@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,82 @@ class Pickled(twinserve.Model):
 
     def predict(self, batch: list[list[float]]) -> list[int]:
         return [int(label) for label in self.clf.predict(np.array(batch))]
+
+
+class DripControl(BaseModel):
+    """How a `Drip` stream behaves; the first instance of a batch steers the whole call."""
+
+    dir: str  # where the model writes its markers (and the test its gate)
+    tag: str = ""
+    steps: int = 3
+    gate_at: int | None = None  # before this step: touch `waiting`, wait for the test to touch `release`
+    fail_at: int | None = None  # this step raises
+    bad_at: int | None = None  # this step yields one chunk too many
+    die_at: int | None = None  # this step kills the process (only for model-worker processes)
+    pause_s: float = 0.0  # each step's own compute time
+
+
+class Drip(twinserve.Model):
+    """A blocking generator that leaves a trace in `dir`: one line in `steps` per step computed, and `closed`
+    (written by its `finally`) saying how it ended."""
+
+    def predict(self, batch: list[DripControl]) -> Iterator[list[str]]:
+        control, trace = batch[0], _DripTrace(batch[0].dir)
+        try:
+            for i in range(control.steps):
+                if i == control.gate_at:
+                    trace.wait_for_release()
+                time.sleep(control.pause_s)
+                step = trace.step(control, i, batch)
+                yield step
+            trace.ended = "finished"
+        finally:
+            trace.close()
+
+
+class AsyncDrip(twinserve.Model):
+    """`Drip` as an async generator: awaits between steps, so the event loop can cancel it there."""
+
+    name = "async-drip"
+
+    async def predict(self, batch: list[DripControl]) -> AsyncIterator[list[str]]:
+        control, trace = batch[0], _DripTrace(batch[0].dir)
+        try:
+            for i in range(control.steps):
+                if i == control.gate_at:
+                    await asyncio.to_thread(trace.wait_for_release)
+                await asyncio.sleep(control.pause_s)
+                yield trace.step(control, i, batch)
+            trace.ended = "finished"
+        finally:
+            trace.close()
+
+
+class _DripTrace:
+    def __init__(self, directory: str) -> None:
+        self.dir = Path(directory)
+        self.ended = "stopped early"
+
+    def wait_for_release(self) -> None:
+        (self.dir / "waiting").touch()
+        deadline = time.monotonic() + 60
+        while not (self.dir / "release").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("never released")
+            time.sleep(0.01)
+
+    def step(self, control: DripControl, i: int, batch: list[DripControl]) -> list[str]:
+        if i == control.fail_at:
+            self.ended = "failed"
+            raise RuntimeError(f"step {i} failed on purpose")
+        if i == control.die_at:
+            os._exit(1)
+        with (self.dir / "steps").open("a") as steps:
+            steps.write(f"{i}\n")
+        chunks = [f"{item.tag}-{i}" for item in batch]
+        return [*chunks, "extra"] if i == control.bad_at else chunks
+
+    def close(self) -> None:
+        steps = self.dir / "steps"
+        count = len(steps.read_text().splitlines()) if steps.exists() else 0
+        (self.dir / "closed").write_text(f"{self.ended} after {count} steps")

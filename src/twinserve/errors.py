@@ -8,6 +8,7 @@
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
+    │   ├── NotStreaming                400 not_streaming (`:stream` on a model whose predict is not a generator)
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
@@ -46,6 +47,7 @@ __all__ = [
     "ModelNotFound",
     "ModelNotReady",
     "NotFound",
+    "NotStreaming",
     "OutputMismatch",
     "PayloadTooLarge",
     "QueueFull",
@@ -114,6 +116,13 @@ class InvalidTensor(ClientError):
 
     status = 400
     code = "invalid_tensor"
+
+
+class NotStreaming(ClientError):
+    """`:stream` asked of a model whose predict returns its outputs at once (not a generator)."""
+
+    status = 400
+    code = "not_streaming"
 
 
 class NotFound(ClientError):

@@ -32,26 +32,45 @@ instance and output types (see `twinserve.protocol.tensors`), or a model declare
 
 and may convert itself with `from_tensors(arrays) -> instances` and `to_tensors(outputs) -> arrays` (plain
 `def`s, run in the server process before `preprocess` and after `predict`).
+
+A *streaming model* makes `predict` (or `apredict`) a generator (or an async generator). Each step it yields is
+a list with one chunk per instance of the batch, in order; the model may stop whenever it likes::
+
+    class Words(twinserve.Model):
+        def predict(self, batch: list[str]) -> Iterator[list[str]]:
+            words = [prompt.split() for prompt in batch]
+            try:
+                for i in range(max(map(len, words))):
+                    yield [w[i] if i < len(w) else "" for w in words]    # one chunk per instance
+            finally:
+                release_resources()    # runs when the client goes away too: the generator is closed
+
+`POST /v1/models/{name}:stream` sends each step as it is made (Server-Sent Events); one request's instances are
+one generator call (streams are never batched across requests), and no step is computed after the client has
+gone. `:predict` on a streaming model collects the steps: each instance's prediction is the list of its chunks.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import importlib
 import importlib.util
 import inspect
 import sys
+import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinserve.errors import ModelImportError
+from twinserve.errors import ModelImportError, OutputMismatch
 
 if TYPE_CHECKING:
     from twinserve.config import Config
 
-__all__ = ["DATATYPES", "Hook", "Model", "ModelSpec", "Tensor", "import_model"]
+__all__ = ["DATATYPES", "Hook", "Model", "ModelSpec", "Tensor", "check_step", "import_model"]
 
 #: The tensor datatypes of the Open Inference Protocol (V2).
 DATATYPES = frozenset(
@@ -107,8 +126,9 @@ class Model:
     def load(self) -> None:
         """Load weights, open pools. Called once per process, before the server reports ready."""
 
-    def predict(self, batch: list[Any]) -> list[Any]:
-        """Return one output per instance of `batch`, in order."""
+    def predict(self, batch: list[Any]) -> list[Any] | Iterator[list[Any]]:
+        """Return one output per instance of `batch`, in order; or, as a generator, yield steps of one chunk per
+        instance (a streaming model)."""
         raise NotImplementedError
 
     def examples(self) -> list[Any]:
@@ -118,17 +138,70 @@ class Model:
 
 @dataclass(frozen=True)
 class Hook:
-    """One bound model hook and whether calling it returns a coroutine."""
+    """One bound model hook and whether calling it returns a coroutine (or, for a stream, an async generator)."""
 
     fn: Callable[..., Any]
     is_async: bool
+    #: Whether it is a generator function (an async one when `is_async`): a streaming predict.
+    streams: bool = False
 
 
 def _hook(obj: object, name: str) -> Hook | None:
     fn = getattr(obj, name, None)
     if fn is None or not callable(fn):
         return None
-    return Hook(fn, inspect.iscoroutinefunction(fn))
+    if inspect.isasyncgenfunction(fn):
+        return Hook(fn, is_async=True, streams=True)
+    return Hook(fn, inspect.iscoroutinefunction(fn), streams=inspect.isgeneratorfunction(fn))
+
+
+def check_step(step: Any, expected: int) -> list[Any]:
+    """One step of a streaming predict as a list of `expected` chunks, or OutputMismatch (500)."""
+    if not isinstance(step, list | tuple):
+        kind = type(step).__name__
+        raise OutputMismatch(f"a streaming predict must yield lists (one chunk per instance), got {kind}")
+    if len(step) != expected:
+        raise OutputMismatch(f"a streaming predict yielded {len(step)} chunks for {expected} inputs")
+    return list(step)
+
+
+def _collecting(stream: Hook) -> Hook:
+    """`predict` for a streaming model called as a plain one: every step, gathered per instance."""
+    gen = stream.fn
+    if stream.is_async:
+
+        async def acollect(batch: list[Any]) -> list[list[Any]]:
+            outputs: list[list[Any]] = [[] for _ in batch]
+            async for step in gen(batch):
+                for output, chunk in zip(outputs, check_step(step, len(batch)), strict=True):
+                    output.append(chunk)
+            return outputs
+
+        return Hook(functools.wraps(gen)(acollect), is_async=True)
+
+    def collect(batch: list[Any]) -> list[list[Any]]:
+        outputs: list[list[Any]] = [[] for _ in batch]
+        for step in gen(batch):
+            for output, chunk in zip(outputs, check_step(step, len(batch)), strict=True):
+                output.append(chunk)
+        return outputs
+
+    return Hook(functools.wraps(gen)(collect), is_async=False)
+
+
+_ITERATORS = {
+    collections.abc.Iterator, collections.abc.Iterable, collections.abc.Generator,
+    collections.abc.AsyncIterator, collections.abc.AsyncIterable, collections.abc.AsyncGenerator,
+}  # fmt: skip
+
+
+def _yielded(annotation: Any) -> Any:
+    """`Iterator[X]` / `AsyncGenerator[X, None]`... -> X; anything else -> Any."""
+    if typing.get_origin(annotation) in _ITERATORS:
+        args = typing.get_args(annotation)
+        if args:
+            return args[0]
+    return Any
 
 
 def _element_type(annotation: Any) -> Any:
@@ -178,7 +251,21 @@ class ModelSpec:
         self.apreprocess = apreprocess or preprocess
 
         predict_fn = self.predict.fn
-        self.output_type: Any = _element_type(_hints(predict_fn).get("return", Any))
+        self.streams: bool = self.predict.streams
+        if self.apredict.streams != self.streams:
+            raise ModelImportError(f"{cls.__qualname__}: predict and apredict must both be generators, or neither")
+        #: The generator hooks of a streaming model (same preferences as predict/apredict); None otherwise.
+        self.stream: Hook | None = None
+        self.astream: Hook | None = None
+        if self.streams:
+            self.stream, self.astream = self.predict, self.apredict
+            # Called as a plain predict (`:predict`, V2 infer, batching), a stream answers with all its chunks.
+            self.predict, self.apredict = _collecting(self.predict), _collecting(self.apredict)
+            #: What one step holds per instance; an instance's whole prediction is the list of its chunks.
+            self.chunk_type: Any = _element_type(_yielded(_hints(predict_fn).get("return", Any)))
+            self.output_type: Any = types.GenericAlias(list, (self.chunk_type,))
+        else:
+            self.output_type = _element_type(_hints(predict_fn).get("return", Any))
         if self.preprocess is not None:
             self.input_type: Any = _first_param_hint(self.preprocess.fn)
         else:
@@ -215,6 +302,10 @@ def _converter(model: object, name: str) -> Callable[..., Any] | None:
 
 def _import_from_file(path: Path) -> Any:
     module_name = "twinserve_user_" + path.stem
+    existing = sys.modules.get(module_name)
+    if existing is not None and getattr(existing, "__file__", None) == str(path):
+        # Two models from one file share its classes: instances pickled to model workers must resolve by name.
+        return existing
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ModelImportError(f"cannot import {path}")

@@ -2,12 +2,14 @@
 
 Every executor offers the same two entry points: `arun(batch)` for the asyncio batch driver and `run(batch)` for
 the thread batch driver, plus `max_in_flight`, the number of batches it can compute at once (the batch queue
-holds the rest back so that batches keep growing while the model is busy).
+holds the rest back so that batches keep growing while the model is busy). For streaming models, `astream` and
+`stream` start one unbatched stream (see `twinserve.core.streams`) where that executor runs predict.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor as PoolExecutor
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,8 +17,9 @@ from typing import Any, Protocol
 from twinserve.config import Config
 from twinserve.core.bridge import run_in_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
-from twinserve.core.workers import ProcessPool
-from twinserve.model import ModelSpec
+from twinserve.core.streams import AsyncGeneratorSteps, AsyncSteps, GeneratorSteps, Steps, ThreadedSteps
+from twinserve.core.workers import ProcessPool, WorkerStream
+from twinserve.model import Hook, ModelSpec
 
 __all__ = ["EXECUTORS", "Executor", "InlineExecutor", "ModelHandle", "ProcessExecutor", "ThreadExecutor"]
 
@@ -38,6 +41,8 @@ class Executor(Protocol):
     def start(self) -> None: ...
     async def arun(self, instances: list[Any]) -> Any: ...
     def run(self, instances: list[Any]) -> Any: ...
+    def astream(self, instances: list[Any], deadline: float | None) -> AsyncSteps: ...
+    def stream(self, instances: list[Any], deadline: float | None) -> Steps: ...
     def describe(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
@@ -65,6 +70,20 @@ class InlineExecutor:
         with model_code(self.spec.name, "predict"):
             return call_blocking(self.spec.predict, instances)
 
+    def astream(self, instances: list[Any], deadline: float | None) -> AsyncSteps:
+        hook = _stream_hook(self.spec.astream)
+        if hook.is_async:
+            return AsyncGeneratorSteps(hook, instances, self.spec.name)
+        return ThreadedSteps(GeneratorSteps(hook, instances, self.spec.name), self._stream_pool)
+
+    def stream(self, instances: list[Any], deadline: float | None) -> Steps:
+        """In the calling thread (the sync front's request thread)."""
+        return GeneratorSteps(_stream_hook(self.spec.stream), instances, self.spec.name)
+
+    @property
+    def _stream_pool(self) -> PoolExecutor | None:
+        return None  # a blocking generator on the loop: only with --debug, where everything runs inline
+
     def describe(self) -> dict[str, Any]:
         return {"executor": self.name}
 
@@ -84,6 +103,10 @@ class ThreadExecutor(InlineExecutor):
     async def arun(self, instances: list[Any]) -> Any:
         return await run_in_executor(self._pool, self.run, instances)
 
+    @property
+    def _stream_pool(self) -> PoolExecutor | None:
+        return self._pool
+
     def describe(self) -> dict[str, Any]:
         return {"executor": self.name, "threads": self.max_in_flight}
 
@@ -101,6 +124,10 @@ class ProcessExecutor:
         self.pool = ProcessPool(model.target, model.config, self.max_in_flight)
         # One thread per worker waits on its pipe, so the event loop never blocks on a worker.
         self._waiters = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-pool-io")
+        # Streams wait for a worker on threads of their own: a stream that holds a worker always finds a thread
+        # for its next step, however many other streams wait for one.
+        self._stream_starts = ThreadPoolExecutor(_STREAM_START_THREADS, thread_name_prefix="twinserve-stream-wait")
+        self._stream_steps = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-stream-io")
 
     async def astart(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.pool.start)
@@ -114,12 +141,54 @@ class ProcessExecutor:
     def run(self, instances: list[Any]) -> Any:
         return self.pool.call(instances)
 
+    def astream(self, instances: list[Any], deadline: float | None) -> AsyncSteps:
+        return _AsyncWorkerSteps(self.pool.stream(instances, deadline), self._stream_starts, self._stream_steps)
+
+    def stream(self, instances: list[Any], deadline: float | None) -> Steps:
+        return self.pool.stream(instances, deadline)
+
     def describe(self) -> dict[str, Any]:
         return {"executor": self.name, "worker_pids": self.pool.pids(), "workers_replaced": self.pool.replaced}
 
     def close(self) -> None:
         self.pool.close()
-        self._waiters.shutdown(wait=False, cancel_futures=True)
+        for threads in (self._waiters, self._stream_starts, self._stream_steps):
+            threads.shutdown(wait=False, cancel_futures=True)
+
+
+#: Threads that wait for a model worker on behalf of streams; streams past them wait in line for a thread.
+_STREAM_START_THREADS = 8
+
+
+class _AsyncWorkerSteps:
+    """A `WorkerStream` stepped from the event loop: it waits for a worker on one pool, steps on another."""
+
+    def __init__(self, stream: WorkerStream, starts: ThreadPoolExecutor, steps: ThreadPoolExecutor) -> None:
+        self._stream = stream
+        self._starts = starts
+        self._steps = ThreadedSteps(stream, steps)
+        self._started = False
+
+    def __aiter__(self) -> _AsyncWorkerSteps:
+        return self
+
+    async def __anext__(self) -> list[Any]:
+        if not self._started:
+            await run_in_executor(self._starts, self._stream.start)
+            self._started = True
+        return await self._steps.__anext__()
+
+    async def aclose(self) -> None:
+        if self._started:
+            await self._steps.aclose()
+        else:
+            self._stream.close()  # safe while `start` still waits for a worker: it hands the worker back
+
+
+def _stream_hook(hook: Hook | None) -> Hook:
+    if hook is None:
+        raise TypeError("a stream was asked of a model whose predict is not a generator")
+    return hook
 
 
 #: `--executor` name -> class.

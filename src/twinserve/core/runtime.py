@@ -8,6 +8,9 @@ How a request reaches `predict`:
 - sync with batching: request threads wait while a `ThreadBatcher` gathers their instances into batches;
 - async / hybrid: coroutines wait while an `AsyncBatcher` gathers batches for the executor (inline coroutine,
   dedicated threads, or model-worker processes).
+
+A streaming model's `stream` / `astream` skip the batcher: the request's own instances are one generator call,
+stepped in the request thread (sync), on the loop or a thread (async), or in a model worker (hybrid).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from twinserve.core.bridge import run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
+from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
 from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import current_request
@@ -276,6 +280,27 @@ class ModelRuntime:
             return fn(*args)
         return await run_in_executor(self._hooks_pool, fn, *args)
 
+    # -- streams -----------------------------------------------------------------------------------------
+    def stream(self, instances: list[Any], deadline: float | None = None) -> Steps:
+        """Blocking path (sync front): preprocess, then the generator, stepped by the caller (no cache, no batch)."""
+        assert self.spec.stream is not None, "callers check spec.streams"
+        _check_deadline(deadline)
+        if self.spec.preprocess is not None:
+            instances = self._preprocess(self.spec.preprocess, instances)
+        if self.executor is not None:
+            return self.executor.stream(instances, deadline)
+        return GeneratorSteps(self.spec.stream, instances, self.name)
+
+    async def astream(self, instances: list[Any], deadline: float | None = None) -> AsyncSteps:
+        """Coroutine path (async fronts): preprocess (off the loop), then the generator where the executor runs
+        predict, stepped by the caller."""
+        _check_deadline(deadline)
+        if self.spec.apreprocess is not None:
+            instances = await self._apreprocess(self.spec.apreprocess, instances)
+        if self.executor is None:
+            raise TwinserveError(f"model {self.name!r} was not loaded for the event loop")
+        return self.executor.astream(instances, deadline)
+
     # -- description -------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.spec.version, "ready": self.ready}
@@ -306,6 +331,7 @@ class ModelRuntime:
             }
         return {
             **self.summary(),
+            "streams": self.spec.streams,  # `:stream` answers with Server-Sent Events
             "input_schema": self.codec.input_schema(),
             "output_schema": self.codec.output_schema(),
             "examples": self.spec.examples(),

@@ -4,6 +4,13 @@ Each worker is a spawned process that imports and loads the model once, then ans
 pipe. The supervisor side (`ProcessPool`) hands each batch to an idle worker and waits for either its reply or
 its death: a worker that dies (OOM kill, segfault, `kill -9`) fails only the batch it held, with a 503, and a
 replacement is started in the background while the other workers keep serving.
+
+A stream (`WorkerStream`) holds one worker from its start to its end and pulls its steps one at a time; to stop
+it early the server sends `CloseStream`, the worker closes the model's generator and is idle again.
+
+The messages, server to worker: `PredictBatch` (reply `BatchReply`), `StartStream` then `NextStep`s (each
+replied by a `StepReply`) until the stream ends or the server sends `CloseStream` (no reply), `None` to exit.
+Worker to server, once: `WorkerReady`.
 """
 
 from __future__ import annotations
@@ -14,16 +21,21 @@ import multiprocessing
 import queue
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twinserve.config import Config
-from twinserve.errors import ModelNotReady, TwinserveError, WorkerDied, error_from_code
+from twinserve.errors import DeadlineExceeded, ModelNotReady, QueueFull, TwinserveError, WorkerDied, error_from_code
 from twinserve.observability.context import computing, request_ids
 
-__all__ = ["ProcessPool"]
+if TYPE_CHECKING:
+    from twinserve.core.streams import GeneratorSteps
+    from twinserve.model import ModelSpec
+
+__all__ = ["ProcessPool", "WorkerStream"]
 
 logger = logging.getLogger("twinserve.workers")
 
@@ -34,8 +46,40 @@ class WorkerReady:
 
 
 @dataclass(frozen=True)
+class PredictBatch:
+    request_ids: tuple[str, ...]  # the model's log lines carry them
+    instances: list[Any]
+
+
+@dataclass(frozen=True)
 class BatchReply:
     outputs: list[Any] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True)
+class StartStream:
+    request_ids: tuple[str, ...]
+    instances: list[Any]
+
+
+@dataclass(frozen=True)
+class NextStep:
+    pass
+
+
+@dataclass(frozen=True)
+class CloseStream:
+    pass
+
+
+@dataclass(frozen=True)
+class StepReply:
+    """One step's chunks; or the stream's end (`done`), normal or with an error. The worker is then idle."""
+
+    chunks: list[Any] | None = None
+    done: bool = False
     error_code: str | None = None
     error_message: str | None = None
 
@@ -65,18 +109,65 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
             message = conn.recv()
         except (EOFError, OSError):
             return
-        if message is None:
-            return
-        ids, instances = message
+        if isinstance(message, StartStream):
+            if not _serve_stream(conn, spec, message):
+                return
+            continue
+        if not isinstance(message, PredictBatch):
+            return  # None: the server is stopping
         try:
-            with computing(ids), model_code(spec.name, "predict"):
-                outputs = call_blocking(spec.predict, instances)
+            with computing(message.request_ids), model_code(spec.name, "predict"):
+                outputs = call_blocking(spec.predict, message.instances)
             reply = BatchReply(outputs=list(outputs) if not isinstance(outputs, list) else outputs)
         except TwinserveError as exc:
             reply = BatchReply(error_code=exc.code, error_message=exc.message)
         except Exception as exc:  # list() of a non-iterable, say
             reply = BatchReply(error_code="output_mismatch", error_message=f"predict returned {exc}")
         conn.send(reply)
+
+
+def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool:
+    """Step one stream as the server asks; False if the server went away or asked this worker to exit."""
+    from twinserve.core.streams import GeneratorSteps
+
+    assert spec.stream is not None
+    try:
+        with computing(start.request_ids):
+            steps: GeneratorSteps | None = GeneratorSteps(spec.stream, start.instances, spec.name)
+    except TwinserveError as exc:
+        steps = None
+        failure = StepReply(done=True, error_code=exc.code, error_message=exc.message)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            message = None
+        if not isinstance(message, NextStep):  # CloseStream, or None / EOF: the server is stopping
+            if steps is not None:
+                _close_quietly(steps, start.request_ids)
+            return isinstance(message, CloseStream)
+        if steps is None:
+            conn.send(failure)
+            return True
+        try:
+            with computing(start.request_ids):
+                reply = StepReply(chunks=next(steps))
+        except StopIteration:
+            reply = StepReply(done=True)
+        except TwinserveError as exc:
+            _close_quietly(steps, start.request_ids)  # a bad step leaves the generator suspended
+            reply = StepReply(done=True, error_code=exc.code, error_message=exc.message)
+        conn.send(reply)
+        if reply.done:
+            return True
+
+
+def _close_quietly(steps: GeneratorSteps, ids: tuple[str, ...]) -> None:
+    try:
+        with computing(ids):
+            steps.close()
+    except TwinserveError:
+        pass  # model_code logged it; the stream is over either way
 
 
 class _Worker:
@@ -102,6 +193,7 @@ class ProcessPool:
         self._lock = threading.Lock()
         self._closed = False
         self.replaced = 0
+        self._streams_waiting = 0  # instances of streams waiting for a worker (bounded by --max-queue)
 
     def start(self) -> None:
         """Start every worker and wait until each has loaded the model."""
@@ -114,22 +206,51 @@ class ProcessPool:
 
     def call(self, instances: list[Any]) -> list[Any]:
         """Compute one batch on an idle worker (blocking). Raises WorkerDied if the worker dies meanwhile."""
-        worker = self._idle.get()
-        if worker is None:  # close() woke us up
-            raise ModelNotReady("the model-worker pool is shutting down")
-        try:
-            worker.conn.send((request_ids(), instances))  # the ids go along so the model's logs carry them
-            ready = wait([worker.conn, worker.process.sentinel])
-            reply: BatchReply = worker.conn.recv() if worker.conn in ready else None  # type: ignore[assignment]
-        except (EOFError, OSError):
-            reply = None  # type: ignore[assignment]
-        if reply is None:
-            self._replace(worker)
-            raise WorkerDied(f"model worker pid {worker.pid} died while computing this batch; it is being replaced")
+        worker = self._acquire(None)
+        reply = self._exchange(worker, PredictBatch(request_ids(), instances), "this batch")
         self._idle.put(worker)
         if reply.error_code is not None:
             raise error_from_code(reply.error_code, reply.error_message or "")
         return reply.outputs or []
+
+    def stream(self, instances: list[Any], deadline: float | None) -> WorkerStream:
+        """A stream of `instances` on the next idle worker; refused (503) while too many streams wait for one."""
+        with self._lock:
+            if self._streams_waiting + len(instances) > self.config.max_queue:
+                raise QueueFull(
+                    f"{self._streams_waiting} streamed instances already wait for a model worker (--max-queue)",
+                    headers={"Retry-After": "1"},
+                )
+            self._streams_waiting += len(instances)
+        return WorkerStream(self, instances, deadline, request_ids())
+
+    def _stream_started(self, instances: list[Any]) -> None:
+        with self._lock:
+            self._streams_waiting -= len(instances)
+
+    def _acquire(self, deadline: float | None) -> _Worker:
+        """An idle worker, waiting at most until `deadline` (504 past it)."""
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            worker = self._idle.get(timeout=timeout)
+        except queue.Empty:
+            raise DeadlineExceeded("the request's deadline passed while it waited for a model worker") from None
+        if worker is None:  # close() woke us up
+            raise ModelNotReady("the model-worker pool is shutting down")
+        return worker
+
+    def _exchange(self, worker: _Worker, message: Any, what: str) -> Any:
+        """Send `message`, wait for the reply or the worker's death (WorkerDied, and a replacement starts)."""
+        try:
+            worker.conn.send(message)
+            ready = wait([worker.conn, worker.process.sentinel])
+            reply = worker.conn.recv() if worker.conn in ready else None
+        except (EOFError, OSError):
+            reply = None
+        if reply is None:
+            self._replace(worker)
+            raise WorkerDied(f"model worker pid {worker.pid} died while computing {what}; it is being replaced")
+        return reply
 
     def close(self) -> None:
         with self._lock:
@@ -145,7 +266,7 @@ class ProcessPool:
                 worker.process.kill()
                 worker.process.join(timeout=5)
             worker.conn.close()
-        for _ in range(self.size):  # release any caller blocked on an idle worker
+        for _ in range(self.size + self._streams_waiting):  # release any caller blocked on an idle worker
             self._idle.put(None)  # type: ignore[arg-type]
 
     def _spawn(self) -> _Worker:
@@ -189,3 +310,84 @@ class ProcessPool:
                 logger.exception("could not replace model worker pid %d", dead.pid)
 
         threading.Thread(target=respawn, name="twinserve-respawn", daemon=True).start()
+
+
+class WorkerStream:
+    """One streaming predict call on a model worker, stepped from threads (blocking); the worker is held until the
+    stream ends or is closed, then idle again.
+
+    `start` waits for a worker; `close` may be called while `start` waits (from another thread), never while a
+    step is being computed.
+    """
+
+    def __init__(self, pool: ProcessPool, instances: list[Any], deadline: float | None, ids: tuple[str, ...]) -> None:
+        self._pool = pool
+        self._instances = instances
+        self._deadline = deadline
+        self._ids = ids
+        self._lock = threading.Lock()
+        self._worker: _Worker | None = None
+        self._waiting = True  # counted in the pool's waiting streams
+        self._closed = False  # by `close`, or at the stream's end
+
+    def __iter__(self) -> WorkerStream:
+        return self
+
+    def start(self) -> None:
+        """Wait for an idle worker and start the model's generator there."""
+        try:
+            worker = self._pool._acquire(self._deadline)
+        finally:
+            self._stop_waiting()
+        with self._lock:
+            if self._closed:  # the client left while this waited
+                self._pool._idle.put(worker)
+                return
+            self._worker = worker
+            with contextlib.suppress(OSError):  # a dead worker: the first step finds out
+                worker.conn.send(StartStream(self._ids, self._instances))
+
+    def _stop_waiting(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, False
+        if waiting:
+            self._pool._stream_started(self._instances)
+
+    def __next__(self) -> list[Any]:
+        if self._worker is None and not self._closed:
+            self.start()
+        worker = self._worker
+        if worker is None:
+            raise StopIteration
+        try:
+            reply: StepReply = self._pool._exchange(worker, NextStep(), "this stream")
+        except WorkerDied:
+            self._worker, self._closed = None, True
+            raise
+        if not reply.done:
+            return reply.chunks or []
+        self._release()
+        if reply.error_code is not None:
+            raise error_from_code(reply.error_code, reply.error_message or "")
+        raise StopIteration
+
+    def _release(self) -> None:
+        with self._lock:
+            worker, self._worker, self._closed = self._worker, None, True
+        if worker is not None:
+            self._pool._idle.put(worker)
+
+    def close(self) -> None:
+        """Stop the stream: the worker closes the model's generator, and is idle again for the next batch."""
+        self._stop_waiting()
+        with self._lock:
+            worker, self._worker = self._worker, None
+            self._closed = True
+            if worker is None:
+                return
+            try:
+                worker.conn.send(CloseStream())
+            except OSError:
+                self._pool._replace(worker)
+                return
+        self._pool._idle.put(worker)

@@ -3,6 +3,11 @@
 The routes are plain Starlette endpoints over the shared `Service`: FastAPI's per-request dependency and
 validation machinery would only duplicate what the codec already does in one pass. `/docs` and
 `/openapi.json` come from the shared route table, built from each model's own schemas.
+
+`:stream` answers with Server-Sent Events written straight to ASGI (`_EventStream`): one step is computed at a
+time, only while the client is there; when uvicorn reports `http.disconnect` the step in progress is cancelled
+(an async generator stops at its await; a step on a thread or in a model worker finishes) and the generator is
+closed.
 """
 
 from __future__ import annotations
@@ -25,9 +30,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
+from twinserve.core.streams import AsyncSteps
 from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
-from twinserve.fronts.contract import Reply, Service, error_reply
+from twinserve.fronts.contract import (
+    EVENT_STREAM,
+    SSE_END,
+    SSE_HEADERS,
+    Reply,
+    Service,
+    error_reply,
+    sse_error,
+    sse_step,
+)
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.observability.context import RequestContext
 from twinserve.observability.metrics import mark_process_dead, metrics
 from twinserve.protocol.v2 import HEADER_LENGTH
 
@@ -127,6 +143,86 @@ async def _predict(request: Request, runtime: ModelRuntime, instances: list[Any]
     return await _unless_disconnected(request, runtime.apredict(instances, deadline))
 
 
+class _StreamStart:
+    """What the `stream` endpoint hands `_handled`: a stream whose first step is ready (None: it had none)."""
+
+    def __init__(self, runtime: ModelRuntime, steps: AsyncSteps, first: list[Any] | None, expected: int) -> None:
+        self.runtime, self.steps, self.first, self.expected = runtime, steps, first, expected
+
+
+async def _step_or_none(steps: AsyncSteps) -> list[Any] | None:
+    try:
+        return await steps.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+class _EventStream:
+    """The ASGI response of one stream: SSE events as the steps come, while the client is there; closes the
+    generator and counts the request once, at the end."""
+
+    def __init__(self, service: Service, context: RequestContext, start: _StreamStart) -> None:
+        self.service, self.context, self.start = service, context, start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start, request_id = self.start, self.context.request_id
+        # Until the stream is seen to its end: a client that leaves first is counted as 499.
+        status: int = ClientDisconnected.status
+        error_code: str | None = ClientDisconnected.code
+        headers = [
+            (b"content-type", EVENT_STREAM.encode()),
+            (REQUEST_ID_HEADER.lower().encode(), request_id.encode()),
+            *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
+        ]
+        watcher = asyncio.get_running_loop().create_task(_client_left(receive))
+        last: bytes | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            step = start.first
+            while step is not None and not watcher.done():
+                await send({"type": "http.response.body", "body": sse_step(start.runtime, step, start.expected),
+                            "more_body": True})  # fmt: skip
+                step = await self._next(watcher)
+            if not watcher.done():
+                status, error_code, last = 200, None, SSE_END
+        except TwinserveError as exc:
+            status, error_code, last = exc.status, exc.code, sse_error(exc, request_id)
+        except Exception as exc:
+            logger.exception("unhandled error in the stream of %s", self.context.path)
+            error = TwinserveError(f"internal error: {type(exc).__name__}")
+            status, error_code, last = error.status, error.code, sse_error(error, request_id)
+        finally:
+            watcher.cancel()
+            try:
+                await start.steps.aclose()
+            except TwinserveError:
+                pass  # the model's finally raised: model_code logged it
+            finally:
+                if error_code == ClientDisconnected.code:
+                    logger.info("client left the stream of %s; its generator was closed", self.context.path)
+                # Counted before the client can see the end.
+                self.service.finish(self.context, "stream", start.runtime.name, status, error_code)
+                metrics().in_flight.dec()
+        if last is not None:
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
+        """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""
+        step = asyncio.ensure_future(_step_or_none(self.start.steps))
+        await asyncio.wait([step, watcher], return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            step.cancel()
+            await asyncio.wait([step])
+            return None
+        return step.result()
+
+
+async def _client_left(receive: Receive) -> None:
+    # The request body has been read: the next ASGI message can only be the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def _v2_path_params(middle: str) -> dict[str, str] | None:
     """`{model}` or `{model}/versions/{version}` (the part of a V2 infer path between its prefix and suffix)."""
     parts = middle.split("/")
@@ -175,7 +271,7 @@ class _PredictFastPath:
         await self.app(scope, receive, send)
 
 
-Endpoint = Callable[[Request], Awaitable[Reply]]
+Endpoint = Callable[[Request], Awaitable[Reply | _StreamStart]]
 
 
 def create_asgi_app(service: Service) -> ASGIApp:
@@ -211,6 +307,21 @@ def create_asgi_app(service: Service) -> ASGIApp:
         instances = runtime.codec.decode(await _read_body(request, service))
         outputs = await _predict(request, runtime, instances, deadline)
         return Reply(200, runtime.codec.encode(outputs, len(instances)))
+
+    async def stream(request: Request) -> _StreamStart:
+        runtime = service.admit_stream(
+            request.path_params["model"], request.headers.get("content-type"), _content_length(request)
+        )
+        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
+        instances = runtime.codec.decode(await _read_body(request, service))
+        steps = await runtime.astream(instances, deadline)
+        try:
+            # Errors up to the first step are answered like :predict's, with their status and JSON body.
+            first = await _unless_disconnected(request, _step_or_none(steps))
+        except BaseException:
+            await steps.aclose()
+            raise
+        return _StreamStart(runtime, steps, first, len(instances))
 
     async def infer(request: Request) -> Reply:
         params = request.path_params
@@ -261,6 +372,7 @@ def create_asgi_app(service: Service) -> ASGIApp:
         "list_models": list_models,
         "model_metadata": model_metadata,
         "predict": predict,
+        "stream": stream,
         "live": live,
         "ready": ready,
         "server_metadata": server_metadata,
@@ -319,15 +431,23 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
             request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"], request.headers
         )
         error: TwinserveError | None = None
+        streaming = False
         try:
-            reply = await endpoint(request)
+            answer = await endpoint(request)
+            if isinstance(answer, _StreamStart):
+                # Counted, logged and out of flight when the stream ends.
+                streaming = True
+                service.first_chunk(context, answer.runtime.name)
+                return _EventStream(service, context, answer)  # type: ignore[return-value]
+            reply = answer
         except TwinserveError as exc:
             error = exc
         except Exception as exc:
             logger.exception("unhandled error on %s %s", request.method, request.url.path)
             error = TwinserveError(f"internal error: {type(exc).__name__}")
         finally:
-            in_flight.dec()
+            if not streaming:
+                in_flight.dec()
         if error is not None:
             reply = error_reply(error, context.request_id, v2)
         model = request.path_params.get("model", "")

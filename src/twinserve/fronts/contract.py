@@ -21,13 +21,14 @@ from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ModelNotFound,
     ModelNotReady,
+    NotStreaming,
     PayloadTooLarge,
     TwinserveError,
     UnsupportedMediaType,
     error_payload,
 )
 from twinserve.fronts.openapi import openapi_document, swagger_page
-from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.fronts.routes import EVENT_STREAM, HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import (
@@ -43,14 +44,19 @@ from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, error_body, server_metadata, statistics
 
 __all__ = [
+    "EVENT_STREAM",
     "JSON",
     "REQUEST_ID_HEADER",
     "ROUTES",
+    "SSE_END",
+    "SSE_HEADERS",
     "Reply",
     "Route",
     "Service",
     "error_reply",
     "request_id_from",
+    "sse_error",
+    "sse_step",
 ]
 
 
@@ -84,6 +90,22 @@ class Reply:
     body: bytes
     headers: Mapping[str, str] | None = None
     content_type: str = JSON
+
+
+#: Server-Sent Events: each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (or
+#: `event: error` with the JSON error body, when the stream fails after its first step was sent).
+SSE_END = b"event: end\ndata: {}\n\n"
+#: Proxies (nginx) must pass each event on at once rather than buffer the response.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_step(runtime: ModelRuntime, step: list[Any], expected: int) -> bytes:
+    """One step as an SSE event (orjson never writes a newline, so the JSON is one `data:` line)."""
+    return b"data: " + runtime.codec.encode(step, expected) + b"\n\n"
+
+
+def sse_error(error: TwinserveError, request_id: str) -> bytes:
+    return b"event: error\ndata: " + dumps(error_payload(error, request_id)) + b"\n\n"
 
 
 def request_id_from(header: str | None) -> str:
@@ -211,6 +233,17 @@ class Service:
     def admit(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
         """Checks that need only the request line and headers, done before the body is read."""
         return self._admit(self.runtime(model), content_type, content_length, _JSON_TYPE, JSON)
+
+    def admit_stream(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
+        """`admit` for `:stream`, which only a streaming model (a generator predict) answers."""
+        runtime = self.runtime(model)
+        if not runtime.spec.streams:
+            raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
+        return self._admit(runtime, content_type, content_length, _JSON_TYPE, JSON)
+
+    def first_chunk(self, context: RequestContext, model: str) -> None:
+        """Note a stream's time to first step."""
+        metrics().first_chunk_seconds.labels(model).observe(time.perf_counter() - context.started)
 
     def admit_v2(
         self, model: str, version: str | None, content_type: str | None, content_length: int | None

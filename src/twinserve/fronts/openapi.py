@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.routes import JSON, ROUTES
+from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES
 from twinserve.model import DATATYPES
 from twinserve.protocol.v1 import json_default
 
@@ -143,6 +143,21 @@ def _v2_paths(name: str, runtime: ModelRuntime) -> dict[str, Any]:
     }
 
 
+def _stream_path(name: str, body: dict[str, Any], error_responses: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post": {
+            "operationId": f"{name}_stream",
+            "summary": f"Stream the steps of {name!r} as Server-Sent Events",
+            "description": 'Each step is an event `data: {"predictions": [one chunk per instance]}`; the stream '
+            "ends with `event: end`, or with `event: error` carrying the JSON error body if it fails after its "
+            "first step. Errors before the first step are answered with their status and a JSON body.",
+            "requestBody": {"required": True, "content": {JSON: body}},
+            "responses": {"200": {"description": "OK", "content": {EVENT_STREAM: {"schema": {"type": "string"}}}},
+                          **error_responses},
+        }
+    }  # fmt: skip
+
+
 def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: str) -> dict[str, Any]:
     schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA, **_V2_SCHEMAS}
     error_responses = {code: _json({"$ref": _REF.format(model="Error")}, text) for code, text in _ERRORS.items()}
@@ -182,6 +197,8 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
                 },
             }
         }
+        if runtime.spec.streams:
+            paths[f"/v1/models/{name}:stream"] = _stream_path(name, body, error_responses)
         paths.update(_v2_paths(name, runtime))
     return {
         "openapi": "3.1.0",

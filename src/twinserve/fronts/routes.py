@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HTML", "INFERENCE_ENDPOINTS", "JSON", "MODEL_NAME_PATTERN", "REQUEST_ID_HEADER", "ROUTES", "Route", "is_v2"]
+__all__ = [
+    "EVENT_STREAM",
+    "HTML",
+    "INFERENCE_ENDPOINTS",
+    "JSON",
+    "MODEL_NAME_PATTERN",
+    "REQUEST_ID_HEADER",
+    "ROUTES",
+    "Route",
+    "is_v2",
+]
 
 JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
 HTML = "text/html; charset=utf-8"
 REQUEST_ID_HEADER = "X-Request-ID"
 #: Model names never contain '/' or ':' so that `/v1/models/{model}:predict` is unambiguous.
@@ -34,6 +45,7 @@ ROUTES: tuple[Route, ...] = (
     Route("list_models", "GET", "/v1/models"),
     Route("model_metadata", "GET", "/v1/models/{model}"),
     Route("predict", "POST", "/v1/models/{model}:predict"),
+    Route("stream", "POST", "/v1/models/{model}:stream"),  # a streaming model's steps, as Server-Sent Events
     Route("live", "GET", "/v2/health/live"),
     Route("ready", "GET", "/v2/health/ready"),
     # The Open Inference Protocol (KServe V2), with Triton's model configuration and statistics extensions.
@@ -50,7 +62,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 #: The endpoints that reach a model's `predict`, whichever protocol.
-INFERENCE_ENDPOINTS = frozenset({"predict", "infer"})
+INFERENCE_ENDPOINTS = frozenset({"predict", "stream", "infer"})
 
 
 def is_v2(path: str) -> bool:

@@ -1,17 +1,34 @@
-"""The sync front: a Flask WSGI app; each request runs start to end in the thread that received it (S1, S3)."""
+"""The sync front: a Flask WSGI app; each request runs start to end in the thread that received it (S1, S3).
+
+`:stream` answers with the same Server-Sent Events as the async front, sent with chunked transfer encoding: the
+model's generator is stepped in the request thread as each event is written, and closed when a write fails
+because the client has gone (gunicorn then closes the response iterable).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from twinserve.core.admission import TIMEOUT_HEADER
-from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
-from twinserve.fronts.contract import Reply, Service, error_reply
+from twinserve.core.runtime import ModelRuntime
+from twinserve.core.streams import Steps
+from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.fronts.contract import (
+    EVENT_STREAM,
+    SSE_END,
+    SSE_HEADERS,
+    Reply,
+    Service,
+    error_reply,
+    sse_error,
+    sse_step,
+)
 from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.observability.context import RequestContext
 from twinserve.observability.metrics import metrics
@@ -57,6 +74,64 @@ def _read_body(service: Service) -> bytes:
     return body
 
 
+class _EventStream:
+    """The response body of one stream: SSE events written as the steps come; `close()` (always called by the
+    WSGI server, even if the body was never iterated) closes the generator and counts the request once."""
+
+    def __init__(
+        self,
+        service: Service,
+        context: RequestContext,
+        runtime: ModelRuntime,
+        steps: Steps,
+        first: list[Any] | None,
+        expected: int,
+    ) -> None:
+        self.service, self.context, self.runtime, self.steps = service, context, runtime, steps
+        self.first, self.expected = first, expected
+        # Until the stream is seen to its end: a client that leaves first is counted as 499.
+        self.status: int = ClientDisconnected.status
+        self.error_code: str | None = ClientDisconnected.code
+        self.closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            if self.first is not None:
+                yield sse_step(self.runtime, self.first, self.expected)
+                for step in self.steps:
+                    yield sse_step(self.runtime, step, self.expected)
+            self.status, self.error_code = 200, None
+            last = SSE_END
+        except TwinserveError as exc:
+            self.status, self.error_code = exc.status, exc.code
+            last = sse_error(exc, self.context.request_id)
+        except Exception as exc:
+            logger.exception("unhandled error in the stream of %s", _request_path(self.context))
+            error = TwinserveError(f"internal error: {type(exc).__name__}")
+            self.status, self.error_code = error.status, error.code
+            last = sse_error(error, self.context.request_id)
+        self.close()  # counted before the client can see the end
+        yield last
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.steps.close()
+        except TwinserveError:
+            pass  # the model's finally raised: model_code logged it
+        finally:
+            if self.error_code == ClientDisconnected.code:
+                logger.info("client left the stream of %s; its generator was closed", _request_path(self.context))
+            self.service.finish(self.context, "stream", self.runtime.name, self.status, self.error_code)
+            metrics().in_flight.dec()
+
+
+def _request_path(context: RequestContext) -> str:
+    return f"{context.method} {context.path} ({context.request_id})"
+
+
 def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
@@ -68,6 +143,23 @@ def create_wsgi_app(service: Service) -> Flask:
         instances = runtime.codec.decode(_read_body(service))
         outputs = runtime.predict(instances, deadline)
         return Response(runtime.codec.encode(outputs, len(instances)), status=200, content_type=JSON)
+
+    def stream(model: str) -> Response:
+        runtime = service.admit_stream(model, request.content_type, request.content_length)
+        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
+        instances = runtime.codec.decode(_read_body(service))
+        steps = runtime.stream(instances, deadline)
+        try:
+            # Errors up to the first step are answered like :predict's, with their status and JSON body.
+            first = next(steps, None)
+        except BaseException:
+            steps.close()
+            raise
+        context = _context()
+        service.first_chunk(context, runtime.name)
+        g.streaming = True  # counted and logged when the stream ends, not when the response starts
+        body = _EventStream(service, context, runtime, steps, first, len(instances))
+        return Response(body, status=200, content_type=EVENT_STREAM, headers=SSE_HEADERS)
 
     def infer(model: str, version: str | None = None) -> Response:
         runtime = service.admit_v2(model, version, request.content_type, request.content_length)
@@ -83,6 +175,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "list_models": lambda: _respond(service.list_models()),
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
         "predict": predict,
+        "stream": stream,
         "live": lambda: _respond(service.live()),
         "ready": lambda: _respond(service.ready()),
         "server_metadata": lambda: _respond(service.server_metadata()),
@@ -125,6 +218,8 @@ def create_wsgi_app(service: Service) -> Flask:
     def _finish(response: Response) -> Response:
         context = _context()
         response.headers[REQUEST_ID_HEADER] = context.request_id
+        if g.get("streaming"):
+            return response
         rule = request.url_rule
         service.finish(
             context,
@@ -137,7 +232,7 @@ def create_wsgi_app(service: Service) -> Flask:
 
     @app.teardown_request
     def _done(exc: BaseException | None) -> None:
-        if g.get("counted"):
+        if g.get("counted") and not g.get("streaming"):
             in_flight.dec()
 
     def _error(error: TwinserveError) -> Response:

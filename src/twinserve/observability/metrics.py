@@ -130,6 +130,10 @@ class _Metrics:
             "Requests of isolated batches, by outcome: answered, or failed alone.",
             ["model", "outcome"],
         )
+        self.first_chunk_seconds = Histogram(
+            "twinserve_time_to_first_chunk_seconds", "Time from a stream request received to its first step ready.",
+            ["model"], buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
         self.cache = Counter("twinserve_cache_requests_total", "Cache lookups per instance.", ["model", "result"])
         self.load_seconds = Gauge(
             "twinserve_model_load_seconds", "Time the model took to load.", ["model"], multiprocess_mode="max"
