@@ -301,3 +301,12 @@ def test_cors_answers_are_identical_in_every_architecture(secured: dict[str, Ser
     assert no_key[0] == 401 and no_key[1]["access-control-allow-origin"] == ORIGIN  # the page can read the 401
     assert foreign[0] == 200 and "access-control-allow-origin" not in foreign[1] and foreign[1]["vary"] == "Origin"
     assert probe[0] == 200 and probe[1]["access-control-allow-origin"] == ORIGIN
+
+
+def test_manifests_never_carry_keys() -> None:
+    from twinserve.deploy.k8s import serve_command
+
+    command = serve_command(load_config(api_keys=[KEY_FLAG], cors_origins=[ORIGIN, "https://b.example"]))
+    assert KEY_FLAG not in " ".join(command)
+    parsed = build_parser().parse_args(command[1:])
+    assert load_config(cors_origins=parsed.cors_origins).cors_origins == [ORIGIN, "https://b.example"]
