@@ -123,7 +123,7 @@ def create_wsgi_app(service: Service) -> Flask:
         _context()
         in_flight.inc()
         g.counted = True
-        if service.is_preflight(request.method, request.headers):
+        if service.cors is not None and service.is_preflight(request.method, request.headers):
             g.endpoint = "preflight"
             return _respond(service.preflight(request.headers))
         if service.auth is not None and service.requires_auth(request.path):
