@@ -48,9 +48,9 @@ def _limits() -> Config:
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the request-line and header limits gunicorn enforces (414, 431).
 
-    llhttp sets no limit of its own, so without these a client could send headers without end. The bytes of a
-    request's head are bounded as they arrive, before it is parsed: the whole head may not exceed the request line
-    plus the header fields allowed, each at its longest.
+    llhttp sets no limit of its own, and httptools buffers a header until it is complete, so without these a
+    client could send one header without end. The bytes of a request's head are therefore bounded as they arrive:
+    the whole head may not exceed the request line plus the header fields allowed, each at its longest.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -66,12 +66,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: TwinserveError | None = None
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
+        counting = self._in_head
+        super().data_received(data)
+        # Counted after parsing, so a chunk that ends the head and carries a large body is not held against it;
+        # what httptools buffers stays bounded by the limit plus one read.
+        if counting and self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self._max_head:
                 self._refuse(self._too_large())
-                return
-        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
