@@ -41,13 +41,17 @@ def _grab(pattern: str, text: str) -> str:
     return match.group(1)
 
 
-def wrk(url: str, body: bytes, connections: int, seconds: float) -> dict[str, float]:
+def wrk(
+    url: str, body: bytes, connections: int, seconds: float, headers: dict[str, str] | None = None
+) -> dict[str, float]:
     """POST `body` to `url` over `connections` keep-alive connections; req/s, P50/P99 (ms) and errors."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(
             'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
             f"wrk.body = {json.dumps(body.decode())}\n"
         )
+        for name, value in (headers or {}).items():
+            script.write(f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}\n")
     try:
         threads, duration = str(min(connections, 2)), f"{max(1, round(seconds))}s"
         command = ["wrk", "-t", threads, "-c", str(connections), "-d", duration, "--latency", "-s", script.name, url]
@@ -65,9 +69,9 @@ def wrk(url: str, body: bytes, connections: int, seconds: float) -> dict[str, fl
     }
 
 
-def example_request(server: Server) -> tuple[str, bytes]:
+def example_request(server: Server, headers: dict[str, str] | None = None) -> tuple[str, bytes]:
     """The predict URL of the server's first model and a one-instance body from its own examples."""
-    name = httpx.get(server.url + "/v1/models").json()["models"][0]["name"]
-    meta: dict[str, Any] = httpx.get(f"{server.url}/v1/models/{name}").json()
+    name = httpx.get(server.url + "/v1/models", headers=headers).json()["models"][0]["name"]
+    meta: dict[str, Any] = httpx.get(f"{server.url}/v1/models/{name}", headers=headers).json()
     body = json.dumps({"instances": meta["examples"][:1]}).encode()
     return f"{server.url}/v1/models/{name}:predict", body

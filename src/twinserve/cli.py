@@ -39,6 +39,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(annotation) is typing.Literal:
             parser.add_argument(flag, choices=typing.get_args(annotation), default=None, help=help_text)
+        elif typing.get_origin(annotation) is list:
+            # Repeatable, and also spelled in the singular: `--api-key K1 --api-key K2` or `--api-keys K1,K2`.
+            flags = [flag, flag.removesuffix("s")] if flag.endswith("s") else [flag]
+            parser.add_argument(*flags, dest=name, action="append", default=None, metavar=name.upper(), help=help_text)
         else:
             parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)
 

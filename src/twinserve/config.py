@@ -8,20 +8,48 @@ leaves unset. Cross-field rules live in `Config` too, so invalid settings fail b
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from twinserve.errors import ConfigError
 
-__all__ = ["DEFAULT_MODEL", "Architecture", "Config", "ExecutorName", "load_config"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "MAX_REQUEST_LINE",
+    "Architecture",
+    "Config",
+    "ExecutorName",
+    "load_config",
+    "read_key_file",
+]
 
 Architecture = Literal["sync", "async", "hybrid"]
 ExecutorName = Literal["auto", "inline", "thread", "process"]
 DEFAULT_MODEL = "twinserve.examples.tabular:Classifier"
 
 MiB = 1024 * 1024
+#: A list setting from the environment or one flag value: comma-separated (`TWINSERVE_API_KEYS=k1,k2`).
+CommaList = Annotated[list[str], NoDecode]
+#: gunicorn refuses request lines longer than this whatever it is told; both servers share the bound.
+MAX_REQUEST_LINE = 8190
+
+
+def read_key_file(path: Path) -> list[str]:
+    """API keys from a file: one per line; blank lines and lines starting with `#` are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _check_key(key: str) -> None:
+    # Keys travel in headers: visible ASCII only, no spaces. The key itself never goes into the message.
+    if not key or not all("!" <= c <= "~" for c in key):
+        raise ValueError("an API key must be non-empty visible ASCII without spaces")
 
 
 class Config(BaseSettings):
@@ -116,12 +144,75 @@ class Config(BaseSettings):
         description="OpenTelemetry spans per request (needs the `otel` extra); the exporter follows the standard "
         "OTEL_* variables (OTEL_TRACES_EXPORTER=otlp|console|none, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME).",
     )
+    # -- authentication and CORS (README: "Authentication, CORS and limits") --------------------------------------
+    api_keys: CommaList = Field(
+        default_factory=list,
+        repr=False,
+        description="API keys accepted as `Authorization: Bearer KEY` or `X-API-Key: KEY` (repeat the flag, or "
+        "comma-separate; none: no authentication).",
+    )
+    api_key_file: Path | None = Field(
+        None, description="File with more API keys, one per line (`#` comments); read at start-up."
+    )
+    metrics_auth: bool = Field(False, description="With API keys on, /metrics needs a key too (default: open).")
+    public_docs: bool = Field(
+        False, description="With API keys on, /docs and /openapi.json stay open (default: they need a key)."
+    )
+    rate_limit_per_key: float | None = Field(
+        None, gt=0, description="Requests per second each API key may make (429 + Retry-After past it)."
+    )
+    cors_origins: CommaList = Field(
+        default_factory=list,
+        description="Origins browsers may call from (`https://app.example`, or `*` without credentials; none: "
+        "no CORS).",
+    )
+    cors_allow_credentials: bool = Field(
+        False, description="Let browsers send credentials cross-origin (needs explicit --cors-origins, not `*`)."
+    )
+    cors_max_age: int = Field(600, ge=0, le=86_400, description="Seconds browsers may cache a CORS preflight.")
+    # -- limits on what a client controls --------------------------------------------------------------------------
+    max_instances: int = Field(
+        4096, ge=1, description="Most instances (V1) or batch rows (V2) in one request (else 413)."
+    )
+    max_tensor_elements: int = Field(
+        16 * MiB, ge=1, description="Most tensor elements, all inputs together, in one V2 request (else 413)."
+    )
+    max_request_line: int = Field(
+        MAX_REQUEST_LINE, ge=64, le=MAX_REQUEST_LINE, description="Longest request line, URL included (else 414)."
+    )
+    max_header_count: int = Field(100, ge=4, le=32_768, description="Most header fields in a request (else 431).")
+    max_header_bytes: int = Field(8190, ge=64, le=65_536, description="Longest header field, `name: value` (else 431).")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
 
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            _check_key(key)
+        return keys
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
+        if self.api_key_file is not None:
+            keys = read_key_file(self.api_key_file)
+            if not keys:
+                raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
+            for key in keys:
+                _check_key(key)
+        if self.rate_limit_per_key is not None and not self.auth_enabled:
+            raise ValueError("--rate-limit-per-key needs API keys (--api-key or --api-key-file)")
+        if "*" in self.cors_origins and (self.cors_allow_credentials or len(self.cors_origins) > 1):
+            raise ValueError("--cors-origins '*' must stand alone and cannot be combined with --cors-allow-credentials")
         if self.debug and self.workers not in (None, 1):
             raise ValueError("--debug serves from one process: drop --workers or set it to 1")
         if self.arch == "hybrid" and self.executor not in ("auto", "process"):
@@ -129,6 +220,17 @@ class Config(BaseSettings):
         if self.debug and self.resolved_arch_executor == "process":
             raise ValueError("--debug runs everything in one thread: it cannot use model-worker processes")
         return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys) or self.api_key_file is not None
+
+    def all_api_keys(self) -> list[str]:
+        """The keys given directly and those in --api-key-file (read now), without duplicates."""
+        keys = list(self.api_keys)
+        if self.api_key_file is not None:
+            keys += read_key_file(self.api_key_file)
+        return list(dict.fromkeys(keys))
 
     @property
     def resolved_arch_executor(self) -> str:

@@ -7,15 +7,21 @@
     │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
+    │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
+    │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
     │   ├── NotStreaming                400 not_streaming (`:stream` on a model whose predict is not a generator)
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
     │   ├── PayloadTooLarge             413 payload_too_large
+    │   │   ├── TooManyInstances        413 too_many_instances (--max-instances)
+    │   │   └── TooManyElements         413 too_many_elements (--max-tensor-elements)
+    │   ├── UriTooLong                  414 uri_too_long (--max-request-line; answered by the HTTP server)
     │   ├── UnsupportedMediaType        415 unsupported_media_type
     │   ├── ValidationFailed            422 validation_failed
     │   ├── RateLimited                 429 rate_limited (Retry-After)
+    │   ├── HeadersTooLarge             431 headers_too_large (answered by the HTTP server)
     │   └── ClientDisconnected          499 client_disconnected (logged; nobody is left to read it)
     └── ServerError                     5xx
         ├── ModelFailed                 500 model_error
@@ -37,7 +43,9 @@ __all__ = [
     "ClientDisconnected",
     "ClientError",
     "ConfigError",
+    "CorsRejected",
     "DeadlineExceeded",
+    "HeadersTooLarge",
     "InvalidTensor",
     "MalformedRequest",
     "MethodNotAllowed",
@@ -53,9 +61,13 @@ __all__ = [
     "QueueFull",
     "RateLimited",
     "ServerError",
+    "TooManyElements",
+    "TooManyInstances",
     "TwinserveError",
+    "Unauthorized",
     "UnsupportedMediaType",
     "UntrustedModelFile",
+    "UriTooLong",
     "ValidationFailed",
     "WorkerDied",
     "error_from_code",
@@ -125,6 +137,20 @@ class NotStreaming(ClientError):
     code = "not_streaming"
 
 
+class Unauthorized(ClientError):
+    """No API key, or one the server does not know (only when API keys are configured)."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class CorsRejected(ClientError):
+    """A CORS preflight from an origin, or for a method or header, the server does not allow."""
+
+    status = 403
+    code = "cors_rejected"
+
+
 class NotFound(ClientError):
     status = 404
     code = "not_found"
@@ -144,6 +170,19 @@ class PayloadTooLarge(ClientError):
     code = "payload_too_large"
 
 
+class TooManyInstances(PayloadTooLarge):
+    code = "too_many_instances"
+
+
+class TooManyElements(PayloadTooLarge):
+    code = "too_many_elements"
+
+
+class UriTooLong(ClientError):
+    status = 414
+    code = "uri_too_long"
+
+
 class UnsupportedMediaType(ClientError):
     status = 415
     code = "unsupported_media_type"
@@ -157,6 +196,11 @@ class ValidationFailed(ClientError):
 class RateLimited(ClientError):
     status = 429
     code = "rate_limited"
+
+
+class HeadersTooLarge(ClientError):
+    status = 431
+    code = "headers_too_large"
 
 
 class ClientDisconnected(ClientError):

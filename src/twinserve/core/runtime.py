@@ -54,8 +54,9 @@ class ModelRuntime:
             self.model.config = config
         self.spec = ModelSpec(self.model)
         self.name = self.spec.name
-        self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type)
-        self.v2 = V2Codec(self.spec)  # the same instances, as Open Inference Protocol tensors
+        self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type, config.max_instances)
+        # The same instances, as Open Inference Protocol tensors.
+        self.v2 = V2Codec(self.spec, config.max_instances, config.max_tensor_elements)
         self.ready = False
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size

@@ -108,11 +108,15 @@ def serve_command(config: Config) -> list[str]:
         value = getattr(config, name)
         if name not in _ALWAYS and value == field.get_default(call_default_factory=True):
             continue
+        if name == "api_keys":
+            continue  # secrets never go into a manifest: TWINSERVE_API_KEYS from a Secret, or --api-key-file
         if name == "workers":
             value = config.effective_workers
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
             command.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            command += [flag, ",".join(value)]
         else:
             command += [flag, str(value)]
     return command

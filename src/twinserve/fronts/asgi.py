@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import Headers as StarletteHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
@@ -71,7 +72,7 @@ def _respond(reply: Reply, request_id: str) -> Response:
     headers = {REQUEST_ID_HEADER: request_id}
     if reply.headers:
         headers.update(reply.headers)
-    return Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type)
+    return Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type or None)
 
 
 async def _read_body(request: Request, service: Service) -> bytes:
@@ -396,7 +397,11 @@ def create_asgi_app(service: Service) -> ASGIApp:
             request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"], request.headers
         )
         error: TwinserveError
-        if exc.status_code == 404:
+        # With API keys on, an unknown path is 401 like a known one: no probing for routes without a key.
+        refusal = _refusal(service, request) if service.requires_auth(request.scope["path"]) else None
+        if refusal is not None:
+            error = refusal
+        elif exc.status_code == 404:
             error = NotFound(f"no route for {request.method} {request.url.path}")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
@@ -408,7 +413,58 @@ def create_asgi_app(service: Service) -> ASGIApp:
         return _respond(error_reply(error, context.request_id, is_v2(request.url.path)), context.request_id)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    return _PredictFastPath(app, _handled(service, "predict", predict), _handled(service, "infer", infer, v2=True))
+    served = _PredictFastPath(app, _handled(service, "predict", predict), _handled(service, "infer", infer, v2=True))
+    return served if service.cors is None else _Cors(served, service)
+
+
+def _refusal(service: Service, request: Request) -> TwinserveError | None:
+    try:
+        service.authenticate(request.headers)
+    except TwinserveError as exc:
+        return exc
+    return None
+
+
+class _Cors:
+    """The shared CORS policy (fronts/cors.py) around the whole app, fast path included: preflights answered
+    here, before authentication; the policy's headers added to every other response."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        service = self.service
+        headers = StarletteHeaders(scope=scope)
+        if service.is_preflight(scope["method"], headers):
+            context = service.begin(headers.get(REQUEST_ID_HEADER), scope["method"], scope["path"], headers)
+            error: TwinserveError | None = None
+            try:
+                reply = service.preflight(headers)
+            except TwinserveError as exc:
+                error = exc
+                reply = error_reply(exc, context.request_id, is_v2(scope["path"]))
+            service.finish(context, "preflight", "", reply.status, error.code if error is not None else None)
+            await _respond(reply, context.request_id)(scope, receive, send)
+            return
+        assert service.cors is not None
+        extra = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in service.cors.response_headers(headers.get("origin")).items()
+        ]
+        if not extra:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
 
 
 def _without_fastapi_tracing() -> dict[str, Any]:
@@ -424,6 +480,8 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
     V2 routes), metrics counted."""
 
     in_flight = metrics().in_flight
+    # Decided once per route: with no API keys (or on an open path) the request pays one `if False`.
+    needs_key = any(service.requires_auth(route.path) for route in ROUTES if route.name == name)
 
     async def handle(request: Request) -> Response:
         in_flight.inc()
@@ -433,6 +491,8 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
         error: TwinserveError | None = None
         streaming = False
         try:
+            if needs_key:
+                service.authenticate(request.headers)
             answer = await endpoint(request)
             if isinstance(answer, _StreamStart):
                 # Counted, logged and out of flight when the stream ends.

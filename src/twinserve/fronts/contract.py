@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from http import HTTPStatus
 from typing import Any
 
 from twinserve.config import Config
@@ -27,7 +28,9 @@ from twinserve.errors import (
     UnsupportedMediaType,
     error_payload,
 )
-from twinserve.fronts.openapi import openapi_document, swagger_page
+from twinserve.fronts.auth import authenticator
+from twinserve.fronts.cors import cors_policy
+from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.routes import EVENT_STREAM, HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
@@ -54,6 +57,7 @@ __all__ = [
     "Route",
     "Service",
     "error_reply",
+    "raw_error_response",
     "request_id_from",
     "sse_error",
     "sse_step",
@@ -82,6 +86,16 @@ for _route in ROUTES:
 _UNTRACED_PATHS = frozenset(route.path for route in ROUTES if route.name in _QUIET_ENDPOINTS)
 
 
+def _open_paths(config: Config) -> frozenset[str]:
+    """Paths served without an API key when keys are configured."""
+    names = {"live", "ready"}
+    if not config.metrics_auth:
+        names.add("metrics")
+    if config.public_docs:
+        names |= {"openapi", "docs"}
+    return frozenset(route.path for route in ROUTES if route.name in names)
+
+
 @dataclass(frozen=True)
 class Reply:
     """A complete response: status, JSON body bytes, extra headers."""
@@ -89,7 +103,7 @@ class Reply:
     status: int
     body: bytes
     headers: Mapping[str, str] | None = None
-    content_type: str = JSON
+    content_type: str = JSON  # "" for a response without a body (204)
 
 
 #: Server-Sent Events: each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (or
@@ -121,6 +135,19 @@ def error_reply(error: TwinserveError, request_id: str, v2: bool = False) -> Rep
     return Reply(error.status, body, error.headers or None)
 
 
+def raw_error_response(error: TwinserveError) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection, for errors an HTTP server meets while it
+    parses a request (request line or headers too large), before any front sees it. Its body is twinserve's."""
+    request_id = request_id_from(None)
+    body = dumps(error_payload(error, request_id))
+    head = (
+        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+        f"content-type: {JSON}\r\ncontent-length: {len(body)}\r\n"
+        f"{REQUEST_ID_HEADER.lower()}: {request_id}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
 class Service:
     """The transport-free handlers behind every route, over the models this process serves."""
 
@@ -130,6 +157,10 @@ class Service:
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
         self.limiter = rate_limiter(config)
+        #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
+        self.auth = authenticator(config)
+        self.cors = cors_policy(config)
+        self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._access_log = request_logger() if config.access_log else None
 
@@ -147,7 +178,8 @@ class Service:
     def _openapi(self) -> bytes:
         from twinserve import __version__
 
-        return dumps(openapi_document(self.runtimes, "twinserve", __version__))
+        document = openapi_document(self.runtimes, "twinserve", __version__)
+        return dumps(document if self.auth is None else secure(document, self.open_paths))
 
     def openapi(self) -> Reply:
         return Reply(200, self._openapi)
@@ -157,6 +189,34 @@ class Service:
 
     def metrics(self) -> Reply:
         return Reply(200, render(), content_type=CONTENT_TYPE)
+
+    # -- authentication and CORS (fronts/auth.py, fronts/cors.py) ----------------------------------------------
+    def authenticate(self, headers: Headers) -> str | None:
+        """The id of the API key `headers` present (None when authentication is off), for HTTP requests and
+        WebSocket handshakes alike. Raises Unauthorized (401) or, past the key's rate limit, RateLimited (429)."""
+        return None if self.auth is None else self.auth.authenticate(headers)
+
+    def requires_auth(self, path: str) -> bool:
+        """Whether a request for `path` must present a key (probes and, unless configured, scrapes need none)."""
+        return self.auth is not None and path not in self.open_paths
+
+    def is_preflight(self, method: str, headers: Headers) -> bool:
+        """Whether this is a CORS preflight the server answers (only with CORS on), before authentication:
+        browsers send no credentials on a preflight."""
+        return (
+            self.cors is not None
+            and method == "OPTIONS"
+            and headers.get("origin") is not None
+            and headers.get("access-control-request-method") is not None
+        )
+
+    def preflight(self, headers: Headers) -> Reply:
+        """The answer to a preflight (`is_preflight`): 204 with its grant; raises CorsRejected (403) otherwise."""
+        assert self.cors is not None
+        origin, method = headers.get("origin"), headers.get("access-control-request-method")
+        assert origin is not None and method is not None
+        allowed = self.cors.preflight(origin, method, headers.get("access-control-request-headers"))
+        return Reply(204, b"", allowed, content_type="")
 
     # -- every request, from every front -------------------------------------------------------------------
     def begin(

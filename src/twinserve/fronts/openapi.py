@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES
+from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES, is_v2
 from twinserve.model import DATATYPES
 from twinserve.protocol.v1 import json_default
 
-__all__ = ["openapi_document", "swagger_page"]
+__all__ = ["openapi_document", "secure", "swagger_page"]
 
 _REF = "#/components/schemas/{model}"
 
@@ -206,6 +206,27 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
         "paths": paths,
         "components": {"schemas": schemas},
     }
+
+
+#: API keys, either way they may be sent (README: "Authentication, CORS and limits").
+SECURITY_SCHEMES: dict[str, Any] = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer <API key>"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+}
+
+
+def secure(document: dict[str, Any], open_paths: frozenset[str]) -> dict[str, Any]:
+    """`document` with its API-key security declared: on every operation but those on `open_paths`, with 401."""
+    document["components"]["securitySchemes"] = SECURITY_SCHEMES
+    document["security"] = [{"bearer": []}, {"apiKey": []}]
+    for path, operations in document["paths"].items():
+        body = _REF.format(model="V2Error" if is_v2(path) else "Error")
+        for operation in operations.values():
+            if path in open_paths:
+                operation["security"] = []
+            else:
+                operation["responses"]["401"] = _json({"$ref": body}, "Missing or unknown API key")
+    return document
 
 
 _SWAGGER = """<!doctype html>

@@ -44,7 +44,10 @@ class _ModelNameConverter(BaseConverter):
 
 
 def _respond(reply: Reply) -> Response:
-    return Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
+    response = Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
+    if not reply.content_type:
+        del response.headers["Content-Type"]  # a 204 has no body to describe
+    return response
 
 
 def _translate(exc: HTTPException, service: Service) -> TwinserveError:
@@ -209,10 +212,16 @@ def create_wsgi_app(service: Service) -> Flask:
         return context
 
     @app.before_request
-    def _start() -> None:
+    def _start() -> Response | None:
         _context()
         in_flight.inc()
         g.counted = True
+        if service.cors is not None and service.is_preflight(request.method, request.headers):
+            g.endpoint = "preflight"
+            return _respond(service.preflight(request.headers))
+        if service.auth is not None and service.requires_auth(request.path):
+            service.authenticate(request.headers)
+        return None
 
     @app.after_request
     def _finish(response: Response) -> Response:
@@ -221,9 +230,11 @@ def create_wsgi_app(service: Service) -> Flask:
         if g.get("streaming"):
             return response
         rule = request.url_rule
+        if service.cors is not None and g.get("endpoint") != "preflight":
+            response.headers.update(service.cors.response_headers(request.headers.get("origin")))
         service.finish(
             context,
-            rule.endpoint if rule is not None else "unknown",
+            g.get("endpoint") or (rule.endpoint if rule is not None else "unknown"),
             (request.view_args or {}).get("model", ""),
             response.status_code,
             g.get("error_code"),

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from twinserve.errors import MalformedRequest, OutputMismatch, ValidationFailed
+from twinserve.errors import MalformedRequest, OutputMismatch, TooManyInstances, ValidationFailed
 
 __all__ = ["V1Codec", "dumps", "json_default"]
 
@@ -42,11 +42,12 @@ def _location(loc: tuple[int | str, ...]) -> str:
 class V1Codec:
     """Decodes predict requests and encodes responses for one model's instance types."""
 
-    def __init__(self, model_name: str, input_type: Any, output_type: Any) -> None:
+    def __init__(self, model_name: str, input_type: Any, output_type: Any, max_instances: int | None = None) -> None:
+        self.max_instances = max_instances
         self._request = create_model(
             f"{model_name.title().replace('-', '').replace('_', '')}PredictRequest",
             __config__=ConfigDict(extra="ignore"),
-            instances=(list[input_type], Field(min_length=1)),
+            instances=(list[input_type], Field(min_length=1, max_length=max_instances)),
         )
         self.input_adapter: TypeAdapter[Any] = TypeAdapter(input_type)
         self.output_adapter: TypeAdapter[Any] = TypeAdapter(output_type)
@@ -70,6 +71,10 @@ class V1Codec:
                 raise MalformedRequest(f"request body is not valid JSON: {errors[0]['msg']}") from None
             if errors and errors[0]["type"] == "model_type":
                 raise ValidationFailed("request body must be a JSON object with an 'instances' list") from None
+            if any(e["type"] == "too_long" and e["loc"] == ("instances",) for e in errors):
+                raise TooManyInstances(
+                    f"a request may hold at most {self.max_instances} instances (--max-instances)"
+                ) from None
             first = errors[0]
             message = f"{_location(first['loc'])}: {first['msg']}"
             if len(errors) > 1:

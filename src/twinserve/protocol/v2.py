@@ -11,6 +11,7 @@ Errors have the V2 body `{"error": "message"}`; their status comes from the one 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from twinserve.errors import (
     MalformedRequest,
     ModelFailed,
     OutputMismatch,
+    TooManyElements,
+    TooManyInstances,
     TwinserveError,
     ValidationFailed,
 )
@@ -126,7 +129,9 @@ def _validation_message(exc: ValidationError) -> tuple[str, list[dict[str, Any]]
 class V2Codec:
     """Decodes V2 inference requests to instances and encodes outputs, for one model's tensors."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, max_instances: int | None = None, max_elements: int | None = None) -> None:
+        self.max_instances = max_instances
+        self.max_elements = max_elements
         self.name = spec.name
         self.version = spec.version
         self.binding = bind(spec)
@@ -205,6 +210,8 @@ class V2Codec:
         count = rows.pop()
         if count < 1:
             raise InvalidTensor("the batch dimension must hold at least one instance")
+        if self.max_instances is not None and count > self.max_instances:
+            raise TooManyInstances(f"a request may hold at most {self.max_instances} rows (--max-instances)")
         instances = self.binding.to_instances(arrays)
         if len(instances) != count:
             raise ModelFailed(f"from_tensors returned {len(instances)} instances for {count} rows")
@@ -220,7 +227,7 @@ class V2Codec:
         """Every input tensor, checked against the model's and decoded from its JSON data or binary data."""
         if not isinstance(inputs, list) or not inputs:
             raise InvalidTensor("the request must have a non-empty 'inputs' list")
-        arrays, offset = {}, 0
+        arrays, offset, elements = {}, 0, 0
         for item in inputs:
             item = _object(item, "each input")
             name = item.get("name")
@@ -235,6 +242,12 @@ class V2Codec:
                     f"input {name!r} has datatype {item.get('datatype')!r}; the model takes {tensor.datatype}"
                 )
             shape = _shape(item.get("shape"), tensor)
+            elements += math.prod(shape)
+            if self.max_elements is not None and elements > self.max_elements:  # before any data is decoded
+                raise TooManyElements(
+                    f"the inputs hold {elements} or more elements; a request may hold at most {self.max_elements} "
+                    "(--max-tensor-elements)"
+                )
             input_parameters = _parameters(item, f"input {name!r}")
             if "shared_memory_region" in input_parameters:
                 raise InvalidTensor("shared-memory tensors are not supported")
