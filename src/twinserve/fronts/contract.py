@@ -212,6 +212,17 @@ class Service:
         """Checks that need only the request line and headers, done before the body is read."""
         return self._admit(self.runtime(model), content_type, content_length, _JSON_TYPE, JSON)
 
+    def admit_stream(self, model: str) -> ModelRuntime:
+        """`admit` for a WebSocket handshake: the model exists and is ready."""
+        runtime = self.runtime(model)
+        if not runtime.ready:
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
+        return runtime
+
+    def admit_message(self, runtime: ModelRuntime) -> None:
+        """`admit` for one WebSocket message (its size is the front's to check: it closes the socket)."""
+        self._admit(runtime, None, None, _JSON_TYPE, JSON)
+
     def admit_v2(
         self, model: str, version: str | None, content_type: str | None, content_length: int | None
     ) -> ModelRuntime:

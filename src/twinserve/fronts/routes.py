@@ -34,6 +34,8 @@ ROUTES: tuple[Route, ...] = (
     Route("list_models", "GET", "/v1/models"),
     Route("model_metadata", "GET", "/v1/models/{model}"),
     Route("predict", "POST", "/v1/models/{model}:predict"),
+    # A WebSocket stream of predict messages (async and hybrid; the sync architecture answers 501).
+    Route("websocket", "GET", "/v1/models/{model}/ws"),
     Route("live", "GET", "/v2/health/live"),
     Route("ready", "GET", "/v2/health/ready"),
     # The Open Inference Protocol (KServe V2), with Triton's model configuration and statistics extensions.
@@ -50,7 +52,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 #: The endpoints that reach a model's `predict`, whichever protocol.
-INFERENCE_ENDPOINTS = frozenset({"predict", "infer"})
+INFERENCE_ENDPOINTS = frozenset({"predict", "infer", "websocket"})
 
 
 def is_v2(path: str) -> bool:

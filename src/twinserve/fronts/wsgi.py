@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from twinserve.core.admission import TIMEOUT_HEADER
-from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.errors import ClientError, MethodNotAllowed, NotFound, TwinserveError, WebSocketUnsupported
 from twinserve.fronts.contract import Reply, Service, error_reply
 from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.observability.context import RequestContext
@@ -76,6 +76,11 @@ def create_wsgi_app(service: Service) -> Flask:
         outputs = runtime.predict(inference.instances, service.v2_deadline(deadline, inference.timeout_us))
         return _respond(service.infer_reply(runtime, inference, outputs))
 
+    def websocket(model: str) -> Response:
+        raise WebSocketUnsupported(
+            f"WebSocket streams need an event loop: serve with --arch async or --arch hybrid ({request.path})"
+        )
+
     def model_route(handler: Callable[[str, str | None], Reply]) -> Callable[..., Response]:
         return lambda model, version=None: _respond(handler(model, version))
 
@@ -83,6 +88,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "list_models": lambda: _respond(service.list_models()),
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
         "predict": predict,
+        "websocket": websocket,
         "live": lambda: _respond(service.live()),
         "ready": lambda: _respond(service.ready()),
         "server_metadata": lambda: _respond(service.server_metadata()),
