@@ -204,6 +204,8 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
             service.tracer.shutdown()
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
+    if streams is None:
+        streams = Streams()
     app = FastAPI(
         title="twinserve",
         version=__version__,
@@ -296,7 +298,7 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         handler = _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path))
         app.router.add_route(path, handler, methods=[route.method], name=route.name)
         if route.name == "websocket":
-            app.router.add_websocket_route(path, stream_endpoint(service, streams or Streams()), name=route.name)
+            app.router.add_websocket_route(path, stream_endpoint(service, streams), name=route.name)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

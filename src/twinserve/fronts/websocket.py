@@ -74,6 +74,7 @@ class Streams:
         """Refuse new streams and messages, give open streams `timeout` seconds to answer, close them (1001)."""
         self.closing = True
         if self._open:
+            logger.info("draining %d WebSocket stream(s) before shutting down", len(self._open))
             await asyncio.gather(*(stream.drain(timeout) for stream in list(self._open)))
 
 

@@ -110,6 +110,12 @@ def create_wsgi_app(service: Service) -> Flask:
             methods=[route.method],
             provide_automatic_options=False,
         )
+        if route.name == "websocket":
+            # Werkzeug routes a request with `Upgrade: websocket` to websocket rules only (else a 400): the 501
+            # must answer both kinds.
+            app.add_url_rule(
+                rule, endpoint=route.name, methods=[route.method], websocket=True, provide_automatic_options=False
+            )
 
     in_flight = metrics().in_flight
 
