@@ -302,9 +302,12 @@ def test_the_handshake_is_refused_for_an_unknown_model_and_a_plain_get_needs_the
         assert json.loads(response.body or b"")["error"]["code"] == "model_not_found"
 
     asyncio.run(run())
+    assert "without completing handshake" not in server.output()  # uvicorn's noise after a refusal is dropped
     plain = httpx.get(ws_url(server, "iris").replace("ws://", "http://"))
     assert plain.status_code == 426 and plain.headers["upgrade"] == "websocket"
     assert plain.json()["error"]["code"] == "upgrade_required"
+    documented = httpx.get(f"{server.url}/openapi.json").json()["paths"]["/v1/models/iris/ws"]["get"]
+    assert "ws-max-pending" in documented["description"] and "501" in documented["responses"]
 
 
 def test_sync_answers_501() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import os
 import signal
@@ -36,7 +37,15 @@ def app_factory() -> ASGIApp:
     start_memory_sampler("server")
     streams = Streams()
     _DrainStreamsFirst(streams, config.graceful_timeout).install()
+    logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
     return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)), streams)
+
+
+def _refused_handshake_noise(record: logging.LogRecord) -> bool:
+    """uvicorn's websockets-sansio protocol logs this error after every handshake refused with an HTTP response
+    (ASGI's denial-response extension), the way twinserve answers an unknown model's stream; the refusal itself is
+    logged as a request. Every other WebSocket endpoint path accepts or refuses, so the line says nothing here."""
+    return record.getMessage() != "ASGI callable returned without completing handshake."
 
 
 class _DrainStreamsFirst:
