@@ -75,7 +75,10 @@ class Streams:
         self.closing = True
         if self._open:
             logger.info("draining %d WebSocket stream(s) before shutting down", len(self._open))
-            await asyncio.gather(*(stream.drain(timeout) for stream in list(self._open)))
+            drained = await asyncio.gather(*(s.drain(timeout) for s in list(self._open)), return_exceptions=True)
+            for outcome in drained:
+                if isinstance(outcome, Exception):
+                    logger.error("a WebSocket stream failed to drain", exc_info=outcome)
 
 
 class _Stream:

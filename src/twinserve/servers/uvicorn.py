@@ -60,9 +60,13 @@ class _DrainStreamsFirst:
     def __init__(self, streams: Streams, timeout: float) -> None:
         self.streams = streams
         self.timeout = timeout
-        self.loop = asyncio.get_running_loop()
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def install(self) -> None:
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:  # built outside uvicorn's serving loop: its signals are not ours to take
+            return
         for sig in (signal.SIGINT, signal.SIGTERM):
             forward = signal.getsignal(sig)
             if callable(forward):
@@ -73,10 +77,12 @@ class _DrainStreamsFirst:
             forward(signum, frame)  # nothing to drain, or a second signal: stop now
             return
         self.streams.closing = True
+        assert self.loop is not None
         # A signal handler may interrupt the loop anywhere: only the thread-safe entry point is safe here.
         self.loop.call_soon_threadsafe(self._drain, forward, signum)
 
     def _drain(self, forward: Any, signum: int) -> None:
+        assert self.loop is not None
         task = self.loop.create_task(self.streams.aclose(self.timeout))
         task.add_done_callback(lambda _: forward(signum, None))
 
