@@ -133,6 +133,16 @@ class Config(BaseSettings):
     )
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
+    ws_max_pending: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description="Most unanswered messages per WebSocket; past it a message is answered at once with a "
+        "too_many_pending error (async and hybrid).",
+    )
+    ws_max_message_bytes: int | None = Field(
+        None, ge=1, description="Largest WebSocket message accepted, else close 1009 (default: --max-body-bytes)."
+    )
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(
@@ -242,6 +252,10 @@ class Config(BaseSettings):
         if self.max_batch_size is not None:
             return self.max_batch_size
         return 1 if self.arch == "sync" else 32
+
+    @property
+    def effective_ws_max_message_bytes(self) -> int:
+        return self.max_body_bytes if self.ws_max_message_bytes is None else self.ws_max_message_bytes
 
     @property
     def effective_workers(self) -> int:

@@ -20,6 +20,7 @@
     │   ├── UriTooLong                  414 uri_too_long (--max-request-line; answered by the HTTP server)
     │   ├── UnsupportedMediaType        415 unsupported_media_type
     │   ├── ValidationFailed            422 validation_failed
+    │   ├── UpgradeRequired             426 upgrade_required (a WebSocket route asked for without the upgrade)
     │   ├── RateLimited                 429 rate_limited (Retry-After)
     │   ├── HeadersTooLarge             431 headers_too_large (answered by the HTTP server)
     │   └── ClientDisconnected          499 client_disconnected (logged; nobody is left to read it)
@@ -29,6 +30,9 @@
         ├── ModelNotReady               503 model_not_ready
         ├── QueueFull                   503 queue_full (Retry-After)
         ├── WorkerDied                  503 worker_died
+        ├── TooManyPending              503 too_many_pending (a WebSocket's unanswered messages at their bound)
+        ├── ShuttingDown                503 shutting_down (a WebSocket message sent while the server drains)
+        ├── WebSocketUnsupported        501 websocket_unsupported (the sync architecture)
         └── DeadlineExceeded            504 deadline_exceeded
 
 Fronts never choose a status themselves: they raise (or catch) one of these and render it with
@@ -61,14 +65,18 @@ __all__ = [
     "QueueFull",
     "RateLimited",
     "ServerError",
+    "ShuttingDown",
     "TooManyElements",
     "TooManyInstances",
+    "TooManyPending",
     "TwinserveError",
     "Unauthorized",
     "UnsupportedMediaType",
     "UntrustedModelFile",
+    "UpgradeRequired",
     "UriTooLong",
     "ValidationFailed",
+    "WebSocketUnsupported",
     "WorkerDied",
     "error_from_code",
     "error_payload",
@@ -193,6 +201,13 @@ class ValidationFailed(ClientError):
     code = "validation_failed"
 
 
+class UpgradeRequired(ClientError):
+    """A plain GET on a WebSocket route."""
+
+    status = 426
+    code = "upgrade_required"
+
+
 class RateLimited(ClientError):
     status = 429
     code = "rate_limited"
@@ -242,6 +257,27 @@ class WorkerDied(ServerError):
 
     status = 503
     code = "worker_died"
+
+
+class TooManyPending(ServerError):
+    """A WebSocket already has `--ws-max-pending` messages unanswered; this one is refused, not queued."""
+
+    status = 503
+    code = "too_many_pending"
+
+
+class ShuttingDown(ServerError):
+    """The server is draining its WebSockets to stop: messages that arrive meanwhile are refused."""
+
+    status = 503
+    code = "shutting_down"
+
+
+class WebSocketUnsupported(ServerError):
+    """The sync architecture (WSGI) cannot hold WebSockets."""
+
+    status = 501
+    code = "websocket_unsupported"
 
 
 class DeadlineExceeded(ServerError):

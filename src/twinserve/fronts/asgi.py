@@ -32,7 +32,14 @@ from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.core.streams import AsyncSteps
-from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.errors import (
+    ClientDisconnected,
+    ClientError,
+    MethodNotAllowed,
+    NotFound,
+    TwinserveError,
+    UpgradeRequired,
+)
 from twinserve.fronts.contract import (
     EVENT_STREAM,
     SSE_END,
@@ -44,6 +51,7 @@ from twinserve.fronts.contract import (
     sse_step,
 )
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.websocket import Streams, stream_endpoint
 from twinserve.observability.context import RequestContext
 from twinserve.observability.metrics import mark_process_dead, metrics
 from twinserve.protocol.v2 import HEADER_LENGTH
@@ -275,8 +283,11 @@ class _PredictFastPath:
 Endpoint = Callable[[Request], Awaitable[Reply | _StreamStart]]
 
 
-def create_asgi_app(service: Service) -> ASGIApp:
-    """A FastAPI app serving the shared route table over `service`; models load in its lifespan."""
+def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp:
+    """A FastAPI app serving the shared route table over `service`; models load in its lifespan.
+
+    Its WebSocket streams are kept in `streams`, for the server to drain at shutdown.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -290,6 +301,8 @@ def create_asgi_app(service: Service) -> ASGIApp:
             service.tracer.shutdown()
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
+    if streams is None:
+        streams = Streams()
     app = FastAPI(
         title="twinserve",
         version=__version__,
@@ -366,6 +379,12 @@ def create_asgi_app(service: Service) -> ASGIApp:
         endpoint.__name__ = handler.__name__
         return endpoint
 
+    async def websocket(request: Request) -> Reply:
+        raise UpgradeRequired(
+            f"{request.url.path} is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)",
+            headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+        )
+
     async def model_stats(request: Request) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
@@ -374,6 +393,7 @@ def create_asgi_app(service: Service) -> ASGIApp:
         "model_metadata": model_metadata,
         "predict": predict,
         "stream": stream,
+        "websocket": websocket,
         "live": live,
         "ready": ready,
         "server_metadata": server_metadata,
@@ -390,6 +410,8 @@ def create_asgi_app(service: Service) -> ASGIApp:
         path = route.path.replace("{model}", "{model:model}").replace("{version}", "{version:model}")
         handler = _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path))
         app.router.add_route(path, handler, methods=[route.method], name=route.name)
+        if route.name == "websocket":
+            app.router.add_websocket_route(path, stream_endpoint(service, streams), name=route.name)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)

@@ -305,6 +305,17 @@ class Service:
         """Note a stream's time to first step."""
         metrics().first_chunk_seconds.labels(model).observe(time.perf_counter() - context.started)
 
+    def admit_socket(self, model: str) -> ModelRuntime:
+        """`admit` for a WebSocket handshake: the model exists and is ready."""
+        runtime = self.runtime(model)
+        if not runtime.ready:
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
+        return runtime
+
+    def admit_message(self, runtime: ModelRuntime) -> None:
+        """`admit` for one WebSocket message (its size is the front's to check: it closes the socket)."""
+        self._admit(runtime, None, None, _JSON_TYPE, JSON)
+
     def admit_v2(
         self, model: str, version: str | None, content_type: str | None, content_length: int | None
     ) -> ModelRuntime:

@@ -99,6 +99,15 @@ _V2_SCHEMAS: dict[str, Any] = {
 }
 
 
+_WEBSOCKET = (
+    "A WebSocket (async and hybrid architectures; sync answers 501 `websocket_unsupported`). Text messages "
+    '`{"id", "instances"}` are answered with `{"id", "predictions"}` or `{"id", "error"}` as each is ready, in any '
+    "order; binary messages are a 4-byte big-endian header length, a V2 inference request header and its tensor "
+    "bytes, answered in the same framing. At most `--ws-max-pending` unanswered messages per socket "
+    "(`too_many_pending` past it); close 1009 for a message over `--ws-max-message-bytes`, 1001 at shutdown."
+)
+
+
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
@@ -199,6 +208,20 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
         }
         if runtime.spec.streams:
             paths[f"/v1/models/{name}:stream"] = _stream_path(name, body, error_responses)
+        paths[f"/v1/models/{name}/ws"] = {
+            "get": {
+                "operationId": f"{name}_websocket",
+                "summary": f"Stream predictions with {name!r} over a WebSocket",
+                "description": _WEBSOCKET,
+                "responses": {
+                    "101": {"description": "Switching Protocols: the stream is open"},
+                    "404": error_responses["404"],
+                    "426": _json({"$ref": _REF.format(model="Error")}, "A plain GET, without the upgrade"),
+                    "501": _json({"$ref": _REF.format(model="Error")}, "The sync architecture"),
+                    "503": error_responses["503"],
+                },
+            }
+        }
         paths.update(_v2_paths(name, runtime))
     return {
         "openapi": "3.1.0",

@@ -46,6 +46,8 @@ ROUTES: tuple[Route, ...] = (
     Route("model_metadata", "GET", "/v1/models/{model}"),
     Route("predict", "POST", "/v1/models/{model}:predict"),
     Route("stream", "POST", "/v1/models/{model}:stream"),  # a streaming model's steps, as Server-Sent Events
+    # A WebSocket stream of predict messages (async and hybrid; the sync architecture answers 501).
+    Route("websocket", "GET", "/v1/models/{model}/ws"),
     Route("live", "GET", "/v2/health/live"),
     Route("ready", "GET", "/v2/health/ready"),
     # The Open Inference Protocol (KServe V2), with Triton's model configuration and statistics extensions.
@@ -62,7 +64,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 #: The endpoints that reach a model's `predict`, whichever protocol.
-INFERENCE_ENDPOINTS = frozenset({"predict", "stream", "infer"})
+INFERENCE_ENDPOINTS = frozenset({"predict", "stream", "infer", "websocket"})
 
 
 def is_v2(path: str) -> bool:

@@ -18,7 +18,14 @@ from werkzeug.routing import BaseConverter
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.core.streams import Steps
-from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.errors import (
+    ClientDisconnected,
+    ClientError,
+    MethodNotAllowed,
+    NotFound,
+    TwinserveError,
+    WebSocketUnsupported,
+)
 from twinserve.fronts.contract import (
     EVENT_STREAM,
     SSE_END,
@@ -171,6 +178,11 @@ def create_wsgi_app(service: Service) -> Flask:
         outputs = runtime.predict(inference.instances, service.v2_deadline(deadline, inference.timeout_us))
         return _respond(service.infer_reply(runtime, inference, outputs))
 
+    def websocket(model: str) -> Response:
+        raise WebSocketUnsupported(
+            f"WebSocket streams need an event loop: serve with --arch async or --arch hybrid ({request.path})"
+        )
+
     def model_route(handler: Callable[[str, str | None], Reply]) -> Callable[..., Response]:
         return lambda model, version=None: _respond(handler(model, version))
 
@@ -179,6 +191,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
         "predict": predict,
         "stream": stream,
+        "websocket": websocket,
         "live": lambda: _respond(service.live()),
         "ready": lambda: _respond(service.ready()),
         "server_metadata": lambda: _respond(service.server_metadata()),
@@ -200,6 +213,12 @@ def create_wsgi_app(service: Service) -> Flask:
             methods=[route.method],
             provide_automatic_options=False,
         )
+        if route.name == "websocket":
+            # Werkzeug routes a request with `Upgrade: websocket` to websocket rules only (else a 400): the 501
+            # must answer both kinds.
+            app.add_url_rule(
+                rule, endpoint=route.name, methods=[route.method], websocket=True, provide_automatic_options=False
+            )
 
     in_flight = metrics().in_flight
 

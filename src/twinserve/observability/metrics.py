@@ -57,6 +57,7 @@ REJECTION_REASONS = {
     "rate_limited": "rate_limit",
     "payload_too_large": "body_too_large",
     "client_disconnected": "disconnect",
+    "too_many_pending": "websocket_pending",
 }
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
-from twinserve.errors import MalformedRequest, OutputMismatch, TooManyInstances, ValidationFailed
+from twinserve.errors import ClientError, MalformedRequest, OutputMismatch, TooManyInstances, ValidationFailed
 
-__all__ = ["V1Codec", "dumps", "json_default"]
+__all__ = ["V1Codec", "dumps", "json_default", "request_error"]
 
 
 def json_default(obj: Any) -> Any:
@@ -37,6 +37,24 @@ def _location(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def request_error(exc: ValidationError, max_instances: int | None = None) -> ClientError:
+    """A request model's validation error as the client sees it: 400 for bad JSON, 413 past `max_instances`, else
+    422 naming the field."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    if errors and errors[0]["type"] == "json_invalid":
+        return MalformedRequest(f"request body is not valid JSON: {errors[0]['msg']}")
+    if errors and errors[0]["type"] == "model_type" and not errors[0]["loc"]:  # the body itself, not an instance
+        return ValidationFailed("request body must be a JSON object with an 'instances' list")
+    if any(e["type"] == "too_long" and e["loc"] == ("instances",) for e in errors):
+        return TooManyInstances(f"a request may hold at most {max_instances} instances (--max-instances)")
+    first = errors[0]
+    message = f"{_location(first['loc'])}: {first['msg']}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    details = [{"loc": _location(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors[:20]]
+    return ValidationFailed(message, details=details)
 
 
 class V1Codec:
@@ -66,21 +84,7 @@ class V1Codec:
         try:
             return self._request.model_validate_json(body).instances  # type: ignore[attr-defined, no-any-return]
         except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_context=False, include_input=False)
-            if errors and errors[0]["type"] == "json_invalid":
-                raise MalformedRequest(f"request body is not valid JSON: {errors[0]['msg']}") from None
-            if errors and errors[0]["type"] == "model_type":
-                raise ValidationFailed("request body must be a JSON object with an 'instances' list") from None
-            if any(e["type"] == "too_long" and e["loc"] == ("instances",) for e in errors):
-                raise TooManyInstances(
-                    f"a request may hold at most {self.max_instances} instances (--max-instances)"
-                ) from None
-            first = errors[0]
-            message = f"{_location(first['loc'])}: {first['msg']}"
-            if len(errors) > 1:
-                message += f" (and {len(errors) - 1} more)"
-            details = [{"loc": _location(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors[:20]]
-            raise ValidationFailed(message, details=details) from None
+            raise request_error(exc, self.max_instances) from None
 
     def encode(self, predictions: Any, expected: int) -> bytes:
         """Model outputs -> response bytes. Raises OutputMismatch (500) if the count or type is wrong."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import math
 import os
 import signal
 import sys
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -18,6 +21,7 @@ from twinserve.core.runtime import load_runtimes
 from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service, raw_error_response
+from twinserve.fronts.websocket import Streams
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
@@ -33,7 +37,56 @@ def app_factory() -> ASGIApp:
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
-    return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)))
+    streams = Streams()
+    _DrainStreamsFirst(streams, config.graceful_timeout).install()
+    logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
+    return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)), streams)
+
+
+def _refused_handshake_noise(record: logging.LogRecord) -> bool:
+    """uvicorn's websockets-sansio protocol logs this error after every handshake refused with an HTTP response
+    (ASGI's denial-response extension), the way twinserve answers an unknown model's stream; the refusal itself is
+    logged as a request. Every other WebSocket endpoint path accepts or refuses, so the line says nothing here."""
+    return record.getMessage() != "ASGI callable returned without completing handshake."
+
+
+class _DrainStreamsFirst:
+    """Put the WebSocket drain in front of uvicorn's own shutdown.
+
+    On SIGINT/SIGTERM uvicorn closes every WebSocket at once (code 1012), dropping answers already being computed.
+    This handler takes the signal first: open streams stop taking messages, send the answers they owe (within the
+    graceful timeout) and close with 1001; then uvicorn gets the signal and shuts down as usual. With no stream
+    open the signal goes straight to uvicorn. Installed while uvicorn loads the app, inside its signal capture.
+    """
+
+    def __init__(self, streams: Streams, timeout: float) -> None:
+        self.streams = streams
+        self.timeout = timeout
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self) -> None:
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:  # built outside uvicorn's serving loop: its signals are not ours to take
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            forward = signal.getsignal(sig)
+            if callable(forward):
+                signal.signal(sig, functools.partial(self._on_signal, forward))
+
+    def _on_signal(self, forward: Any, signum: int, frame: FrameType | None) -> None:
+        if self.streams.closing or not len(self.streams):
+            forward(signum, frame)  # nothing to drain, or a second signal: stop now
+            return
+        self.streams.closing = True
+        assert self.loop is not None
+        # A signal handler may interrupt the loop anywhere: only the thread-safe entry point is safe here.
+        self.loop.call_soon_threadsafe(self._drain, forward, signum)
+
+    def _drain(self, forward: Any, signum: int) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(self.streams.aclose(self.timeout))
+        task.add_done_callback(lambda _: forward(signum, None))
 
 
 class _Refused(Exception):
@@ -141,4 +194,8 @@ def run(config: Config) -> None:
         log_level=config.log_level,
         access_log=False,  # twinserve logs each request once, with its id, batch size and queue wait
         timeout_graceful_shutdown=math.ceil(config.graceful_timeout),
+        ws="websockets-sansio",
+        ws_max_size=config.effective_ws_max_message_bytes,  # larger messages: close 1009
+        ws_ping_interval=20.0,  # keepalive pings find dead peers; a stream may be idle for long
+        ws_ping_timeout=20.0,
     )

@@ -1,0 +1,283 @@
+"""WebSocket streams on the async front: `/v1/models/{model}/ws` (async and hybrid architectures).
+
+Every message becomes its own task awaiting `ModelRuntime.apredict`, so messages from all sockets meet in the
+model's batcher, and each is answered as soon as its outputs are ready, in any order (messages are described in
+`twinserve.protocol.stream`). Each message counts and logs like a request (endpoint `websocket`, its id as the
+request id).
+
+Per socket at most `--ws-max-pending` messages wait for their answers; one more is answered at once with a
+`too_many_pending` error (503), so a socket never holds unbounded work, and a client that stops reading its
+answers stops being read. Close codes:
+
+- 1000: the client closed;
+- 1001: the server is shutting down (after the answers already owed are sent, within `--graceful-timeout`);
+- 1007: a text message that is not UTF-8 (closed by the protocol layer);
+- 1009: a message over `--ws-max-message-bytes`; answers still owed are dropped;
+- 1011: an internal error.
+
+An unknown model, a model still loading or a server shutting down refuse the handshake with the HTTP contract's
+status and JSON error body (404, 503), or close with 1008 under a server without ASGI's denial-response extension.
+A client that leaves mid-stream cancels its unanswered messages: queued ones leave the batcher unbatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
+
+from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.core.runtime import ModelRuntime
+from twinserve.errors import ClientDisconnected, ShuttingDown, TooManyPending, TwinserveError
+from twinserve.fronts.contract import Service, error_reply
+from twinserve.fronts.routes import REQUEST_ID_HEADER
+from twinserve.observability.context import RequestContext
+from twinserve.observability.metrics import metrics
+from twinserve.protocol.stream import MessageError, StreamCodec
+
+__all__ = ["CLOSE_GOING_AWAY", "CLOSE_INTERNAL_ERROR", "CLOSE_POLICY", "CLOSE_TOO_BIG", "Streams", "stream_endpoint"]
+
+logger = logging.getLogger("twinserve.websocket")
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+#: The endpoint name WebSocket messages are counted and logged under.
+ENDPOINT = "websocket"
+_DENIAL_EXTENSION = "websocket.http.response"
+
+
+class Streams:
+    """The open streams of one server process, so that a shutdown can drain them: answers sent, then 1001."""
+
+    def __init__(self) -> None:
+        self._open: set[_Stream] = set()
+        self.closing = False
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def add(self, stream: _Stream) -> None:
+        self._open.add(stream)
+
+    def discard(self, stream: _Stream) -> None:
+        self._open.discard(stream)
+
+    async def aclose(self, timeout: float) -> None:
+        """Refuse new streams and messages, give open streams `timeout` seconds to answer, close them (1001)."""
+        self.closing = True
+        if self._open:
+            logger.info("draining %d WebSocket stream(s) before shutting down", len(self._open))
+            drained = await asyncio.gather(*(s.drain(timeout) for s in list(self._open)), return_exceptions=True)
+            for outcome in drained:
+                if isinstance(outcome, Exception):
+                    logger.error("a WebSocket stream failed to drain", exc_info=outcome)
+
+
+class _Stream:
+    """One accepted socket: reads messages, runs each as a task, sends the answers."""
+
+    def __init__(self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: StreamCodec) -> None:
+        self.websocket = websocket
+        self.service = service
+        self.runtime = runtime
+        self.codec = codec
+        self.path: str = websocket.scope["path"]
+        # The handshake's deadline header applies to each message.
+        self.timeout_header = websocket.headers.get(TIMEOUT_HEADER)
+        self.max_pending = service.config.ws_max_pending
+        self.max_bytes = service.config.effective_ws_max_message_bytes
+        self.pending: set[asyncio.Task[None]] = set()
+        self.draining = False
+        self.closed = False  # no more answers can be sent (the client left, or a close was sent)
+        self._close_sent = False
+        self._in_flight = metrics().in_flight
+
+    def _gone(self) -> bool:
+        return self.closed
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                data: str | bytes = message["text"] if message.get("text") is not None else message.get("bytes") or b""
+                if _size(data, self.max_bytes) > self.max_bytes:
+                    limit = f"{self.max_bytes}-byte limit (--ws-max-message-bytes)"
+                    await self.close(CLOSE_TOO_BIG, f"message exceeds the {limit}")
+                    return
+                refusal: TwinserveError | None = None
+                if self.draining:
+                    refusal = ShuttingDown("the server is shutting down: reconnect and send this message again")
+                elif len(self.pending) >= self.max_pending:
+                    refusal = TooManyPending(
+                        f"{len(self.pending)} messages on this socket await their answers "
+                        f"(--ws-max-pending {self.max_pending}); send this one again after an answer arrives"
+                    )
+                if refusal is not None:
+                    await self._answer(data, refusal)  # awaited here: a flooding client is read no faster
+                    continue
+                task = loop.create_task(self._answer(data))
+                self.pending.add(task)
+                task.add_done_callback(self.pending.discard)
+        except Exception:
+            logger.exception("WebSocket stream on %s failed", self.path)
+            await self.close(CLOSE_INTERNAL_ERROR, "internal error")
+        finally:
+            self.closed = True
+            await self._cancel_pending()
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking messages, wait up to `timeout` seconds for the answers owed, then close with 1001."""
+        self.draining = True
+        if self.pending:
+            await asyncio.wait(set(self.pending), timeout=timeout)
+        await self.close(CLOSE_GOING_AWAY, "the server is shutting down")
+
+    async def close(self, code: int, reason: str) -> None:
+        """Drop the answers still owed, then close (once)."""
+        self.closed = True
+        await self._cancel_pending()
+        if not self._close_sent:
+            self._close_sent = True
+            with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected):  # the client left first
+                await self.websocket.close(code, reason)
+
+    async def _cancel_pending(self) -> None:
+        tasks = list(self.pending)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _begin(self, message_id: str | None, received: float) -> RequestContext:
+        context = self.service.begin(message_id, "WS", self.path)
+        context.started = received  # decoding counts, as it does for an HTTP request
+        return context
+
+    async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
+        """Decode one message, predict, send the answer (or the error), and count it like a request."""
+        received = time.perf_counter()
+        binary = isinstance(data, bytes)
+        message_id: str | None = None
+        context: RequestContext | None = None
+        error: TwinserveError | None = None
+        self._in_flight.inc()
+        try:
+            reply = b""
+            try:
+                if refusal is not None:
+                    message_id = self.codec.message_id(data)
+                    raise refusal
+                if isinstance(data, str):
+                    text = self.codec.decode_text(data)
+                    message_id, context = text.id, self._begin(text.id, received)
+                    self.service.admit_message(self.runtime)
+                    deadline = self.service.deadline(self.timeout_header)
+                    outputs = await self.runtime.apredict(text.instances, deadline, self._gone)
+                    reply = self.codec.encode_text(message_id, outputs, len(text.instances))
+                else:
+                    framed = self.codec.decode_binary(data)
+                    message_id, context = framed.id, self._begin(framed.id, received)
+                    self.service.admit_message(self.runtime)
+                    deadline = self.service.deadline(self.timeout_header)
+                    deadline = self.service.v2_deadline(deadline, framed.request.timeout_us)
+                    outputs = await self.runtime.apredict(framed.request.instances, deadline, self._gone)
+                    reply = self.codec.encode_binary(framed.request, outputs)
+            except MessageError as exc:
+                message_id, error = exc.id, exc.error
+            except TwinserveError as exc:
+                error = exc
+            except Exception as exc:
+                logger.exception("unhandled error on a WebSocket message to %s", self.path)
+                error = TwinserveError(f"internal error: {type(exc).__name__}")
+            if context is None:
+                context = self._begin(message_id, received)
+            if error is not None:
+                write_error = self.codec.binary_error if binary else self.codec.text_error
+                reply = write_error(message_id, error, context.request_id)
+            await self._send(reply, binary)
+        except asyncio.CancelledError:
+            error = ClientDisconnected("the WebSocket closed before the answer was ready")
+            raise
+        finally:
+            self._in_flight.dec()
+            if context is None:
+                context = self._begin(message_id, received)
+            status, code = (200, None) if error is None else (error.status, error.code)
+            self.service.finish(context, ENDPOINT, self.runtime.name, status, code)
+
+    async def _send(self, reply: bytes, binary: bool) -> None:
+        if self.closed:
+            return
+        message: dict[str, Any] = {"type": "websocket.send"}
+        if binary:
+            message["bytes"] = reply
+        else:
+            message["text"] = reply.decode()
+        try:
+            await self.websocket.send(message)
+        except (WebSocketDisconnect, WebSocketDisconnected):
+            self.closed = True
+
+
+def _size(data: str | bytes, limit: int) -> int:
+    """The message's size in bytes (a text's UTF-8 length is only computed when it could matter)."""
+    size = len(data)
+    if isinstance(data, str) and size * 4 > limit and not data.isascii():
+        size = len(data.encode())
+    return size
+
+
+async def _deny(websocket: WebSocket, service: Service, error: TwinserveError) -> None:
+    """Refuse the handshake with the HTTP contract's status and body (or close 1008 without that extension)."""
+    context = service.begin(None, "WS", websocket.scope["path"], websocket.headers)
+    reply = error_reply(error, context.request_id)
+    if _DENIAL_EXTENSION in websocket.scope.get("extensions", {}):
+        headers = {REQUEST_ID_HEADER: context.request_id, **(reply.headers or {})}
+        await websocket.send_denial_response(
+            Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type)
+        )
+    else:
+        await websocket.close(CLOSE_POLICY, error.message[:120])
+    service.finish(context, ENDPOINT, websocket.path_params.get("model", ""), error.status, error.code)
+
+
+def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket], Awaitable[None]]:
+    """The WebSocket endpoint of `/v1/models/{model}/ws` over `service`; open streams are kept in `streams`."""
+    codecs: dict[str, StreamCodec] = {}
+
+    async def endpoint(websocket: WebSocket) -> None:
+        try:
+            # The handshake carries the API key; a refusal is answered with its status and body like any other.
+            if service.requires_auth(websocket.scope["path"]):
+                service.authenticate(websocket.headers)
+            if streams.closing:
+                raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
+            runtime = service.admit_socket(websocket.path_params["model"])
+        except TwinserveError as exc:
+            await _deny(websocket, service, exc)
+            return
+        codec = codecs.get(runtime.name)
+        if codec is None:
+            codec = codecs[runtime.name] = StreamCodec(
+                runtime.spec.input_type, runtime.codec, runtime.v2, service.config.max_instances
+            )
+        stream = _Stream(websocket, service, runtime, codec)
+        await websocket.accept()
+        streams.add(stream)
+        try:
+            await stream.serve()
+        finally:
+            streams.discard(stream)
+
+    return endpoint
