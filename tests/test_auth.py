@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from tests.conftest import ARCHS
 from tests.serving import Server, model_path
@@ -310,3 +314,22 @@ def test_manifests_never_carry_keys() -> None:
     assert KEY_FLAG not in " ".join(command)
     parsed = build_parser().parse_args(command[1:])
     assert load_config(cors_origins=parsed.cors_origins).cors_origins == [ORIGIN, "https://b.example"]
+
+
+@pytest.mark.parametrize("arch", ["async", "hybrid"])
+def test_websocket_handshakes_need_a_key(secured: dict[str, Server], arch: str) -> None:
+    url = secured[arch].url.replace("http://", "ws://") + "/v1/models/iris/ws"
+
+    async def run() -> None:
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(url, additional_headers={"X-API-Key": "not-a-key"}):
+                pass
+        response = refused.value.response
+        assert response.status_code == 401
+        assert json.loads(response.body or b"")["error"]["code"] == "unauthorized"
+        async with connect(url, additional_headers={"Authorization": f"Bearer {KEY_FLAG}"}) as socket:
+            await socket.send(json.dumps({"id": "a", "instances": [IRIS]}))
+            answer = json.loads(await socket.recv())
+        assert answer["id"] == "a" and answer["predictions"][0]["label"] == "setosa"
+
+    asyncio.run(run())
