@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.serving import RedisServer, Server, model_path
+from tests.serving import RedisServer, Server, model_path, servers_per_arch
 from twinserve.examples.io import populate
 
 ARCHS = ("sync", "async", "hybrid")
@@ -31,25 +31,23 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def servers(redis_server: RedisServer) -> Iterator[dict[str, Server]]:
     """One running server per architecture, same models and settings (started once for the session)."""
-    started: dict[str, Server] = {}
-    try:
-        for arch in ARCHS:
-            started[arch] = Server(
-                CONTRACT_MODELS,
-                arch,
-                "--workers",
-                "2",
-                "--threads",
-                "8",
-                "--max-body-bytes",
-                "65536",
-                "--redis-url",
-                redis_server.url,
-            ).start()
+
+    def make(arch: str) -> Server:
+        return Server(
+            CONTRACT_MODELS,
+            arch,
+            "--workers",
+            "2",
+            "--threads",
+            "8",
+            "--max-body-bytes",
+            "65536",
+            "--redis-url",
+            redis_server.url,
+        )
+
+    with servers_per_arch(ARCHS, make) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 @pytest.fixture(params=ARCHS)

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,3 +168,16 @@ class RedisServer:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+
+
+@contextmanager
+def servers_per_arch(archs: Sequence[str], make: Callable[[str], Server]) -> Iterator[dict[str, Server]]:
+    """`make(arch).start()` for each architecture; every server started is stopped on the way out."""
+    started: dict[str, Server] = {}
+    try:
+        for arch in archs:
+            started[arch] = make(arch).start()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()

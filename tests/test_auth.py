@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path
+from tests.serving import Server, model_path, servers_per_arch
 from twinserve.cli import build_parser
 from twinserve.config import load_config
 from twinserve.errors import ConfigError, CorsRejected, RateLimited, Unauthorized
@@ -160,27 +160,25 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     """One server per architecture with keys from a flag and a file, CORS for one origin."""
     key_file = tmp_path_factory.mktemp("keys") / "keys"
     key_file.write_text(f"# test keys\n{KEY_FILE}\n{KEY_LIMITED}\n")
-    started: dict[str, Server] = {}
-    try:
-        for arch in ARCHS:
-            started[arch] = Server(
-                ["twinserve.examples.tabular:Classifier", model_path("Echo")],
-                arch,
-                "--workers",
-                "1",
-                "--api-key",
-                KEY_FLAG,
-                "--api-key-file",
-                str(key_file),
-                "--rate-limit-per-key",
-                "5",
-                "--cors-origins",
-                ORIGIN,
-            ).start()
+
+    def make(arch: str) -> Server:
+        return Server(
+            ["twinserve.examples.tabular:Classifier", model_path("Echo")],
+            arch,
+            "--workers",
+            "1",
+            "--api-key",
+            KEY_FLAG,
+            "--api-key-file",
+            str(key_file),
+            "--rate-limit-per-key",
+            "5",
+            "--cors-origins",
+            ORIGIN,
+        )
+
+    with servers_per_arch(ARCHS, make) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 @pytest.fixture(params=ARCHS)

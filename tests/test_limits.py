@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path, predict, wait_for_file
+from tests.serving import Server, model_path, predict, servers_per_arch, wait_for_file
 
 MAX_BODY, MAX_INSTANCES, MAX_ELEMENTS = 4096, 8, 20
 MAX_LINE, MAX_HEADERS, MAX_HEADER_BYTES, MAX_TIMEOUT_MS = 1024, 30, 2048, 300
@@ -28,28 +28,26 @@ SAME_PROCESS = {"sync": ["--threads", "8"], "async": [], "hybrid": []}
 @pytest.fixture(scope="module")
 def limited() -> Iterator[dict[str, Server]]:
     """One server per architecture with every client limit set low (and neither API keys nor CORS)."""
-    started: dict[str, Server] = {}
-    try:
-        for arch in ARCHS:
-            started[arch] = Server(
-                [model_path("Echo"), model_path("Affine"), model_path("Gate")],
-                arch,
-                "--workers",
-                "1",
-                "--model-workers",
-                "1",
-                "--max-batch-size",
-                "2",
-                *SAME_PROCESS[arch],
-                *("--max-body-bytes", str(MAX_BODY), "--max-instances", str(MAX_INSTANCES)),
-                *("--max-tensor-elements", str(MAX_ELEMENTS), "--max-request-line", str(MAX_LINE)),
-                *("--max-header-count", str(MAX_HEADERS), "--max-header-bytes", str(MAX_HEADER_BYTES)),
-                *("--max-timeout-ms", str(MAX_TIMEOUT_MS)),
-            ).start()
+
+    def make(arch: str) -> Server:
+        return Server(
+            [model_path("Echo"), model_path("Affine"), model_path("Gate")],
+            arch,
+            "--workers",
+            "1",
+            "--model-workers",
+            "1",
+            "--max-batch-size",
+            "2",
+            *SAME_PROCESS[arch],
+            *("--max-body-bytes", str(MAX_BODY), "--max-instances", str(MAX_INSTANCES)),
+            *("--max-tensor-elements", str(MAX_ELEMENTS), "--max-request-line", str(MAX_LINE)),
+            *("--max-header-count", str(MAX_HEADERS), "--max-header-bytes", str(MAX_HEADER_BYTES)),
+            *("--max-timeout-ms", str(MAX_TIMEOUT_MS)),
+        )
+
+    with servers_per_arch(ARCHS, make) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 @pytest.fixture(params=ARCHS)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import ROOT, Server, model_path, predict, sample, scrape, wait_for_file
+from tests.serving import ROOT, Server, model_path, predict, sample, scrape, servers_per_arch, wait_for_file
 
 STREAMING = ("drip", "async-drip")
 MODELS = (model_path("Drip"), model_path("AsyncDrip"), model_path("Echo"), "twinserve.examples.tokens:Tokens")
@@ -27,15 +27,12 @@ MODELS = (model_path("Drip"), model_path("AsyncDrip"), model_path("Echo"), "twin
 
 @pytest.fixture(scope="module")
 def stream_servers() -> Iterator[dict[str, Server]]:
-    started: dict[str, Server] = {}
-    try:
-        for arch in ARCHS:
-            extra = ("--workers", "1", "--threads", "8", "--model-workers", "2")
-            started[arch] = Server(MODELS, arch, *extra).start()
+    def make(arch: str) -> Server:
+        extra = ("--workers", "1", "--threads", "8", "--model-workers", "2")
+        return Server(MODELS, arch, *extra)
+
+    with servers_per_arch(ARCHS, make) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 @pytest.fixture(params=ARCHS)
