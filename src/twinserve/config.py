@@ -93,6 +93,13 @@ class Config(BaseSettings):
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client may pause while sending a request (slow bodies get 408; slow headers, a closed "
+        "connection).",
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="Log lines as JSON, or coloured for people (auto: console on a terminal, else JSON)."

@@ -9,6 +9,7 @@
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
+    │   ├── RequestTimeout              408 request_timeout (the body did not arrive within --read-timeout-s)
     │   ├── PayloadTooLarge             413 payload_too_large
     │   ├── UnsupportedMediaType        415 unsupported_media_type
     │   ├── ValidationFailed            422 validation_failed
@@ -20,6 +21,7 @@
         ├── ModelNotReady               503 model_not_ready
         ├── QueueFull                   503 queue_full (Retry-After)
         ├── WorkerDied                  503 worker_died
+        ├── DependencyUnavailable       503 dependency_unavailable (Retry-After; a store the model needs is down)
         └── DeadlineExceeded            504 deadline_exceeded
 
 Fronts never choose a status themselves: they raise (or catch) one of these and render it with
@@ -35,6 +37,7 @@ __all__ = [
     "ClientError",
     "ConfigError",
     "DeadlineExceeded",
+    "DependencyUnavailable",
     "InvalidTensor",
     "MalformedRequest",
     "MethodNotAllowed",
@@ -47,6 +50,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueFull",
     "RateLimited",
+    "RequestTimeout",
     "ServerError",
     "TwinserveError",
     "UnsupportedMediaType",
@@ -114,6 +118,13 @@ class MethodNotAllowed(ClientError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(ClientError):
+    """The client stopped sending its request body (slowloris): the connection is closed after this answer."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class PayloadTooLarge(ClientError):
     status = 413
     code = "payload_too_large"
@@ -173,6 +184,16 @@ class WorkerDied(ServerError):
 
     status = 503
     code = "worker_died"
+
+
+class DependencyUnavailable(ServerError):
+    """A service the model needs (a feature store, say) cannot be reached; the message names it."""
+
+    status = 503
+    code = "dependency_unavailable"
+
+    def __init__(self, message: str, *, details: Any = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, details=details, headers={"Retry-After": "1", **(headers or {})})
 
 
 class DeadlineExceeded(ServerError):

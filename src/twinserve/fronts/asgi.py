@@ -25,7 +25,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import ClientDisconnected, ClientError, MethodNotAllowed, NotFound, TwinserveError
+from twinserve.errors import (
+    ClientDisconnected,
+    ClientError,
+    MethodNotAllowed,
+    NotFound,
+    RequestTimeout,
+    TwinserveError,
+)
 from twinserve.fronts.contract import Reply, Service, error_reply
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.observability.metrics import mark_process_dead, metrics
@@ -59,14 +66,27 @@ def _respond(reply: Reply, request_id: str) -> Response:
 
 
 async def _read_body(request: Request, service: Service) -> bytes:
-    """The request body, refusing (413) as soon as it grows past the limit, chunked or not."""
+    """The request body, refusing (413) as soon as it grows past the limit, chunked or not.
+
+    uvicorn bounds no read: a client that pauses longer than `--read-timeout-s` between two pieces of its body
+    gets 408 and its connection closed, instead of holding the request open forever (slowloris).
+    """
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > service.max_body_bytes:
-            raise service.too_large()
-        chunks.append(chunk)
+    pause = service.config.read_timeout_s
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(loop.time() + pause) as timer:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > service.max_body_bytes:
+                    raise service.too_large()
+                chunks.append(chunk)
+                timer.reschedule(loop.time() + pause)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {pause:g} s (--read-timeout-s)", headers={"Connection": "close"}
+        ) from None
     return b"".join(chunks)
 
 

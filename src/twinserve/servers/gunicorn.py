@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
+from gunicorn.workers.gthread import ThreadWorker
 
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
-from twinserve.fronts.wsgi import create_wsgi_app
+from twinserve.fronts.wsgi import BACKLOG_ENVIRON, create_wsgi_app
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import mark_process_dead, start_memory_sampler
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
 
-__all__ = ["build_wsgi_app", "run"]
+__all__ = ["SheddingThreadWorker", "build_wsgi_app", "run"]
+
+#: Connections a gthread worker holds open at most (gunicorn's default), unless the queue bound needs more.
+WORKER_CONNECTIONS = 1000
 
 
 def build_wsgi_app(config: Config) -> Flask:
@@ -38,6 +45,63 @@ def _child_exit(server: Any, worker: Any) -> None:
 
 def _worker_exit(server: Any, worker: Any) -> None:
     shutdown_tracing()  # in the exiting worker: export the spans it still holds
+
+
+class _TimedSocket(socket.socket):
+    """A connection whose blocking reads and writes give up after `read_timeout` seconds (TimeoutError).
+
+    gthread switches each connection between non-blocking (in its poller) and blocking (in a request thread) with
+    `setblocking`, which would clear a plain `settimeout`; here blocking means blocking with a bound, so a client
+    that stalls mid-headers or mid-body (slowloris) cannot hold a request thread forever.
+    """
+
+    __slots__ = ()
+    read_timeout: float = 30.0
+
+    def setblocking(self, flag: bool) -> None:
+        self.settimeout(type(self).read_timeout if flag else 0.0)
+
+
+class SheddingThreadWorker(ThreadWorker):  # type: ignore[misc]
+    """gunicorn's gthread worker, plus load shedding and a read timeout.
+
+    gthread queues every readable connection for its request threads without bound, so under overload requests
+    wait longer and longer and clients time out instead of being told to retry. Here each request learns, when a
+    thread takes it up, how many requests are still waiting for a thread behind it; the front answers 503 +
+    Retry-After when that exceeds `--max-queue`, the same bound the batch queue applies in the other architectures.
+    """
+
+    def init_process(self) -> None:
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
+        self._local = threading.local()
+        read_timeout = self.app.twinserve_config.read_timeout_s
+        self._socket_class = type("TimedSocket", (_TimedSocket,), {"__slots__": (), "read_timeout": read_timeout})
+        super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        app: Callable[[dict[str, Any], Any], Iterable[bytes]] = self.wsgi  # type: ignore[has-type]
+        local = self._local
+
+        def with_backlog(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            environ[BACKLOG_ENVIRON] = getattr(local, "backlog", 0)
+            return app(environ, start_response)
+
+        self.wsgi = with_backlog
+
+    def enqueue_req(self, conn: Any) -> None:
+        if type(conn.sock) is socket.socket:
+            conn.sock.__class__ = self._socket_class  # same layout: only setblocking changes
+        with self._waiting_lock:
+            self._waiting += 1
+        super().enqueue_req(conn)
+
+    def handle(self, conn: Any) -> Any:
+        with self._waiting_lock:
+            self._waiting -= 1
+            self._local.backlog = self._waiting
+        return super().handle(conn)
 
 
 class _GunicornLogger(Logger):  # type: ignore[misc]
@@ -63,8 +127,11 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "bind": [f"{config.host}:{config.port}"],
             "workers": config.effective_workers,
-            "worker_class": config.worker_class,
+            "worker_class": SheddingThreadWorker if config.worker_class == "gthread" else "sync",
             "threads": threads,
+            # Enough open connections per worker for the queue bound to be reached, and so to shed (503), before
+            # gthread stops accepting and leaves connections unanswered in the kernel's backlog.
+            "worker_connections": max(WORKER_CONNECTIONS, threads + config.max_queue + 1),
             "graceful_timeout": math.ceil(config.graceful_timeout),  # gunicorn takes whole seconds
             "loglevel": config.log_level,
             "proc_name": "twinserve-sync",

@@ -1,0 +1,91 @@
+"""Overload: ten times the measured capacity, on up to 1,000 connections, in every architecture.
+
+Every request is answered 200, or 503/429 with Retry-After, before the client's timeout; afterwards the server
+answers normally and its memory (the whole process tree) is back within 10% of what it was before.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import ARCHS
+from tests.hardening.harness import SLEEPY, closed_loop, open_loop, probing, tree_rss_mib, wait_until
+from tests.serving import Server
+
+#: One server process, one model worker, batches of up to 4 (50 ms each): about 80 requests/s of capacity.
+FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batch-size", "4", "--max-queue", "32"]
+#: The issue asks for 20 s; 8 s per architecture keeps the suite inside its CI budget on two cores.
+OVERLOAD_S = 8.0
+OVERLOAD_FACTOR = 10
+MAX_CONNECTIONS = 1000
+RSS_TOLERANCE = 0.10
+RSS_SETTLE_S = 30.0
+
+
+class PeakRss:
+    """Samples the process tree's RSS every 100 ms on a thread until stopped; keeps the peak."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = tree_rss_mib(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, tree_rss_mib(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ten_times_capacity_is_shed_with_503_and_nothing_hangs(arch: str) -> None:
+    with Server([SLEEPY], arch, *FLAGS) as server:
+        assert server.process is not None
+        pid = server.process.pid
+        warm = closed_loop(server, "sleepy", concurrency=8, duration_s=2.0)
+        capacity = warm.ok / warm.duration_s
+        assert warm.ok > 0 and warm.ok == warm.sent, warm
+        before = tree_rss_mib(pid)
+
+        with PeakRss(pid) as rss, probing(server, "sleepy") as probers:
+            result = open_loop(server, "sleepy", OVERLOAD_FACTOR * capacity, OVERLOAD_S, MAX_CONNECTIONS)
+
+        shed = sum(n for status, n in result.http_errors.items() if status in ("429", "503"))
+        figures = (
+            f"{arch}: capacity {capacity:.0f}/s, offered {result.sent} ({OVERLOAD_FACTOR * capacity:.0f}/s for "
+            f"{OVERLOAD_S:g} s, {result.connections_used} connections), answered {result.ok}, shed {shed}, "
+            f"RSS before {before:.0f} MiB, max {rss.peak:.0f} MiB; generator limited: {result.generator_limited}"
+        )
+        print(figures)
+        assert result.transport_errors == {"connect_refused": 0, "reset": 0, "timeout": 0, "unsent": 0, "other": 0}, (
+            figures,
+            result.transport_errors,
+        )
+        assert set(result.http_errors) <= {"429", "503"}, (figures, result.http_errors)
+        assert result.ok > 0 and shed > 0, figures  # it both served and shed: admission, not collapse
+        assert result.ok + shed == result.sent
+        for prober in probers:
+            assert not prober.bad, prober.bad[:5]
+            assert not prober.errors, prober.errors
+
+        answer = httpx.post(f"{server.url}/v1/models/sleepy:predict", json={"instances": [1, 2]}, timeout=30)
+        assert answer.status_code == 200 and answer.json() == {"predictions": [2, 4]}
+        after_load = closed_loop(server, "sleepy", concurrency=8, duration_s=1.0, warmup_s=0.0)
+        assert after_load.ok == after_load.sent > 0, after_load  # below capacity again: nothing shed
+        wait_until(
+            lambda: tree_rss_mib(pid) <= before * (1 + RSS_TOLERANCE),
+            RSS_SETTLE_S,
+            f"{arch}: RSS back within {RSS_TOLERANCE:.0%} of {before:.0f} MiB (now {tree_rss_mib(pid):.0f} MiB)",
+            interval=0.5,
+        )
