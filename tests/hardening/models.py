@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import twinserve
@@ -21,3 +22,14 @@ class Sleepy(twinserve.Model):
 
     def examples(self) -> list[Any]:
         return [1.5, -2.0]
+
+
+class Ledger(twinserve.Model):
+    """Signs each instance `{"ledger": dir, "id": name}` in as begun (a file named `name` in `dir`), then takes
+    PREDICT_SECONDS: the tests then know exactly which requests the server had begun computing."""
+
+    def predict(self, batch: list[dict[str, str]]) -> list[str]:
+        for item in batch:
+            (Path(item["ledger"]) / item["id"]).touch()
+        time.sleep(PREDICT_SECONDS)
+        return [item["id"] for item in batch]
