@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
+import redis
 
-from tests.serving import Server
+from tests.serving import Server, free_port
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
 
 HERE = Path(__file__).resolve().parent
@@ -118,3 +122,102 @@ def wait_until(condition: object, timeout: float, what: str, interval: float = 0
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {timeout} s"
         time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request's fate: an HTTP status (with the error code of an error body), or a transport error."""
+
+    at: float
+    status: int | None
+    code: str | None = None
+    message: str = ""
+    error: str | None = None
+    retry_after: str | None = None
+
+
+class Traffic:
+    """`clients` threads, each sending requests one after another over a kept-alive connection, until stopped."""
+
+    def __init__(self, url: str, body: Callable[[int], Any], clients: int = 8) -> None:
+        self.url = url
+        self.body = body
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _client(self, index: int) -> None:
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S) as http:
+            n = index
+            while not self._stop.is_set():
+                n += len(self._threads)
+                try:
+                    response = http.post(self.url, json=self.body(n))
+                except httpx.TransportError as exc:
+                    self.outcomes.append(Outcome(time.monotonic(), None, error=type(exc).__name__))
+                    time.sleep(0.01)
+                    continue
+                code, message = None, ""
+                if response.status_code != 200:
+                    error = response.json()["error"]
+                    code, message = error["code"], error["message"]
+                retry_after = response.headers.get("retry-after")
+                self.outcomes.append(Outcome(time.monotonic(), response.status_code, code, message, None, retry_after))
+
+    def count(self, since: float = 0.0, status: int | None = 200) -> int:
+        return sum(1 for o in list(self.outcomes) if o.at >= since and o.status == status)
+
+    def wait_for(self, answers: int, since: float = 0.0, status: int | None = 200, timeout: float = 60) -> None:
+        wait_until(lambda: self.count(since, status) >= answers, timeout, f"{answers} answers {status}")
+
+    def __enter__(self) -> Traffic:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 5)
+
+
+class RestartableRedis:
+    """A redis-server on a fixed loopback port that can be stopped and started again with its data."""
+
+    def __init__(self, directory: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.args = [
+            binary,
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *("--dir", str(directory), "--dbfilename", "hardening.rdb"),
+        ]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        try:
+            wait_until(lambda: self._answers(client), 30, "redis-server up", interval=0.02)
+        finally:
+            client.close()
+
+    @staticmethod
+    def _answers(client: redis.Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self) -> None:
+        """Snapshot the data (so a restart brings it back), then stop the server."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        client = redis.Redis(port=self.port)
+        client.save()
+        client.close()
+        self.process.terminate()
+        self.process.wait(timeout=10)
