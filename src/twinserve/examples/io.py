@@ -100,9 +100,12 @@ class FeatureLookup(Model):
         from sklearn.linear_model import LogisticRegression
 
         url = self.redis_url = self.config.redis_url
-        timeouts = {"socket_timeout": STORE_TIMEOUT_S, "socket_connect_timeout": STORE_TIMEOUT_S}
-        self.redis = redis.Redis.from_url(url, decode_responses=True, **timeouts)
-        self.aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, **timeouts)
+        self.redis = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S
+        )
+        self.aredis = redis.asyncio.Redis.from_url(
+            url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S
+        )
         self.redis.ping()  # fail at start-up, not on the first request, if the store is unreachable
         rng = np.random.default_rng(0)
         x = rng.normal(size=(512, N_FEATURES))

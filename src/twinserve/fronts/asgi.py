@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -83,6 +83,8 @@ async def _read_body(request: Request, service: Service) -> bytes:
                     raise service.too_large()
                 chunks.append(chunk)
                 timer.reschedule(loop.time() + pause)
+    except ClientDisconnect:  # uvicorn takes a half-closed connection for a departed client: nobody to answer
+        raise ClientDisconnected("the client closed the connection before the whole body arrived") from None
     except TimeoutError:
         raise RequestTimeout(
             f"the request body did not arrive within {pause:g} s (--read-timeout-s)", headers={"Connection": "close"}

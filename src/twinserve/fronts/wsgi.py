@@ -53,9 +53,16 @@ def _read_body(service: Service) -> bytes:
     """The request body, refusing (413) one byte past the limit, chunked or not; 408 if the client stalls."""
     try:
         if request.content_length is not None:  # already checked against the limit by Service.admit
-            return request.get_data(cache=False)
+            body: bytes = request.get_data(cache=False)
+            if len(body) < request.content_length:  # the client closed its side early: never act on half a message
+                raise ClientError(
+                    f"the request body ended after {len(body)} of the {request.content_length} bytes its "
+                    "Content-Length announced",
+                    headers={"Connection": "close"},
+                )
+            return body
         # Chunked: the server de-chunks wsgi.input and marks its end (wsgi.input_terminated).
-        body: bytes = request.environ["wsgi.input"].read(service.max_body_bytes + 1)
+        body = request.environ["wsgi.input"].read(service.max_body_bytes + 1)
     except TimeoutError:  # the server's socket read timeout (--read-timeout-s)
         raise RequestTimeout(
             f"the request body did not arrive within {service.config.read_timeout_s:g} s (--read-timeout-s)",

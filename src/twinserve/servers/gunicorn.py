@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -75,8 +77,10 @@ class SheddingThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
-        read_timeout = self.app.twinserve_config.read_timeout_s
+        self._read_timeout = read_timeout = self.app.twinserve_config.read_timeout_s
         self._socket_class = type("TimedSocket", (_TimedSocket,), {"__slots__": (), "read_timeout": read_timeout})
+        #: Connections whose request head is being read, and when it must have arrived by.
+        self._heads: dict[Any, float] = {}
         super().init_process()
 
     def load_wsgi(self) -> None:
@@ -101,7 +105,29 @@ class SheddingThreadWorker(ThreadWorker):  # type: ignore[misc]
         with self._waiting_lock:
             self._waiting -= 1
             self._local.backlog = self._waiting
-        return super().handle(conn)
+        self._heads[conn] = time.monotonic() + self._read_timeout
+        try:
+            return super().handle(conn)
+        finally:
+            self._heads.pop(conn, None)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        self._heads.pop(conn, None)  # the head is in; the body is bounded per read by the socket timeout
+        return super().handle_request(req, conn)
+
+    def murder_keepalived(self, force: bool = False) -> None:
+        """gthread's once-a-second housekeeping, plus: cut off a head that a client sends too slowly (slowloris).
+
+        The socket timeout only bounds each pause, and a byte a second never pauses long; shutting the socket down
+        wakes the request thread from its read, and gthread closes the connection.
+        """
+        super().murder_keepalived(force)
+        now = time.monotonic()
+        for conn, deadline in list(self._heads.items()):
+            if now > deadline:
+                self._heads.pop(conn, None)
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
 
 
 class _GunicornLogger(Logger):  # type: ignore[misc]
