@@ -22,7 +22,8 @@ GRACEFUL_TIMEOUT_S = 20
 CLIENTS = 24
 #: What each server logs once it has begun a graceful shutdown.
 SHUTDOWN_STARTED = {"sync": "Handling signal: term", "async": "Shutting down", "hybrid": "Shutting down"}
-FLAGS = ["--workers", "2", "--threads", "8", "--model-workers", "2", "--max-batch-size", "4"]
+WORKERS = 2
+FLAGS = ["--workers", str(WORKERS), "--threads", "8", "--model-workers", "2", "--max-batch-size", "4"]
 
 
 class Client:
@@ -111,9 +112,7 @@ def test_sigterm_under_load_loses_nothing_begun(arch: str, tmp_path: Path) -> No
     assert set(statuses) <= {200, 503}, statuses
     assert refused_while_draining > 0  # new connections are refused while in-flight requests finish
     for client in clients:
-        # A kept-alive connection the server closes as it stops can fail the one request its client was sending
-        # into the close (never begun, so safe to retry); every later attempt is a refused connection.
-        errors = [error for error, _ in client.failed.values()]
-        assert all(e == "ConnectError" for e in errors[1:]) and errors[:1] in ([], ["ConnectError"], ["ReadError"]), (
-            errors[:5]
-        )
+        # A kept-alive connection that a server process closes as it stops can fail the one request its client was
+        # sending into the close (never begun, so safe to retry): at most one per client and server process.
+        closed = [error for error, _ in client.failed.values() if error != "ConnectError"]
+        assert len(closed) <= WORKERS and set(closed) <= {"ReadError", "RemoteProtocolError"}, closed
