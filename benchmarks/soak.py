@@ -48,7 +48,7 @@ def soak(arch: str, model: str, minutes: int, window_s: float, flags: list[str])
             level = run_level_sync(LoadSpec(url=url, bodies=[body], duration_s=window_s, rate=rate, seed=minute))
             errors = sum(level.http_errors.values()) + sum(level.transport_errors.values())
             window = {
-                "minute": minute + 1,
+                "window": minute + 1,
                 "sent": level.sent,
                 "errors": errors,
                 "p50_ms": level.latency_ms["p50"],
@@ -57,7 +57,7 @@ def soak(arch: str, model: str, minutes: int, window_s: float, flags: list[str])
                 "generator_limited": level.generator_limited,
             }
             windows.append(window)
-            print(f"  {arch} minute {minute + 1}: {json.dumps(window)}", flush=True)
+            print(f"  {arch} window {minute + 1}: {json.dumps(window)}", flush=True)
     first, last = windows[0], windows[-1]
     return {
         "arch": arch,

@@ -14,11 +14,13 @@ import pytest
 from tests.conftest import ARCHS
 from tests.hardening.harness import SLEEPY, closed_loop, open_loop, probing, tree_rss_mib, wait_until
 from tests.serving import Server
+from twinserve.lab.loadgen import TRANSPORT_ERROR_KINDS
 
 #: One server process, one model worker, batches of up to 4 (50 ms each): about 80 requests/s of capacity.
 FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batch-size", "4", "--max-queue", "32"]
 #: The issue asks for 20 s; 8 s per architecture keeps the suite inside its CI budget on two cores.
 OVERLOAD_S = 8.0
+CROWD_S = 4.0
 OVERLOAD_FACTOR = 10
 MAX_CONNECTIONS = 1000
 RSS_TOLERANCE = 0.10
@@ -56,25 +58,32 @@ def test_ten_times_capacity_is_shed_with_503_and_nothing_hangs(arch: str) -> Non
         warm = closed_loop(server, "sleepy", concurrency=8, duration_s=2.0)
         capacity = warm.ok / warm.duration_s
         assert warm.ok > 0 and warm.ok == warm.sent, warm
+        # Warm up at the connection count to come too: the first 1,000 connections grow buffers and allocator pools
+        # once, which the process keeps for reuse; a leak is growth beyond that, which the load must not cause.
+        closed_loop(server, "sleepy", concurrency=MAX_CONNECTIONS, duration_s=1.0, warmup_s=0.0)
         before = tree_rss_mib(pid)
 
         with PeakRss(pid) as rss, probing(server, "sleepy") as probers:
-            result = open_loop(server, "sleepy", OVERLOAD_FACTOR * capacity, OVERLOAD_S, MAX_CONNECTIONS)
+            offered = open_loop(server, "sleepy", OVERLOAD_FACTOR * capacity, OVERLOAD_S, MAX_CONNECTIONS)
+            # Then every one of the 1,000 connections with a request outstanding at all times.
+            crowd = closed_loop(server, "sleepy", concurrency=MAX_CONNECTIONS, duration_s=CROWD_S, warmup_s=0.0)
 
-        shed = sum(n for status, n in result.http_errors.items() if status in ("429", "503"))
-        figures = (
-            f"{arch}: capacity {capacity:.0f}/s, offered {result.sent} ({OVERLOAD_FACTOR * capacity:.0f}/s for "
-            f"{OVERLOAD_S:g} s, {result.connections_used} connections), answered {result.ok}, shed {shed}, "
-            f"RSS before {before:.0f} MiB, max {rss.peak:.0f} MiB; generator limited: {result.generator_limited}"
-        )
-        print(figures)
-        assert result.transport_errors == {"connect_refused": 0, "reset": 0, "timeout": 0, "unsent": 0, "other": 0}, (
-            figures,
-            result.transport_errors,
-        )
-        assert set(result.http_errors) <= {"429", "503"}, (figures, result.http_errors)
-        assert result.ok > 0 and shed > 0, figures  # it both served and shed: admission, not collapse
-        assert result.ok + shed == result.sent
+        for label, result in (("open loop", offered), ("1,000 connections", crowd)):
+            shed = sum(n for status, n in result.http_errors.items() if status in ("429", "503"))
+            figures = (
+                f"{arch} {label}: capacity {capacity:.0f}/s, offered {result.sent} in {result.duration_s:g} s "
+                f"({result.connections_used} connections), answered {result.ok}, shed {shed}, RSS before "
+                f"{before:.0f} MiB, max {rss.peak:.0f} MiB; generator limited: {result.generator_limited}"
+            )
+            print(figures)
+            assert result.transport_errors == dict.fromkeys(TRANSPORT_ERROR_KINDS, 0), (
+                figures,
+                result.transport_errors,
+            )
+            assert set(result.http_errors) <= {"429", "503"}, (figures, result.http_errors)
+            assert result.ok > 0 and shed > 0, figures  # it both served and shed: admission, not collapse
+            assert result.ok + shed == result.sent
+        assert crowd.connections_used == MAX_CONNECTIONS
         for prober in probers:
             assert not prober.bad, prober.bad[:5]
             assert not prober.errors, prober.errors
@@ -89,3 +98,4 @@ def test_ten_times_capacity_is_shed_with_503_and_nothing_hangs(arch: str) -> Non
             f"{arch}: RSS back within {RSS_TOLERANCE:.0%} of {before:.0f} MiB (now {tree_rss_mib(pid):.0f} MiB)",
             interval=0.5,
         )
+        print(f"{arch}: RSS after {tree_rss_mib(pid):.0f} MiB")
