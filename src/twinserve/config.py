@@ -144,6 +144,13 @@ class Config(BaseSettings):
         None, ge=1, description="Largest WebSocket message accepted, else close 1009 (default: --max-body-bytes)."
     )
     graceful_timeout: float = Field(30.0, ge=0, description="Seconds in-flight requests get to finish after SIGTERM.")
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client may pause while sending a request (slow bodies get 408; slow headers, a closed "
+        "connection).",
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="Log lines as JSON, or coloured for people (auto: console on a terminal, else JSON)."

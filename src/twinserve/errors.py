@@ -14,6 +14,7 @@
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
+    │   ├── RequestTimeout              408 request_timeout (the body did not arrive within --read-timeout-s)
     │   ├── PayloadTooLarge             413 payload_too_large
     │   │   ├── TooManyInstances        413 too_many_instances (--max-instances)
     │   │   └── TooManyElements         413 too_many_elements (--max-tensor-elements)
@@ -33,6 +34,7 @@
         ├── TooManyPending              503 too_many_pending (a WebSocket's unanswered messages at their bound)
         ├── ShuttingDown                503 shutting_down (a WebSocket message sent while the server drains)
         ├── WebSocketUnsupported        501 websocket_unsupported (the sync architecture)
+        ├── DependencyUnavailable       503 dependency_unavailable (Retry-After; a store the model needs is down)
         └── DeadlineExceeded            504 deadline_exceeded
 
 Fronts never choose a status themselves: they raise (or catch) one of these and render it with
@@ -49,6 +51,7 @@ __all__ = [
     "ConfigError",
     "CorsRejected",
     "DeadlineExceeded",
+    "DependencyUnavailable",
     "HeadersTooLarge",
     "InvalidTensor",
     "MalformedRequest",
@@ -64,6 +67,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueFull",
     "RateLimited",
+    "RequestTimeout",
     "ServerError",
     "ShuttingDown",
     "TooManyElements",
@@ -173,6 +177,13 @@ class MethodNotAllowed(ClientError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(ClientError):
+    """The client stopped sending its request body (slowloris): the connection is closed after this answer."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class PayloadTooLarge(ClientError):
     status = 413
     code = "payload_too_large"
@@ -278,6 +289,16 @@ class WebSocketUnsupported(ServerError):
 
     status = 501
     code = "websocket_unsupported"
+
+
+class DependencyUnavailable(ServerError):
+    """A service the model needs (a feature store, say) cannot be reached; the message names it."""
+
+    status = 503
+    code = "dependency_unavailable"
+
+    def __init__(self, message: str, *, details: Any = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, details=details, headers={"Retry-After": "1", **(headers or {})})
 
 
 class DeadlineExceeded(ServerError):

@@ -10,7 +10,8 @@ Load demo features with `python -m twinserve.examples.io --redis-url redis://127
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel, ConfigDict, Field
 
-from twinserve.errors import ValidationFailed
+from twinserve.errors import DependencyUnavailable, ValidationFailed
 from twinserve.model import Model
 
 __all__ = ["N_FEATURES", "EntityRequest", "FeatureLookup", "Score", "feature_key", "populate"]
@@ -27,6 +28,24 @@ __all__ = ["N_FEATURES", "EntityRequest", "FeatureLookup", "Score", "feature_key
 N_FEATURES = 8
 KEY_PREFIX = "twinserve:features:"
 FIELDS = [f"f{i}" for i in range(N_FEATURES)]
+#: Seconds to connect to, or hear back from, the store before the request is answered 503.
+STORE_TIMEOUT_S = 2.0
+
+
+@contextmanager
+def _store(url: str) -> Iterator[None]:
+    """An unreachable store is the server's trouble, not the model's: 503 naming it, not a 500."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise DependencyUnavailable(
+            f"the feature store (redis at {_without_password(url)}) is unreachable: {exc}"
+        ) from None
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
 
 
 def feature_key(entity_id: str) -> str:
@@ -80,9 +99,13 @@ class FeatureLookup(Model):
     def load(self) -> None:
         from sklearn.linear_model import LogisticRegression
 
-        url = self.config.redis_url
-        self.redis = redis.Redis.from_url(url, decode_responses=True)
-        self.aredis = redis.asyncio.Redis.from_url(url, decode_responses=True)
+        url = self.redis_url = self.config.redis_url
+        self.redis = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S
+        )
+        self.aredis = redis.asyncio.Redis.from_url(
+            url, decode_responses=True, socket_timeout=STORE_TIMEOUT_S, socket_connect_timeout=STORE_TIMEOUT_S
+        )
         self.redis.ping()  # fail at start-up, not on the first request, if the store is unreachable
         rng = np.random.default_rng(0)
         x = rng.normal(size=(512, N_FEATURES))
@@ -95,10 +118,13 @@ class FeatureLookup(Model):
         return Features(entity_id, [float(v) for v in values])  # type: ignore[arg-type]
 
     def preprocess(self, instance: EntityRequest) -> Features:
-        return self._features(instance.entity_id, self.redis.hmget(feature_key(instance.entity_id), FIELDS))
+        with _store(self.redis_url):
+            values = self.redis.hmget(feature_key(instance.entity_id), FIELDS)
+        return self._features(instance.entity_id, values)
 
     async def apreprocess(self, instance: EntityRequest) -> Features:
-        values = await self.aredis.hmget(feature_key(instance.entity_id), FIELDS)
+        with _store(self.redis_url):
+            values = await self.aredis.hmget(feature_key(instance.entity_id), FIELDS)
         return self._features(instance.entity_id, values)
 
     def predict(self, batch: list[Features]) -> list[Score]:

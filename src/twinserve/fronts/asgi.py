@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import Headers as StarletteHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,6 +37,7 @@ from twinserve.errors import (
     ClientError,
     MethodNotAllowed,
     NotFound,
+    RequestTimeout,
     TwinserveError,
     UpgradeRequired,
 )
@@ -84,14 +85,29 @@ def _respond(reply: Reply, request_id: str) -> Response:
 
 
 async def _read_body(request: Request, service: Service) -> bytes:
-    """The request body, refusing (413) as soon as it grows past the limit, chunked or not."""
+    """The request body, refusing (413) as soon as it grows past the limit, chunked or not.
+
+    uvicorn bounds no read: a client that pauses longer than `--read-timeout-s` between two pieces of its body
+    gets 408 and its connection closed, instead of holding the request open forever (slowloris).
+    """
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > service.max_body_bytes:
-            raise service.too_large()
-        chunks.append(chunk)
+    pause = service.config.read_timeout_s
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout_at(loop.time() + pause) as timer:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > service.max_body_bytes:
+                    raise service.too_large()
+                chunks.append(chunk)
+                timer.reschedule(loop.time() + pause)
+    except ClientDisconnect:  # uvicorn takes a half-closed connection for a departed client: nobody to answer
+        raise ClientDisconnected("the client closed the connection before the whole body arrived") from None
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {pause:g} s (--read-timeout-s)", headers={"Connection": "close"}
+        ) from None
     return b"".join(chunks)
 
 

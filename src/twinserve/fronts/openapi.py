@@ -112,6 +112,15 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
+#: Routes whose answers are not a plain JSON 200.
+_GLOBAL_RESPONSES: dict[str, dict[str, Any]] = {
+    "metrics": {
+        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    },
+    "ready": {"200": _json({}), "503": _json({}, "A model is still loading")},
+}
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
@@ -174,7 +183,8 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
     for route in ROUTES:
         if "{model}" in route.path or route.name in ("openapi", "docs"):
             continue
-        paths[route.path] = {route.method.lower(): {"operationId": route.name, "responses": {"200": _json({})}}}
+        responses = _GLOBAL_RESPONSES.get(route.name, {"200": _json({})})
+        paths[route.path] = {route.method.lower(): {"operationId": route.name, "responses": responses}}
     for name, runtime in runtimes.items():
         codec = runtime.codec
         request_schema = codec.request_schema(_REF)

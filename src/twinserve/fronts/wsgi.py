@@ -23,6 +23,8 @@ from twinserve.errors import (
     ClientError,
     MethodNotAllowed,
     NotFound,
+    QueueFull,
+    RequestTimeout,
     TwinserveError,
     WebSocketUnsupported,
 )
@@ -41,7 +43,10 @@ from twinserve.observability.context import RequestContext
 from twinserve.observability.metrics import metrics
 from twinserve.protocol.v2 import HEADER_LENGTH
 
-__all__ = ["create_wsgi_app"]
+__all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
+
+#: Set by the server (gunicorn's gthread worker): requests still waiting for a request thread behind this one.
+BACKLOG_ENVIRON = "twinserve.backlog"
 
 logger = logging.getLogger("twinserve.wsgi")
 
@@ -74,11 +79,24 @@ def _translate(exc: HTTPException, service: Service) -> TwinserveError:
 
 
 def _read_body(service: Service) -> bytes:
-    """The request body, refusing (413) one byte past the limit, chunked or not."""
-    if request.content_length is not None:  # already checked against the limit by Service.admit
-        return request.get_data(cache=False)
-    # Chunked: the server de-chunks wsgi.input and marks its end (wsgi.input_terminated).
-    body: bytes = request.environ["wsgi.input"].read(service.max_body_bytes + 1)
+    """The request body, refusing (413) one byte past the limit, chunked or not; 408 if the client stalls."""
+    try:
+        if request.content_length is not None:  # already checked against the limit by Service.admit
+            body: bytes = request.get_data(cache=False)
+            if len(body) < request.content_length:  # the client closed its side early: never act on half a message
+                raise ClientError(
+                    f"the request body ended after {len(body)} of the {request.content_length} bytes its "
+                    "Content-Length announced",
+                    headers={"Connection": "close"},
+                )
+            return body
+        # Chunked: the server de-chunks wsgi.input and marks its end (wsgi.input_terminated).
+        body = request.environ["wsgi.input"].read(service.max_body_bytes + 1)
+    except TimeoutError:  # the server's socket read timeout (--read-timeout-s)
+        raise RequestTimeout(
+            f"the request body did not arrive within {service.config.read_timeout_s:g} s (--read-timeout-s)",
+            headers={"Connection": "close"},
+        ) from None
     if len(body) > service.max_body_bytes:
         raise service.too_large()
     return body
@@ -142,6 +160,17 @@ def _request_path(context: RequestContext) -> str:
     return f"{context.method} {context.path} ({context.request_id})"
 
 
+def _shed_if_backlogged(service: Service) -> None:
+    """503 when more requests wait for a request thread than the queue bound allows (see SheddingThreadWorker)."""
+    backlog: int | None = request.environ.get(BACKLOG_ENVIRON)
+    bound = service.config.max_queue
+    if backlog is not None and backlog > bound:
+        raise QueueFull(
+            f"{backlog} requests are waiting for a request thread (--max-queue {bound}); retry shortly",
+            headers={"Retry-After": "1"},
+        )
+
+
 def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
@@ -149,6 +178,7 @@ def create_wsgi_app(service: Service) -> Flask:
 
     def predict(model: str) -> Response:
         runtime = service.admit(model, request.content_type, request.content_length)
+        _shed_if_backlogged(service)
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(_read_body(service))
         outputs = runtime.predict(instances, deadline)
@@ -156,6 +186,7 @@ def create_wsgi_app(service: Service) -> Flask:
 
     def stream(model: str) -> Response:
         runtime = service.admit_stream(model, request.content_type, request.content_length)
+        _shed_if_backlogged(service)
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(_read_body(service))
         steps = runtime.stream(instances, deadline)
@@ -173,6 +204,7 @@ def create_wsgi_app(service: Service) -> Flask:
 
     def infer(model: str, version: str | None = None) -> Response:
         runtime = service.admit_v2(model, version, request.content_type, request.content_length)
+        _shed_if_backlogged(service)
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         inference = runtime.v2.decode(_read_body(service), request.headers.get(HEADER_LENGTH))
         outputs = runtime.predict(inference.instances, service.v2_deadline(deadline, inference.timeout_us))

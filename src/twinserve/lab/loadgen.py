@@ -8,7 +8,8 @@ request waits for a free connection, yet its `latency` still counts from the mom
 coordinated-omission correction); its `service_time` counts from when a connection took it up.
 
 Only requests that fall due inside the measured window count; those still in flight when it ends may finish, each
-within `timeout_s` of falling due, after which it counts as a `timeout`. Event-loop timers tick in milliseconds,
+within `timeout_s` of falling due, after which it counts as a `timeout` (or, if it never got a connection, as
+`unsent`). Event-loop timers tick in milliseconds,
 so open-loop latency may carry up to about a millisecond of the scheduler's own slack; service time does not.
 
 The client is a minimal HTTP/1.1 one, so that the generator, one thread, is rarely the limit: a bare asyncio protocol
@@ -37,7 +38,8 @@ from hdrh.histogram import HdrHistogram
 __all__ = ["LevelResult", "LoadSpec", "run_level", "run_level_sync"]
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
-TRANSPORT_ERROR_KINDS = ("connect_refused", "reset", "timeout", "other")
+#: `unsent`: an open-loop request that waited out its whole timeout for a free connection, so never reached the server.
+TRANSPORT_ERROR_KINDS = ("connect_refused", "reset", "timeout", "unsent", "other")
 #: Summary key -> percentile, for both latency and service time.
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 HISTOGRAM_MAX_US = 60_000_000
@@ -643,7 +645,7 @@ class _Run:
         deadline = due + self._timeout_s
         if now >= deadline:  # it waited out its whole deadline for a connection
             if self._window_start <= due < self._window_end:
-                self._tally.record("timeout", due, None, now, self._window_end)
+                self._tally.record("unsent", due, None, now, self._window_end)
             return False
         self._active += 1
         connection.send(next(self._requests), due, now, deadline)

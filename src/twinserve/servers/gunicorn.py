@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from typing import Any
@@ -10,17 +9,15 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
-from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
-from gunicorn.workers import gthread, sync
 
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
-from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
-from twinserve.fronts.contract import Service, raw_error_response
+from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import mark_process_dead, start_memory_sampler
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
+from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
 
 __all__ = ["build_wsgi_app", "run"]
 
@@ -53,41 +50,6 @@ class _GunicornLogger(Logger):  # type: ignore[misc]
         self.access_log.disabled = True
 
 
-class _JsonLimitErrors:
-    """gunicorn answers a request line or header past its limits with 414/431 and a text body before the app
-    sees the request; these workers send the same statuses with twinserve's JSON error body instead."""
-
-    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
-        error = _limit_error(exc)
-        if error is None:
-            super().handle_error(req, client, addr, exc)  # type: ignore[misc]
-            return
-        self.log.debug("refused a request: %s", error.message)  # type: ignore[attr-defined]
-        with contextlib.suppress(OSError):
-            client.sendall(raw_error_response(error))
-
-
-def _limit_error(exc: BaseException) -> TwinserveError | None:
-    if isinstance(exc, LimitRequestLine):
-        return UriTooLong("the request line is longer than the server accepts (--max-request-line)")
-    if isinstance(exc, LimitRequestHeaders):
-        return HeadersTooLarge(
-            "the request has too many header fields or one too long (--max-header-count, --max-header-bytes)"
-        )
-    return None
-
-
-class ThreadWorker(_JsonLimitErrors, gthread.ThreadWorker):  # type: ignore[misc]
-    pass
-
-
-class SyncWorker(_JsonLimitErrors, sync.SyncWorker):  # type: ignore[misc]
-    pass
-
-
-WORKER_CLASSES = {"gthread": ThreadWorker, "sync": SyncWorker}
-
-
 class GunicornServer(BaseApplication):  # type: ignore[misc]
     """gunicorn driven programmatically: no config file, settings from `Config`, app built in each worker."""
 
@@ -108,6 +70,9 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "limit_request_line": config.max_request_line,
             "limit_request_fields": config.max_header_count,
             "limit_request_field_size": config.max_header_bytes,
+            # Enough open connections per worker for the queue bound to be reached, and so to shed (503), before
+            # gthread stops accepting and leaves connections unanswered in the kernel's backlog.
+            "worker_connections": max(WORKER_CONNECTIONS, threads + config.max_queue + 1),
             "graceful_timeout": math.ceil(config.graceful_timeout),  # gunicorn takes whole seconds
             "loglevel": config.log_level,
             "proc_name": "twinserve-sync",

@@ -14,22 +14,18 @@ from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
-from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
 from twinserve.fronts.asgi import create_asgi_app
-from twinserve.fronts.contract import Service, raw_error_response
+from twinserve.fronts.contract import Service
 from twinserve.fronts.websocket import Streams
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
+from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
 
-__all__ = ["LimitedHttpToolsProtocol", "app_factory", "run"]
-
-#: uvicorn's worker processes are spawned, not forked: they rebuild the Config from this variable.
-CONFIG_ENV = "TWINSERVE_SERVE_CONFIG_JSON"
+__all__ = ["app_factory", "run"]
 
 
 def app_factory() -> ASGIApp:
@@ -89,89 +85,6 @@ class _DrainStreamsFirst:
         task.add_done_callback(lambda _: forward(signum, None))
 
 
-class _Refused(Exception):
-    """Raised from a parser callback to stop parsing a request past a limit."""
-
-
-@functools.cache
-def _limits() -> Config:
-    return Config.model_validate_json(os.environ[CONFIG_ENV])
-
-
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the request-line and header limits gunicorn enforces (414, 431).
-
-    llhttp sets no limit of its own, and httptools buffers a header until it is complete, so without these a
-    client could send one header without end. The bytes of a request's head are therefore bounded as they arrive:
-    the whole head may not exceed the request line plus the header fields allowed, each at its longest.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        limits = _limits()
-        self._max_line = limits.max_request_line
-        self._max_count = limits.max_header_count
-        self._max_field = limits.max_header_bytes
-        self._max_head = limits.max_request_line + limits.max_header_count * (limits.max_header_bytes + 2)
-        self._head_bytes = 0
-        self._header_count = 0
-        self._in_head = True
-        self._refusal: TwinserveError | None = None
-
-    def data_received(self, data: bytes) -> None:
-        counting = self._in_head
-        super().data_received(data)
-        # Counted after parsing, so a chunk that ends the head and carries a large body is not held against it;
-        # what httptools buffers stays bounded by the limit plus one read.
-        if counting and self._in_head and not self.transport.is_closing():
-            self._head_bytes += len(data)
-            if self._head_bytes > self._max_head:
-                self._refuse(self._too_large())
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._header_count = 0
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        if len(self.url) > self._max_line:
-            self._refusal = UriTooLong("the request line is longer than the server accepts (--max-request-line)")
-            raise _Refused
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self._max_count or len(name) + len(value) + 2 > self._max_field:
-            self._refusal = self._too_large()
-            raise _Refused
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self._in_head = False
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._in_head, self._head_bytes = True, 0
-
-    def send_400_response(self, msg: str) -> None:
-        # uvicorn answers any parser error, ours included, with this 400; a refusal gets its own status.
-        if self._refusal is None:
-            super().send_400_response(msg)
-        else:
-            self._refuse(self._refusal)
-
-    def _refuse(self, error: TwinserveError) -> None:
-        if not self.transport.is_closing():
-            self.transport.write(raw_error_response(error))
-            self.transport.close()
-
-    @staticmethod
-    def _too_large() -> HeadersTooLarge:
-        return HeadersTooLarge(
-            "the request has too many header fields or one too long (--max-header-count, --max-header-bytes)"
-        )
-
-
 def _exit_cleanly(signum: int, frame: object) -> None:
     sys.exit(0)
 
@@ -188,7 +101,7 @@ def run(config: Config) -> None:
         port=config.port,
         workers=config.effective_workers,
         loop="uvloop",
-        http=LimitedHttpToolsProtocol,
+        http=GuardedHttpToolsProtocol,
         lifespan="on",
         log_config=None,  # uvicorn's loggers propagate to the pipeline configure_logging set up
         log_level=config.log_level,

@@ -1,0 +1,137 @@
+"""uvicorn's httptools protocol, guarded: limits on a request's head (414, 431) and on how long it may take.
+
+Both are what gunicorn's parser and twinserve's gunicorn workers enforce for the sync architecture, so the same
+abusive client meets the same answer in every architecture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from twinserve.config import Config
+from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
+from twinserve.fronts.contract import raw_error_response
+
+__all__ = ["CONFIG_ENV", "GuardedHttpToolsProtocol"]
+
+#: uvicorn's worker processes are spawned, not forked: they rebuild the Config from this variable.
+CONFIG_ENV = "TWINSERVE_SERVE_CONFIG_JSON"
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request past a limit."""
+
+
+@functools.cache
+def _config() -> Config:
+    return Config.model_validate_json(os.environ[CONFIG_ENV])
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request-line and header limits gunicorn enforces (414, 431), and a
+    bound on how long a request's head may take to arrive.
+
+    llhttp sets no limit of its own, and httptools buffers a header until it is complete, so without these a
+    client could send one header without end. The bytes of a request's head are therefore bounded as they arrive:
+    the whole head may not exceed the request line plus the header fields allowed, each at its longest.
+    uvicorn times out idle kept-alive connections but not a client that sends its request line and headers a byte
+    at a time (slowloris): such a connection is closed after `--read-timeout-s`. A slow body is the front's to
+    bound (it answers 408).
+    """
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = _config()
+        self._read_timeout = config.read_timeout_s
+        self._max_line = config.max_request_line
+        self._max_count = config.max_header_count
+        self._max_field = config.max_header_bytes
+        self._max_head = config.max_request_line + config.max_header_count * (config.max_header_bytes + 2)
+        self._head_bytes = 0
+        self._header_count = 0
+        self._in_head = True
+        self._refusal: TwinserveError | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        counting = self._in_head
+        super().data_received(data)
+        # Counted after parsing, so a chunk that ends the head and carries a large body is not held against it;
+        # what httptools buffers stays bounded by the limit plus one read.
+        if counting and self._in_head and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self._max_head:
+                self._refuse(self._too_large())
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = 0
+        self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > self._max_line:
+            self._refusal = UriTooLong("the request line is longer than the server accepts (--max-request-line)")
+            raise _Refused
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._max_count or len(name) + len(value) + 2 > self._max_field:
+            self._refusal = self._too_large()
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers any parser error, ours included, with this 400; a refusal gets its own status.
+        if self._refusal is None:
+            super().send_400_response(msg)
+        else:
+            self._refuse(self._refusal)
+
+    def _refuse(self, error: TwinserveError) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(raw_error_response(error))
+            self.transport.close()
+
+    @staticmethod
+    def _too_large() -> HeadersTooLarge:
+        return HeadersTooLarge(
+            "the request has too many header fields or one too long (--max-header-count, --max-header-bytes)"
+        )
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._read_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
