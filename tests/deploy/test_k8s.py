@@ -25,6 +25,7 @@ from twinserve.deploy.k8s import (
     DEFAULT_CPU_UTILIZATION,
     IN_FLIGHT_METRIC,
     K8sPlan,
+    _env,
     cpu_request_cores,
     inference_service,
     manifests,
@@ -349,3 +350,22 @@ def test_the_container_command_serves_the_probes_and_the_scaling_metric(arch: st
             assert httpx.get(server.url + container[probe]["httpGet"]["path"], timeout=10).status_code == 200
         assert IN_FLIGHT_METRIC in httpx.get(server.url + "/metrics", timeout=10).text
         assert any(path.name.startswith("twinserve-metrics-") for path in tmp_path.iterdir())
+
+
+def test_api_keys_come_from_a_secret_never_from_the_manifest(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["k8s", "--image", "i", "--arch", "async", "--api-key", "leaked-key-123", "--api-key-secret", "keys"]
+    assert main(flags) == 0
+    text = capsys.readouterr().out
+    assert "leaked-key-123" not in text
+    docs = list(yaml.safe_load_all(text))
+    for doc in docs:
+        check_native(doc) if doc["kind"] != "PodMonitor" else check_crd(doc)
+    container = by_kind(docs)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    keys = [e for e in container["env"] if e["name"] == "TWINSERVE_API_KEYS"]
+    assert keys == [{"name": "TWINSERVE_API_KEYS", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api-keys"}}}]
+    # The probes stay open with keys on: they point at the health endpoints, which never ask for a key.
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    plan = plan_for("sync")
+    assert all(e["name"] != "TWINSERVE_API_KEYS" for e in _env(plan))
+    with pytest.raises(SystemExit):
+        main([*flags[:-1], "Not_A_Name"])

@@ -8,6 +8,7 @@ multi-document YAML, or the KServe InferenceService alone with `--kserve` (the t
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -72,8 +73,22 @@ def add_deploy_commands(commands: Any, add_config_flags: Callable[[argparse.Argu
     )
     k8s.add_argument("--startup-timeout", type=positive(float), default=600.0, metavar="SECONDS")
     k8s.add_argument("--extra", action="append", default=[], help="pip extra for the Dockerfile (repeatable)")
+    k8s.add_argument(
+        "--api-key-secret",
+        type=_secret_ref,
+        metavar="NAME[:KEY]",
+        help="require API keys, read from this Secret's KEY (default api-keys; comma-separated keys) as "
+        "TWINSERVE_API_KEYS: keys never go into the manifests",
+    )
     add_config_flags(k8s)
     k8s.set_defaults(handler=_k8s)
+
+
+def _secret_ref(text: str) -> tuple[str, str]:
+    name, _, key = text.partition(":")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name) or not re.fullmatch(r"[-._a-zA-Z0-9]*", key):
+        raise argparse.ArgumentTypeError(f"expected NAME[:KEY] naming a Kubernetes Secret, got {text!r}")
+    return name, key or "api-keys"
 
 
 def k8s_config(overrides: dict[str, Any]) -> Config:
@@ -149,6 +164,7 @@ def _plan(args: argparse.Namespace) -> K8sPlan:
         memory_per_process_mib=args.memory_per_process_mib,
         targets=targets,
         startup_timeout_s=args.startup_timeout,
+        api_key_secret=args.api_key_secret,
     )
 
 

@@ -89,6 +89,8 @@ class K8sPlan:
     memory_per_process_mib: float = DEFAULT_MEMORY_PER_PROCESS_MIB
     targets: AutoscalingTargets | None = None  # from bench results; None: the defaults
     startup_timeout_s: float = 600.0
+    #: (Secret name, key) whose value becomes TWINSERVE_API_KEYS (comma-separated keys); None: no API keys.
+    api_key_secret: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ def _container(plan: K8sPlan, port_name: str, probes: dict[str, Doc]) -> Doc:
         "ports": [{"name": port_name, "containerPort": plan.config.port, "protocol": "TCP"}],
         # TMPDIR, not a fixed PROMETHEUS_MULTIPROC_DIR: the server makes a fresh metrics directory under it on
         # each start, while a fixed one on the emptyDir would keep a crashed container's stale files.
-        "env": [{"name": "TMPDIR", "value": TMP_DIR}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": _env(plan),
         "resources": {
             "requests": {"cpu": _quantity(size.cpu_cores), "memory": memory},
             "limits": {"memory": memory},
@@ -205,6 +207,15 @@ def _container(plan: K8sPlan, port_name: str, probes: dict[str, Doc]) -> Doc:
         },
         "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
     }
+
+
+def _env(plan: K8sPlan) -> list[Doc]:
+    env: list[Doc] = [{"name": "TMPDIR", "value": TMP_DIR}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if plan.api_key_secret is not None:
+        # Keys never appear in a manifest: the server reads them from a Secret the cluster owner creates.
+        name, key = plan.api_key_secret
+        env.append({"name": "TWINSERVE_API_KEYS", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+    return env
 
 
 def _volumes() -> list[Doc]:
