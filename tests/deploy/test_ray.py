@@ -234,10 +234,13 @@ def test_v2_binary_tensors_through_tritonclient_equal_async(ray_server: RayServe
 
 
 # -- backpressure ----------------------------------------------------------------------------------------------
-def _flood(server: Server, gates: Path, requests: int, processes: int) -> set[bytes]:
+def _flood(server: Server, gates: Path, requests: int, processes: int, exact: bool = True) -> set[bytes]:
     """`requests` concurrent gated requests to a server of `processes` replicas or workers: once each process is
     computing one, each queues QUEUE more and rejects the rest with twinserve's 503 at once; released, every
-    accepted one is answered. Returns the rejections' distinct bodies."""
+    accepted one is answered. Returns the rejections' distinct bodies.
+
+    Not `exact` (Ray): the router spreads requests by its own estimate of each replica's load, so one replica
+    may be handed more than its queue holds while the other has room: more may be rejected, never fewer."""
     held = processes * (1 + QUEUE)
     url = f"{server.url}/v1/models/gate:predict"
     headers = {"x-request-id": "flood"}  # one id for all: every rejection's body is then the same
@@ -262,14 +265,16 @@ def _flood(server: Server, gates: Path, requests: int, processes: int) -> set[by
         for path in started:
             path.with_suffix(".release").touch()
         responses = [f.result() for f in futures]
-    assert len(rejected) == requests - held, [r.status_code for r in rejected]
+    if exact:
+        assert len(rejected) == requests - held, [r.status_code for r in rejected]
     for response in rejected:
         assert response.status_code == 503, response.text
         assert response.headers["retry-after"] == "1"
         assert response.headers["content-type"] == "application/json"
         assert response.json()["error"]["code"] == "queue_full"
     accepted = [r for r in responses if r.status_code != 503]
-    assert len(accepted) == held
+    assert len(accepted) == held if exact else 0 < len(accepted) <= held
+    assert len(accepted) + len(rejected) == requests  # no request was rejected after its gate opened
     assert all(r.status_code == 200 and r.json() == {"predictions": ["released"]} for r in accepted)
     return {r.content for r in rejected}
 
@@ -278,7 +283,7 @@ def test_backpressure_gives_twinserves_503_like_serve(
     ray_server: RayServer, async_server: Server, tmp_path: Path
 ) -> None:
     on_serve = _flood(async_server, tmp_path / "serve", 12, 1)
-    on_ray = _flood(ray_server, tmp_path / "ray", 12, 2)  # each replica holds 1 + QUEUE and rejects the rest itself
+    on_ray = _flood(ray_server, tmp_path / "ray", 12, 2, exact=False)  # each replica holds 1 + QUEUE, rejects the rest
     # One id, one queue state: the very same rejection from both, so a client cannot tell Ray from serve.
     assert len(on_ray) == 1
     assert on_ray == on_serve
@@ -292,7 +297,15 @@ def test_max_queued_requests_must_be_positive() -> None:
 
 
 def test_requests_spread_over_both_replicas(ray_server: RayServer) -> None:
-    assert len(_replica_pids(ray_server, scrapes=30)) == 2
+    # Concurrent scrapes, so that the router, which prefers the replica it last saw idle, must use both.
+    seen: set[str] = set()
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(10):
+            for pids in pool.map(lambda _: _replica_pids(ray_server), range(8)):
+                seen |= pids
+            if len(seen) == 2:
+                break
+    assert len(seen) == 2
 
 
 def test_killed_replica_is_replaced(ray_server: RayServer, async_server: Server) -> None:
