@@ -163,7 +163,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 
     def make(arch: str) -> Server:
         return Server(
-            ["twinserve.examples.tabular:Classifier", model_path("Echo")],
+            ["twinserve.examples.tabular:Classifier", model_path("Echo"), "twinserve.examples.tokens:Tokens"],
             arch,
             "--workers",
             "1",
@@ -331,3 +331,37 @@ def test_websocket_handshakes_need_a_key(secured: dict[str, Server], arch: str) 
         assert answer["id"] == "a" and answer["predictions"][0]["label"] == "setosa"
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("arch", ["async", "hybrid"])
+def test_websocket_origin_and_per_key_rate_limit(secured: dict[str, Server], arch: str) -> None:
+    url = secured[arch].url.replace("http://", "ws://") + "/v1/models/iris/ws"
+
+    async def run() -> None:
+        foreign = {"X-API-Key": KEY_FLAG, "Origin": "https://evil.example"}
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(url, additional_headers=foreign):
+                pass
+        assert refused.value.response.status_code == 403
+        assert json.loads(refused.value.response.body or b"")["error"]["code"] == "cors_rejected"
+        # Each message is charged to the handshake's key (5 requests/s here): a burst of 20 is partly refused.
+        async with connect(url, additional_headers={"X-API-Key": KEY_LIMITED, "Origin": ORIGIN}) as socket:
+            for i in range(20):
+                await socket.send(json.dumps({"id": str(i), "instances": [IRIS]}))
+            answers = [json.loads(await socket.recv()) for _ in range(20)]
+        limited = [a for a in answers if "error" in a]
+        assert limited and all(a["error"]["code"] == "rate_limited" for a in limited)
+        assert len(limited) < 20 and all(a["predictions"][0]["label"] == "setosa" for a in answers if a not in limited)
+
+    asyncio.run(run())
+
+
+def test_streams_carry_cors_headers_in_every_architecture(secured: dict[str, Server]) -> None:
+    headers = {"X-API-Key": KEY_FLAG, "Origin": ORIGIN}
+    body = {"instances": [{"text": "a b c", "max_tokens": 3}]}
+    for arch, server in secured.items():
+        with httpx.stream("POST", server.url + "/v1/models/tokens:stream", json=body, headers=headers) as response:
+            assert response.status_code == 200, arch
+            assert response.headers["access-control-allow-origin"] == ORIGIN, arch
+            assert response.headers["content-type"].startswith("text/event-stream"), arch
+            response.read()

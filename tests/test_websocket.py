@@ -196,6 +196,10 @@ def test_malformed_and_invalid_messages_are_answered_with_http_errors_and_the_so
             assert shape["id"] == "c" and shape["error"]["code"] == "validation_failed"
             await websocket.send(json.dumps(["not", "an", "object"]))
             assert (await answer(websocket))["error"]["code"] == "validation_failed"
+            for literal in ("NaN", "Infinity", "1e400"):  # not JSON: 400 over HTTP, the same here
+                await websocket.send('{"id": "n", "instances": [{"sepal_length": ' + literal + "}]}")
+                number = await answer(websocket)
+                assert number["id"] is None and number["error"]["code"] == "malformed_json", number  # unreadable
             await websocket.send(json.dumps({"id": "d", "instances": FLOWERS[:1]}))
             assert (await answer(websocket))["predictions"] == predict(server, "iris", FLOWERS[:1]).json()[
                 "predictions"

@@ -91,10 +91,14 @@ class Authenticator:
         kid = self.keys.match(presented)
         if kid is None:
             raise Unauthorized("the API key is not valid", headers={"WWW-Authenticate": _INVALID})
+        self.charge(kid)
+        return kid
+
+    def charge(self, kid: str) -> None:
+        """Take one request from key `kid`'s rate limit (each message on an authenticated WebSocket, say)."""
         bucket = self._buckets.get(kid)
         if bucket is not None:
             bucket.acquire()
-        return kid
 
 
 def authenticator(config: Config) -> Authenticator | None:

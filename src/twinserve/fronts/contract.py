@@ -312,8 +312,11 @@ class Service:
             raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
         return runtime
 
-    def admit_message(self, runtime: ModelRuntime) -> None:
-        """`admit` for one WebSocket message (its size is the front's to check: it closes the socket)."""
+    def admit_message(self, runtime: ModelRuntime, key_id: str | None) -> None:
+        """`admit` for one WebSocket message (its size is the front's to check: it closes the socket), charged to
+        the API key the handshake presented, like an HTTP request."""
+        if key_id is not None and self.auth is not None:
+            self.auth.charge(key_id)
         self._admit(runtime, None, None, _JSON_TYPE, JSON)
 
     def admit_v2(

@@ -15,8 +15,10 @@ answers stops being read. Close codes:
 - 1009: a message over `--ws-max-message-bytes`; answers still owed are dropped;
 - 1011: an internal error.
 
-An unknown model, a model still loading or a server shutting down refuse the handshake with the HTTP contract's
-status and JSON error body (404, 503), or close with 1008 under a server without ASGI's denial-response extension.
+A missing or wrong API key (when keys are on), an Origin outside `--cors-origins` (when CORS is on), an unknown
+model, a model still loading or a server shutting down refuse the handshake with the HTTP contract's status and
+JSON error body (401/429, 403, 404, 503), or close with 1008 under a server without ASGI's denial-response
+extension. Each message is charged to the handshake key's `--rate-limit-per-key`.
 A client that leaves mid-stream cancels its unanswered messages: queued ones leave the batcher unbatched.
 """
 
@@ -34,7 +36,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import ClientDisconnected, ShuttingDown, TooManyPending, TwinserveError
+from twinserve.errors import ClientDisconnected, CorsRejected, ShuttingDown, TooManyPending, TwinserveError
 from twinserve.fronts.contract import Service, error_reply
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.observability.context import RequestContext
@@ -84,9 +86,12 @@ class Streams:
 class _Stream:
     """One accepted socket: reads messages, runs each as a task, sends the answers."""
 
-    def __init__(self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: StreamCodec) -> None:
+    def __init__(
+        self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: StreamCodec, key_id: str | None
+    ) -> None:
         self.websocket = websocket
         self.service = service
+        self.key_id = key_id  # the API key of the handshake: each message is charged to its rate limit
         self.runtime = runtime
         self.codec = codec
         self.path: str = websocket.scope["path"]
@@ -181,14 +186,14 @@ class _Stream:
                 if isinstance(data, str):
                     text = self.codec.decode_text(data)
                     message_id, context = text.id, self._begin(text.id, received)
-                    self.service.admit_message(self.runtime)
+                    self.service.admit_message(self.runtime, self.key_id)
                     deadline = self.service.deadline(self.timeout_header)
                     outputs = await self.runtime.apredict(text.instances, deadline, self._gone)
                     reply = self.codec.encode_text(message_id, outputs, len(text.instances))
                 else:
                     framed = self.codec.decode_binary(data)
                     message_id, context = framed.id, self._begin(framed.id, received)
-                    self.service.admit_message(self.runtime)
+                    self.service.admit_message(self.runtime, self.key_id)
                     deadline = self.service.deadline(self.timeout_header)
                     deadline = self.service.v2_deadline(deadline, framed.request.timeout_us)
                     outputs = await self.runtime.apredict(framed.request.instances, deadline, self._gone)
@@ -257,10 +262,15 @@ def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket],
     codecs: dict[str, StreamCodec] = {}
 
     async def endpoint(websocket: WebSocket) -> None:
+        key_id: str | None = None
         try:
-            # The handshake carries the API key; a refusal is answered with its status and body like any other.
+            # Browsers send no API key on a WebSocket, but always its Origin: with CORS on, a page from another
+            # origin may not open one. The key, when required, comes with the handshake.
+            origin = websocket.headers.get("origin")
+            if service.cors is not None and origin is not None and not service.cors.allows(origin):
+                raise CorsRejected(f"origin {origin!r} may not open a WebSocket here (--cors-origins)")
             if service.requires_auth(websocket.scope["path"]):
-                service.authenticate(websocket.headers)
+                key_id = service.authenticate(websocket.headers)
             if streams.closing:
                 raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
             runtime = service.admit_socket(websocket.path_params["model"])
@@ -272,10 +282,10 @@ def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket],
             codec = codecs[runtime.name] = StreamCodec(
                 runtime.spec.input_type, runtime.codec, runtime.v2, service.config.max_instances
             )
-        stream = _Stream(websocket, service, runtime, codec)
-        await websocket.accept()
-        streams.add(stream)
+        stream = _Stream(websocket, service, runtime, codec, key_id)
+        streams.add(stream)  # before accept: a shutdown signal during the handshake drains this socket too
         try:
+            await websocket.accept()
             await stream.serve()
         finally:
             streams.discard(stream)

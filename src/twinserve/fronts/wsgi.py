@@ -177,16 +177,16 @@ def create_wsgi_app(service: Service) -> Flask:
     app.url_map.converters["model"] = _ModelNameConverter
 
     def predict(model: str) -> Response:
+        _shed_if_backlogged(service)  # before admission, so shed requests take no rate-limit token
         runtime = service.admit(model, request.content_type, request.content_length)
-        _shed_if_backlogged(service)
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(_read_body(service))
         outputs = runtime.predict(instances, deadline)
         return Response(runtime.codec.encode(outputs, len(instances)), status=200, content_type=JSON)
 
     def stream(model: str) -> Response:
-        runtime = service.admit_stream(model, request.content_type, request.content_length)
         _shed_if_backlogged(service)
+        runtime = service.admit_stream(model, request.content_type, request.content_length)
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         instances = runtime.codec.decode(_read_body(service))
         steps = runtime.stream(instances, deadline)
@@ -203,8 +203,8 @@ def create_wsgi_app(service: Service) -> Flask:
         return Response(body, status=200, content_type=EVENT_STREAM, headers=SSE_HEADERS)
 
     def infer(model: str, version: str | None = None) -> Response:
-        runtime = service.admit_v2(model, version, request.content_type, request.content_length)
         _shed_if_backlogged(service)
+        runtime = service.admit_v2(model, version, request.content_type, request.content_length)
         deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
         inference = runtime.v2.decode(_read_body(service), request.headers.get(HEADER_LENGTH))
         outputs = runtime.predict(inference.instances, service.v2_deadline(deadline, inference.timeout_us))
@@ -270,7 +270,7 @@ def create_wsgi_app(service: Service) -> Flask:
         if service.cors is not None and service.is_preflight(request.method, request.headers):
             g.endpoint = "preflight"
             return _respond(service.preflight(request.headers))
-        if service.auth is not None and service.requires_auth(request.path):
+        if service.requires_auth(request.path):
             service.authenticate(request.headers)
         return None
 
@@ -278,11 +278,11 @@ def create_wsgi_app(service: Service) -> Flask:
     def _finish(response: Response) -> Response:
         context = _context()
         response.headers[REQUEST_ID_HEADER] = context.request_id
-        if g.get("streaming"):
-            return response
-        rule = request.url_rule
         if service.cors is not None and g.get("endpoint") != "preflight":
             response.headers.update(service.cors.response_headers(request.headers.get("origin")))
+        if g.get("streaming"):
+            return response  # counted when the stream ends
+        rule = request.url_rule
         service.finish(
             context,
             g.get("endpoint") or (rule.endpoint if rule is not None else "unknown"),

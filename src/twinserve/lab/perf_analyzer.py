@@ -173,7 +173,10 @@ def _unpack(wheels: Path, prefix: str, member: str, target: Path) -> None:
 def v2_example(base_url: str, model: str) -> dict[str, Any]:
     """The V2 inference request the server derives from the model's examples() (its OpenAPI example body)."""
     with httpx.Client(timeout=30) as client:
-        document = client.get(f"{base_url}/openapi.json").json()
+        response = client.get(f"{base_url}/openapi.json")
+    if response.is_error:  # e.g. 401: a server with API keys keeps its schema private unless --public-docs
+        raise PerfAnalyzerError(f"GET {base_url}/openapi.json answered {response.status_code}: {response.text[:200]}")
+    document = response.json()
     operation = document.get("paths", {}).get(f"/v2/models/{model}/infer", {}).get("post", {})
     example = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("example")
     if not isinstance(example, dict):

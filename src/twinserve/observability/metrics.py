@@ -56,8 +56,11 @@ REJECTION_REASONS = {
     "deadline_exceeded": "deadline",
     "rate_limited": "rate_limit",
     "payload_too_large": "body_too_large",
+    "too_many_instances": "body_too_large",
+    "too_many_elements": "body_too_large",
     "client_disconnected": "disconnect",
     "too_many_pending": "websocket_pending",
+    "shutting_down": "shutting_down",
 }
 
 

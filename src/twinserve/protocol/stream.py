@@ -31,7 +31,7 @@ import orjson
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from twinserve.errors import MalformedRequest, TwinserveError, error_payload
-from twinserve.protocol.v1 import V1Codec, dumps, request_error
+from twinserve.protocol.v1 import V1Codec, dumps, reject_non_json_numbers, request_error
 from twinserve.protocol.v2 import InferenceRequest, V2Codec
 
 __all__ = ["FRAME_PREFIX", "BinaryMessage", "MessageError", "StreamCodec", "TextMessage"]
@@ -106,7 +106,10 @@ class StreamCodec:
     # -- text: V1 --------------------------------------------------------------------------------------------
     def decode_text(self, text: str) -> TextMessage:
         try:
+            reject_non_json_numbers(text)  # NaN, Infinity, 1e400: 400 here as over HTTP
             message: Any = self._message.model_validate_json(text)
+        except MalformedRequest as exc:
+            raise MessageError(_text_id(text), exc) from None
         except ValidationError as exc:
             raise MessageError(_text_id(text), request_error(exc, self._max_instances)) from None
         return TextMessage(message.id, message.instances)

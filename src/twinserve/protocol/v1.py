@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from twinserve.errors import ClientError, MalformedRequest, OutputMismatch, TooManyInstances, ValidationFailed
 
-__all__ = ["V1Codec", "dumps", "json_default", "request_error"]
+__all__ = ["V1Codec", "dumps", "json_default", "reject_non_json_numbers", "request_error"]
 
 
 def json_default(obj: Any) -> Any:
@@ -36,11 +36,15 @@ def dumps(payload: Any) -> bytes:
 #: What may be a NaN or Infinity literal, or a number too large for a double: none is JSON (RFC 8259), yet the
 #: one-pass parser would take them in as nan and inf. A cheap scan; only a body that matches is parsed again.
 _NOT_JSON_NUMBER = re.compile(rb"NaN|Infinity|[eE]\+?[0-9]{3}")
+_NOT_JSON_NUMBER_TEXT = re.compile(_NOT_JSON_NUMBER.pattern.decode())
 
 
-def _reject_non_json_numbers(body: bytes) -> None:
+def reject_non_json_numbers(body: bytes | str) -> None:
     """400 where the body holds NaN, Infinity or an overflowing number (strict orjson rejects all three), as V2 does;
     a match inside a string passes."""
+    pattern = _NOT_JSON_NUMBER if isinstance(body, bytes) else _NOT_JSON_NUMBER_TEXT
+    if not pattern.search(body):  # type: ignore[arg-type]
+        return
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -96,8 +100,7 @@ class V1Codec:
 
     def decode(self, body: bytes) -> list[Any]:
         """Request bytes -> validated instances. Raises MalformedRequest (400) or ValidationFailed (422)."""
-        if _NOT_JSON_NUMBER.search(body):
-            _reject_non_json_numbers(body)
+        reject_non_json_numbers(body)
         try:
             return self._request.model_validate_json(body).instances  # type: ignore[attr-defined, no-any-return]
         except ValidationError as exc:
