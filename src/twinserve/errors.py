@@ -84,6 +84,7 @@ __all__ = [
     "WorkerDied",
     "error_from_code",
     "error_payload",
+    "internal_error",
 ]
 
 
@@ -310,6 +311,11 @@ class DeadlineExceeded(ServerError):
 
 def _descendants(cls: type[TwinserveError]) -> list[type[TwinserveError]]:
     return [cls, *(d for sub in cls.__subclasses__() for d in _descendants(sub))]
+
+
+def internal_error(exc: BaseException) -> TwinserveError:
+    """A 500 for an exception twinserve did not expect: its type only (the traceback is logged, never sent)."""
+    return TwinserveError(f"internal error: {type(exc).__name__}")
 
 
 def error_from_code(code: str, message: str) -> TwinserveError:

@@ -40,6 +40,7 @@ from twinserve.errors import (
     RequestTimeout,
     TwinserveError,
     UpgradeRequired,
+    internal_error,
 )
 from twinserve.fronts.contract import (
     EVENT_STREAM,
@@ -141,7 +142,7 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
         if waiting and not watcher.cancelled():
             current.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(_disconnected(request))
+    watcher = asyncio.get_running_loop().create_task(_client_left(request.receive))
     watcher.add_done_callback(on_disconnect)
     try:
         return await work
@@ -152,12 +153,6 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
     finally:
         waiting = False
         watcher.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    # With the body read, the next ASGI message can only be the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _predict(request: Request, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Any:
@@ -214,7 +209,7 @@ class _EventStream:
             status, error_code, last = exc.status, exc.code, sse_error(exc, request_id)
         except Exception as exc:
             logger.exception("unhandled error in the stream of %s", self.context.path)
-            error = TwinserveError(f"internal error: {type(exc).__name__}")
+            error = internal_error(exc)
             status, error_code, last = error.status, error.code, sse_error(error, request_id)
         finally:
             watcher.cancel()
@@ -542,7 +537,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
             error = exc
         except Exception as exc:
             logger.exception("unhandled error on %s %s", request.method, request.url.path)
-            error = TwinserveError(f"internal error: {type(exc).__name__}")
+            error = internal_error(exc)
         finally:
             if not streaming:
                 in_flight.dec()

@@ -36,7 +36,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import ClientDisconnected, CorsRejected, ShuttingDown, TooManyPending, TwinserveError
+from twinserve.errors import (
+    ClientDisconnected,
+    CorsRejected,
+    ShuttingDown,
+    TooManyPending,
+    TwinserveError,
+    internal_error,
+)
 from twinserve.fronts.contract import Service, error_reply
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.observability.context import RequestContext
@@ -204,7 +211,7 @@ class _Stream:
                 error = exc
             except Exception as exc:
                 logger.exception("unhandled error on a WebSocket message to %s", self.path)
-                error = TwinserveError(f"internal error: {type(exc).__name__}")
+                error = internal_error(exc)
             if context is None:
                 context = self._begin(message_id, received)
             if error is not None:

@@ -27,6 +27,7 @@ from twinserve.errors import (
     RequestTimeout,
     TwinserveError,
     WebSocketUnsupported,
+    internal_error,
 )
 from twinserve.fronts.contract import (
     EVENT_STREAM,
@@ -135,7 +136,7 @@ class _EventStream:
             last = sse_error(exc, self.context.request_id)
         except Exception as exc:
             logger.exception("unhandled error in the stream of %s", _request_path(self.context))
-            error = TwinserveError(f"internal error: {type(exc).__name__}")
+            error = internal_error(exc)
             self.status, self.error_code = error.status, error.code
             last = sse_error(error, self.context.request_id)
         self.close()  # counted before the client can see the end
@@ -312,6 +313,6 @@ def create_wsgi_app(service: Service) -> Flask:
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
         logger.exception("unhandled error on %s %s", request.method, request.path)
-        return _error(TwinserveError(f"internal error: {type(exc).__name__}"))
+        return _error(internal_error(exc))
 
     return app
