@@ -199,8 +199,13 @@ class TooManyElements(PayloadTooLarge):
 
 
 class UriTooLong(ClientError):
+    """Refused by the HTTP server while it parses, before any front sees the request."""
+
     status = 414
     code = "uri_too_long"
+
+    def __init__(self, message: str = "the request line is longer than the server accepts (--max-request-line)"):
+        super().__init__(message)
 
 
 class UnsupportedMediaType(ClientError):
@@ -226,8 +231,15 @@ class RateLimited(ClientError):
 
 
 class HeadersTooLarge(ClientError):
+    """Refused by the HTTP server while it parses, before any front sees the request."""
+
     status = 431
     code = "headers_too_large"
+
+    DEFAULT = "the request has too many header fields or one too long (--max-header-count, --max-header-bytes)"
+
+    def __init__(self, message: str = DEFAULT):
+        super().__init__(message)
 
 
 class ClientDisconnected(ClientError):

@@ -38,11 +38,9 @@ class _JsonLimitErrors:
 
 def _limit_error(exc: BaseException) -> TwinserveError | None:
     if isinstance(exc, LimitRequestLine):
-        return UriTooLong("the request line is longer than the server accepts (--max-request-line)")
+        return UriTooLong()
     if isinstance(exc, LimitRequestHeaders):
-        return HeadersTooLarge(
-            "the request has too many header fields or one too long (--max-header-count, --max-header-bytes)"
-        )
+        return HeadersTooLarge()
     return None
 
 

@@ -75,7 +75,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if counting and self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self._max_head:
-                self._refuse(self._too_large())
+                self._refuse(HeadersTooLarge())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -85,13 +85,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         if len(self.url) > self._max_line:
-            self._refusal = UriTooLong("the request line is longer than the server accepts (--max-request-line)")
+            self._refusal = UriTooLong()
             raise _Refused
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self._max_count or len(name) + len(value) + 2 > self._max_field:
-            self._refusal = self._too_large()
+            self._refusal = HeadersTooLarge()
             raise _Refused
         super().on_header(name, value)
 
@@ -115,12 +115,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(raw_error_response(error))
             self.transport.close()
-
-    @staticmethod
-    def _too_large() -> HeadersTooLarge:
-        return HeadersTooLarge(
-            "the request has too many header fields or one too long (--max-header-count, --max-header-bytes)"
-        )
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
