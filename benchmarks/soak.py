@@ -17,24 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import psutil
 from common import Server, example_request
 
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
+from twinserve.lab.probe import tree_rss_mib
 
 LOAD_SHARE = 0.70
 WINDOW_S = 60.0
-
-
-def tree_rss_mib(pid: int) -> float:
-    root = psutil.Process(pid)
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total / 2**20
 
 
 def soak(arch: str, model: str, minutes: int, window_s: float, flags: list[str]) -> dict[str, Any]:

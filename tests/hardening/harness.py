@@ -28,18 +28,6 @@ BODY = json.dumps({"instances": [1.5]}).encode()
 CLIENT_TIMEOUT_S = 30.0
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a server process and all its descendants (workers, model workers), in MiB."""
-    root = psutil.Process(pid)
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:  # a worker that exited between listing and reading
-            continue
-    return total / 2**20
-
-
 def children(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 

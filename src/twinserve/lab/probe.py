@@ -12,7 +12,7 @@ import psutil
 
 from twinserve.lab.results import ProcessMemory, Resources, ServerStats
 
-__all__ = ["MetricsSnapshot", "TreeSampler", "scrape", "server_stats"]
+__all__ = ["MetricsSnapshot", "TreeSampler", "scrape", "server_stats", "tree_rss_mib"]
 
 MiB = 1024 * 1024
 
@@ -21,6 +21,15 @@ def _tree(root: psutil.Process) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         return [root, *root.children(recursive=True)]
     return []
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants (workers, model workers), in MiB, read once."""
+    total = 0
+    for process in _tree(psutil.Process(pid)):
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker that exited between listing and reading
+            total += process.memory_info().rss
+    return total / MiB
 
 
 @dataclass
