@@ -27,6 +27,7 @@ answers with one of its own.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["APP_NAME", "Scaling", "TwinserveReplica", "add_ray_command", "build_app", "replica_capacity", "run"]
+
+logger = logging.getLogger("twinserve.ray")
 
 #: The Serve application and deployment name.
 APP_NAME = "twinserve"
@@ -207,6 +210,11 @@ def build_app(model: str | Sequence[str], config: Config, scaling: Scaling | Non
     check_tracing(config)
     for target in config.models:
         import_model(target)  # a bad MODEL fails here, not in every replica
+    if config.api_keys:
+        logger.warning(
+            "API keys given inline travel in the Ray deployment's arguments (visible to the Ray cluster): "
+            "prefer --api-key-file with the file present on every node"
+        )
     from ray import serve
 
     scaling = scaling or Scaling()
