@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.hardening.harness import SLEEPY, closed_loop, open_loop, probing, tree_rss_mib, wait_until
+from tests.hardening.harness import SLEEPY, closed_loop, open_loop, probing, wait_until
 from tests.serving import Server
 from twinserve.lab.loadgen import TRANSPORT_ERROR_KINDS
+from twinserve.lab.probe import tree_rss_mib
 
 #: One server process, one model worker, batches of up to 4 (50 ms each): about 80 requests/s of capacity.
 FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batch-size", "4", "--max-queue", "32"]
