@@ -266,16 +266,18 @@ def test_thread_batcher_answers_the_good_requests_of_a_poisoned_batch() -> None:
 def test_async_batcher_does_not_recompute_a_request_that_expired_meanwhile() -> None:
     model = PoisonModel()
 
+    late_deadline = time.monotonic() + 0.05
+
     async def run(batch: list[Any]) -> list[Any]:
-        if len(model.calls) == 0:
-            await asyncio.sleep(0.3)  # the first, whole-batch call outlives the deadline of one request
+        while len(model.calls) == 0 and time.monotonic() <= late_deadline:
+            await asyncio.sleep(0.01)  # the first, whole-batch call outlives the deadline of one request
         return model(batch)
 
     async def main() -> list[Any]:
         batcher = AsyncBatcher(BatchQueue(16, 0.0, 100, 1), run, max_reruns=16)
         tasks = [
             asyncio.create_task(batcher.submit(["a"], None)),
-            asyncio.create_task(batcher.submit(["late"], time.monotonic() + 0.05)),
+            asyncio.create_task(batcher.submit(["late"], late_deadline)),
             asyncio.create_task(batcher.submit(["bad"], None)),
         ]
         await asyncio.sleep(0)
