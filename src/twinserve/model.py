@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinserve.errors import ModelImportError, OutputMismatch
+from twinserve.errors import ConfigError, ModelImportError, OutputMismatch
 
 if TYPE_CHECKING:
     from twinserve.config import Config
@@ -315,8 +315,25 @@ def _import_from_file(path: Path) -> Any:
     return module
 
 
+_HOW = "MODEL is written 'pkg.module:Class' (importable from this folder) or 'path/to/file.py:Class'"
+
+
+def _models_in(module: types.ModuleType) -> list[str]:
+    """The names of the model classes `module` defines itself, for an error that says what MODEL could be."""
+    return sorted(
+        name
+        for name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and obj.__module__ == module.__name__
+        and (callable(getattr(obj, "predict", None)) or callable(getattr(obj, "apredict", None)))
+    )
+
+
 def import_model(target: str) -> type:
-    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class."""
+    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class.
+
+    Each way it can fail says which part of MODEL is wrong (ModelImportError, one line).
+    """
     module_part, sep, attr = target.rpartition(":")
     if not sep or not module_part or not attr:
         raise ModelImportError(f"MODEL must look like 'pkg.module:Class' or 'file.py:Class', got {target!r}")
@@ -324,21 +341,27 @@ def import_model(target: str) -> type:
         if module_part.endswith(".py"):
             path = Path(module_part).resolve()
             if not path.is_file():
-                raise ModelImportError(f"no such file: {module_part}")
+                raise ModelImportError(f"no such file: {module_part} ({_HOW})")
             module = _import_from_file(path)
         else:
             module = importlib.import_module(module_part)
-    except ModelImportError:
+    except (ModelImportError, ConfigError):  # a missing extra names the pip command itself
         raise
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_part == exc.name or module_part.startswith(exc.name + ".")):
+            raise ModelImportError(f"no module {module_part!r} ({_HOW})") from exc
+        raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
-    obj = module
+    obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
-            raise ModelImportError(f"{module_part!r} has no attribute {attr!r}")
+            found = _models_in(module)
+            hint = f"it defines {', '.join(found)}" if found else "it defines no class with a predict() method"
+            raise ModelImportError(f"no class {attr!r} in module {module_part!r} ({hint})")
     if not isinstance(obj, type):
-        raise ModelImportError(f"{target!r} is not a class")
+        raise ModelImportError(f"{target!r} is a {type(obj).__name__}, not a class")
     if not callable(getattr(obj, "predict", None)) and not callable(getattr(obj, "apredict", None)):
-        raise ModelImportError(f"{target!r} has no predict(batch) method")
+        raise ModelImportError(f"{attr!r} has no predict(batch) method: a model is a class with a batch-first predict")
     return obj
