@@ -122,8 +122,11 @@ def _bench(args: argparse.Namespace) -> int:
     from twinserve.lab.drivers import check_driver
     from twinserve.lab.report import print_summary, write_report
     from twinserve.lab.variants import variants
+    from twinserve.model import import_model
 
-    check_driver(args.driver)  # a missing tool or extra: one line, before any server starts
+    # A bad MODEL, a missing extra or tool: one line, before any server starts.
+    import_model(args.model)
+    check_driver(args.driver)
     # A stopped bench must stop the servers it started: SIGTERM unwinds through their context managers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     console = Console(width=None if sys.stdout.isatty() else 160)
