@@ -76,7 +76,7 @@ def _value_text(action: argparse.Action) -> str:
     if action.nargs == 0:
         return ""
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
-        return "|".join(str(c) for c in action.choices)
+        return "{" + ",".join(str(c) for c in action.choices) + "}"  # as argparse writes it: no pipe to escape
     if isinstance(action.metavar, str):
         return action.metavar
     return action.dest.upper()
