@@ -17,7 +17,10 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from twinserve.errors import TwinserveError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DOCS_DIR = ROOT / "docs"
@@ -116,8 +119,8 @@ def serve_flags_page() -> str:
         "Every field of `twinserve.config.Config` is a flag of `twinserve serve` (and of `twinserve ray` and "
         "`twinserve k8s`) and a `TWINSERVE_<NAME>` environment variable. Flags win over the environment, the "
         "environment over the defaults; an invalid value fails with one line and exit code 2 before any port is "
-        "bound. `auto`: the default depends on other settings (see the meaning); `none`: off or unset. List settings take "
-        "the flag repeatedly or comma-separated values (`--api-key K1 --api-key K2`, `TWINSERVE_API_KEYS=K1,K2`)."
+        "bound. `auto`: the default depends on other settings (see the meaning); `none`: off or unset. List settings "
+        "take the flag repeatedly or comma-separated values (`--api-key K1 --api-key K2`, `TWINSERVE_API_KEYS=K1,K2`)."
     )
     models = next(a for a in _own_actions(serve) if a.dest == "models")
     body = [
@@ -137,7 +140,7 @@ def _help_text(action: argparse.Action) -> str:
 
 def _default_of(action: argparse.Action) -> str:
     default = action.default
-    if default is None or default is argparse.SUPPRESS or action.nargs == 0 and default is False:
+    if default is None or default is argparse.SUPPRESS or (action.nargs == 0 and default is False):
         return ""
     if isinstance(default, list | tuple):
         return _code(",".join(str(v) for v in default)) if default else ""
@@ -200,7 +203,7 @@ def _adds_to(note: str, summary: str) -> bool:
     return len(words - _words(summary)) >= max(1, len(words) / 3)
 
 
-def _walk(cls: type, depth: int = 0) -> Iterable[tuple[type, int]]:
+def _walk(cls: type[TwinserveError], depth: int = 0) -> Iterable[tuple[type[TwinserveError], int]]:
     yield cls, depth
     for sub in cls.__subclasses__():
         yield from _walk(sub, depth + 1)
@@ -246,7 +249,7 @@ def metrics_page() -> str:
     for metric in vars(mod.metrics()).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
-        kind: str = metric._type
+        kind = str(metric._type)
         name: str = metric._name + ("_total" if kind == "counter" else "")
         labels = list(metric._labelnames)
         mode = getattr(metric, "_multiprocess_mode", "")
