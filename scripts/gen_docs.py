@@ -95,7 +95,8 @@ def _serve_default(text: str, default: object, description: str) -> str:
 
 
 def serve_flags_page() -> str:
-    from twinserve.cli import _default_text, build_parser
+    from twinserve.cli import build_parser
+    from twinserve.cli_args import default_text
     from twinserve.config import Config
 
     serve = _subparsers(build_parser())["serve"]
@@ -111,7 +112,7 @@ def serve_flags_page() -> str:
             [
                 flags + (f" `{value}`" if value else ""),
                 _code(f"TWINSERVE_{name.upper()}"),
-                _code(_serve_default(_default_text(name), field.default, field.description or "")),
+                _code(_serve_default(default_text(name), field.default, field.description or "")),
                 field.description or "",
             ]
         )
@@ -148,7 +149,7 @@ def _default_of(action: argparse.Action) -> str:
 
 
 def _from_config(action: argparse.Action, fields: Iterable[str]) -> bool:
-    """Whether `twinserve.cli._add_config_flags` made this argument (its help names the env variable)."""
+    """Whether `twinserve.cli_args.add_config_flags` made this argument (its help names the env variable)."""
     return action.dest in fields and f"[env TWINSERVE_{action.dest.upper()};" in (action.help or "")
 
 
