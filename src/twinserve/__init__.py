@@ -71,13 +71,15 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'twinserve' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value  # once imported, an ordinary attribute
-    return value
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above; a module __getattr__ would hide typos
+
+    def __getattr__(name: str) -> object:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'twinserve' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module), name)
+        globals()[name] = value  # once imported, an ordinary attribute
+        return value
 
 
 def __dir__() -> list[str]:
