@@ -6,7 +6,6 @@ import argparse
 import datetime
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -154,40 +153,53 @@ def _bench(args: argparse.Namespace) -> int:
         f"[bold]twinserve bench[/] {plan.model}: {len(plan.variants)} server(s) x {len(plan.levels())} level(s), "
         f"{per_level:g} s each -> {out}"
     )
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeRemainingColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task("starting", total=total)
-        step: dict[str, Any] = {"started": time.monotonic(), "length": 0.0}
 
-        def progress(event: str, label: str, level: str | None, seconds: float) -> None:
-            bar.advance(task, step["length"])  # the step before this one is over
-            step["length"] = seconds
+    def finished(run: Run) -> None:
+        for lv in run.levels:
+            errors = f"[red]{lv.errors} errors[/]" if lv.errors else "0 errors"
+            p = lv.latency_ms
+            console.print(
+                f"  {run.label:<28} {lv.load:>7g} {'conns' if lv.mode == 'closed' else 'req/s':<5} "
+                f"{lv.throughput_rps:>9,.0f} req/s  p50 {p.get('p50') or 0:>7.1f}  p95 {p.get('p95') or 0:>7.1f}  "
+                f"p99 {p.get('p99') or 0:>7.1f} ms  {errors}"
+                + ("  [yellow](generator-limited)[/]" if lv.generator_limited else "")
+            )
+        if run.error:
+            console.print(f"  [red]{run.label}: {run.error.splitlines()[0]}[/]")
+
+    if not console.is_terminal:  # a log or a CI job: one plain line per step, no bar redrawn in place
+        steps = {"start": "starting", "idle": "idle memory", "level": "measuring", "ceiling": "measuring"}
+
+        def lines(event: str, label: str, level: str | None, seconds: float) -> None:
             if event == "failed":
-                console.print(f"[red]x {label}: failed[/]" + (f" ({level})" if level else ""))
-            elif event == "done":
-                step["length"] = 0.0
-            bar.update(task, description=f"{label} · {level}" if level else f"{label} · {event}")
+                console.print(f"x {label}: failed" + (f" ({level})" if level else ""), highlight=False)
+            elif event in steps:
+                what = f"{steps[event]} {level}" if level else steps[event]
+                console.print(f"- {label}: {what}" + (f" ({seconds:g} s)" if seconds else ""), highlight=False)
 
-        def finished(run: Run) -> None:
-            for lv in run.levels:
-                errors = f"[red]{lv.errors} errors[/]" if lv.errors else "0 errors"
-                p = lv.latency_ms
-                console.print(
-                    f"  {run.label:<28} {lv.load:>7g} {'conns' if lv.mode == 'closed' else 'req/s':<5} "
-                    f"{lv.throughput_rps:>9,.0f} req/s  p50 {p.get('p50') or 0:>7.1f}  p95 {p.get('p95') or 0:>7.1f}  "
-                    f"p99 {p.get('p99') or 0:>7.1f} ms  {errors}"
-                    + ("  [yellow](generator-limited)[/]" if lv.generator_limited else "")
-                )
-            if run.error:
-                console.print(f"  [red]{run.label}: {run.error.splitlines()[0]}[/]")
+        results = run_bench(plan, lines, finished)
+    else:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeRemainingColumn(),
+            console=console,
+        ) as bar:
+            task = bar.add_task("starting", total=total)
+            step: dict[str, Any] = {"length": 0.0}
 
-        results = run_bench(plan, progress, finished)
-        bar.update(task, completed=total, description="done")
+            def progress(event: str, label: str, level: str | None, seconds: float) -> None:
+                bar.advance(task, step["length"])  # the step before this one is over
+                step["length"] = seconds
+                if event == "failed":
+                    console.print(f"[red]x {label}: failed[/]" + (f" ({level})" if level else ""))
+                elif event == "done":
+                    step["length"] = 0.0
+                bar.update(task, description=f"{label} · {level}" if level else f"{label} · {event}")
+
+            results = run_bench(plan, progress, finished)
+            bar.update(task, completed=total, description="done")
     (out / "results.json").write_bytes(orjson.dumps(results.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
     slo = args.slo_p95_ms
     advice_lines = advise(results, slo).lines if slo is not None else []
