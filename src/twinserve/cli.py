@@ -89,13 +89,12 @@ def add_serve(parser: argparse.ArgumentParser) -> None:
         help="import string `pkg.mod:Class` or `path/file.py:Class` (default: the built-in tabular example)",
     )
     add_config_flags(parser)
-    parser.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from twinserve.config import load_config
 
-    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in ("command", "handler")}
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command"}
     if not overrides.get("models"):
         overrides.pop("models", None)
     config = load_config(**overrides)
@@ -116,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         args = build_parser(words).parse_args(words)
-        code: int = args.handler(args)
+        # serve's namespace is exactly its Config overrides (and `command`); the others name their handler.
+        code: int = _serve(args) if args.command == "serve" else args.handler(args)
     except (ConfigError, ModelImportError) as exc:
         print(f"twinserve: error: {exc}", file=sys.stderr)
         return 2
