@@ -24,12 +24,14 @@ from twinserve.errors import (
     ModelNotReady,
     NotStreaming,
     PayloadTooLarge,
+    QueueFull,
     TwinserveError,
     UnsupportedMediaType,
     error_payload,
 )
 from twinserve.fronts.auth import authenticator
 from twinserve.fronts.cors import cors_policy
+from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.routes import EVENT_STREAM, HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
@@ -219,6 +221,20 @@ class Service:
         return Reply(204, b"", allowed, content_type="")
 
     # -- every request, from every front -------------------------------------------------------------------
+    def open(
+        self,
+        endpoint: str,
+        method: str,
+        path: str,
+        headers: Headers | None,
+        request_id_header: str | None,
+        *,
+        model: str = "",
+        v2: bool = False,
+    ) -> Exchange:
+        """Open one request's exchange (fronts/exchange.py): it must be closed, exactly once, by its front."""
+        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, v2)
+
     def begin(
         self, request_id_header: str | None, method: str, path: str, headers: Headers | None = None
     ) -> RequestContext:
@@ -290,16 +306,38 @@ class Service:
             raise ModelNotFound(f"model {model!r} is not served here; GET /v1/models lists the served models")
         return runtime
 
-    def admit(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
-        """Checks that need only the request line and headers, done before the body is read."""
-        return self._admit(self.runtime(model), content_type, content_length, _JSON_TYPE, JSON)
-
-    def admit_stream(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
-        """`admit` for `:stream`, which only a streaming model (a generator predict) answers."""
-        runtime = self.runtime(model)
-        if not runtime.spec.streams:
+    def runtime_for(self, endpoint: str, model: str, version: str | None = None) -> ModelRuntime:
+        """The runtime an inference endpoint asks for: 404 for an unknown model or V2 version, 400 for `:stream`
+        on a model that does not stream."""
+        runtime = self.v2_runtime(model, version)
+        if endpoint == "stream" and not runtime.spec.streams:
             raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
-        return self._admit(runtime, content_type, content_length, _JSON_TYPE, JSON)
+        return runtime
+
+    def shed(self, backlog: int) -> None:
+        """503 when more requests wait for a request thread than the queue bound allows (the sync front's
+        backlog, see SheddingThreadWorker)."""
+        bound = self.config.max_queue
+        if backlog > bound:
+            raise QueueFull(
+                f"{backlog} requests are waiting for a request thread (--max-queue {bound}); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+
+    def admit(self, runtime: ModelRuntime, endpoint: str, content_type: str | None, content_length: int | None) -> None:
+        """Checks that need only the request line and headers, done before the body is read: the rate limit,
+        the media type (V2 bodies may also be binary), the declared size, readiness."""
+        if self.limiter is not None:
+            self.limiter.acquire()
+        if content_type:
+            media_type = content_type.split(";", 1)[0].strip().lower()
+            accepted, expected = (_V2_TYPE, f"{JSON} or {BINARY}") if endpoint == "infer" else (_JSON_TYPE, JSON)
+            if not accepted.match(media_type):
+                raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
+        if content_length is not None and content_length > self.max_body_bytes:
+            raise self.too_large()
+        if not runtime.ready:
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
 
     def first_chunk(self, context: RequestContext, model: str) -> None:
         """Note a stream's time to first step."""
@@ -312,39 +350,11 @@ class Service:
             raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
         return runtime
 
-    def admit_message(self, runtime: ModelRuntime, key_id: str | None) -> None:
-        """`admit` for one WebSocket message (its size is the front's to check: it closes the socket), charged to
-        the API key the handshake presented, like an HTTP request."""
-        if key_id is not None and self.auth is not None:
+    def charge(self, key_id: str) -> None:
+        """Charge one request to the rate limit of the API key `key_id` (a WebSocket message, after its
+        handshake authenticated): RateLimited (429) past it."""
+        if self.auth is not None:
             self.auth.charge(key_id)
-        self._admit(runtime, None, None, _JSON_TYPE, JSON)
-
-    def admit_v2(
-        self, model: str, version: str | None, content_type: str | None, content_length: int | None
-    ) -> ModelRuntime:
-        """`admit` for a V2 inference request, whose body may carry binary tensor data."""
-        runtime = self.v2_runtime(model, version)
-        return self._admit(runtime, content_type, content_length, _V2_TYPE, f"{JSON} or {BINARY}")
-
-    def _admit(
-        self,
-        runtime: ModelRuntime,
-        content_type: str | None,
-        content_length: int | None,
-        accepted: re.Pattern[str],
-        expected: str,
-    ) -> ModelRuntime:
-        if self.limiter is not None:
-            self.limiter.acquire()
-        if content_type:
-            media_type = content_type.split(";", 1)[0].strip().lower()
-            if not accepted.match(media_type):
-                raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
-        if content_length is not None and content_length > self.max_body_bytes:
-            raise self.too_large()
-        if not runtime.ready:
-            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
-        return runtime
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
