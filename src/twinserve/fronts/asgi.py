@@ -31,7 +31,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.core.streams import AsyncSteps
 from twinserve.errors import (
     ClientDisconnected,
     ClientError,
@@ -41,18 +40,11 @@ from twinserve.errors import (
     TwinserveError,
     UpgradeRequired,
 )
-from twinserve.fronts.contract import (
-    EVENT_STREAM,
-    SSE_END,
-    SSE_HEADERS,
-    Reply,
-    Service,
-    sse_error,
-    sse_step,
-)
+from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
-from twinserve.fronts.websocket import Streams, stream_endpoint
+from twinserve.fronts.sse import AsgiEventStream, StreamStart, client_left, step_or_none
+from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.observability.metrics import mark_process_dead
 from twinserve.protocol.v2 import HEADER_LENGTH
 
@@ -140,7 +132,7 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
         if waiting and not watcher.cancelled():
             current.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(_client_left(request.receive))
+    watcher = asyncio.get_running_loop().create_task(client_left(request.receive))
     watcher.add_done_callback(on_disconnect)
     try:
         return await work
@@ -159,78 +151,6 @@ async def _predict(request: Request, runtime: ModelRuntime, instances: list[Any]
     if gone is not None:
         return await runtime.apredict(instances, deadline, gone)
     return await _unless_disconnected(request, runtime.apredict(instances, deadline))
-
-
-class _StreamStart:
-    """What the `stream` endpoint hands `_handled`: a stream whose first step is ready (None: it had none)."""
-
-    def __init__(self, runtime: ModelRuntime, steps: AsyncSteps, first: list[Any] | None, expected: int) -> None:
-        self.runtime, self.steps, self.first, self.expected = runtime, steps, first, expected
-
-
-async def _step_or_none(steps: AsyncSteps) -> list[Any] | None:
-    try:
-        return await steps.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-class _EventStream:
-    """The ASGI response of one stream: SSE events as the steps come, while the client is there; closes the
-    generator, then the exchange (which counts the request once), at the end."""
-
-    def __init__(self, exchange: Exchange, start: _StreamStart) -> None:
-        self.exchange, self.start = exchange, start
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        start, exchange = self.start, self.exchange
-        headers = [
-            (b"content-type", EVENT_STREAM.encode()),
-            (REQUEST_ID_HEADER.lower().encode(), exchange.request_id.encode()),
-            *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
-        ]
-        watcher = asyncio.get_running_loop().create_task(_client_left(receive))
-        last: bytes | None = None
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            step = start.first
-            while step is not None and not watcher.done():
-                await send({"type": "http.response.body", "body": sse_step(start.runtime, step, start.expected),
-                            "more_body": True})  # fmt: skip
-                step = await self._next(watcher)
-            if not watcher.done():  # else the client left first: the exchange closes as 499
-                exchange.succeeded()
-                last = SSE_END
-        except Exception as exc:
-            last = sse_error(exchange.failed(exc), exchange.request_id)
-        finally:
-            watcher.cancel()
-            try:
-                await start.steps.aclose()
-            except TwinserveError:
-                pass  # the model's finally raised: model_code logged it
-            finally:
-                if exchange.error_code == ClientDisconnected.code:
-                    logger.info("client left the stream of %s; its generator was closed", exchange.context.path)
-                exchange.close()  # counted before the client can see the end
-        if last is not None:
-            await send({"type": "http.response.body", "body": last, "more_body": False})
-
-    async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
-        """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""
-        step = asyncio.ensure_future(_step_or_none(self.start.steps))
-        await asyncio.wait([step, watcher], return_when=asyncio.FIRST_COMPLETED)
-        if not step.done():
-            step.cancel()
-            await asyncio.wait([step])
-            return None
-        return step.result()
-
-
-async def _client_left(receive: Receive) -> None:
-    # The request body has been read: the next ASGI message can only be the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _v2_path_params(middle: str) -> dict[str, str] | None:
@@ -281,13 +201,13 @@ class _PredictFastPath:
         await self.app(scope, receive, send)
 
 
-Endpoint = Callable[[Request, Exchange], Awaitable[Reply | _StreamStart]]
+Endpoint = Callable[[Request, Exchange], Awaitable[Reply | StreamStart]]
 
 
-def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp:
+def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASGIApp:
     """A FastAPI app serving the shared route table over `service`; models load in its lifespan.
 
-    Its WebSocket streams are kept in `streams`, for the server to drain at shutdown.
+    Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown.
     """
 
     @asynccontextmanager
@@ -302,8 +222,8 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
             service.tracer.shutdown()
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
-    if streams is None:
-        streams = Streams()
+    if sockets is None:
+        sockets = OpenSockets()
     app = FastAPI(
         title="twinserve",
         version=__version__,
@@ -330,7 +250,7 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         instances = exchange.decode(await _read_body(request, service), headers.get(HEADER_LENGTH))
         return exchange.encode(await _predict(request, runtime, instances, exchange.deadline))
 
-    async def stream(request: Request, exchange: Exchange) -> _StreamStart:
+    async def stream(request: Request, exchange: Exchange) -> StreamStart:
         headers = request.headers
         runtime = exchange.admit(
             request.path_params["model"],
@@ -342,11 +262,11 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         steps = await runtime.astream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
-            first = await _unless_disconnected(request, _step_or_none(steps))
+            first = await _unless_disconnected(request, step_or_none(steps))
         except BaseException:
             await steps.aclose()
             raise
-        return _StreamStart(runtime, steps, first, len(instances))
+        return StreamStart(runtime, steps, first, len(instances))
 
     async def list_models(request: Request, exchange: Exchange) -> Reply:
         return service.list_models()
@@ -411,7 +331,7 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         handler = _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path))
         app.router.add_route(path, handler, methods=[route.method], name=route.name)
         if route.name == "websocket":
-            app.router.add_websocket_route(path, stream_endpoint(service, streams), name=route.name)
+            app.router.add_websocket_route(path, websocket_endpoint(service, sockets), name=route.name)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -518,9 +438,9 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
         try:
             exchange.authenticate(headers)
             answer = await endpoint(request, exchange)
-            if isinstance(answer, _StreamStart):
+            if isinstance(answer, StreamStart):
                 service.first_chunk(exchange.context, answer.runtime.name)
-                return _EventStream(exchange, answer)  # type: ignore[return-value]  # it closes the exchange
+                return AsgiEventStream(exchange, answer)  # type: ignore[return-value]  # it closes the exchange
             reply = exchange.reply(answer)
         except Exception as exc:
             reply = exchange.fail(exc)

@@ -33,7 +33,7 @@ from twinserve.fronts.auth import authenticator
 from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
-from twinserve.fronts.routes import EVENT_STREAM, HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import (
@@ -49,20 +49,15 @@ from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, error_body, server_metadata, statistics
 
 __all__ = [
-    "EVENT_STREAM",
     "JSON",
     "REQUEST_ID_HEADER",
     "ROUTES",
-    "SSE_END",
-    "SSE_HEADERS",
     "Reply",
     "Route",
     "Service",
     "error_reply",
     "raw_error_response",
     "request_id_from",
-    "sse_error",
-    "sse_step",
 ]
 
 
@@ -106,22 +101,6 @@ class Reply:
     body: bytes
     headers: Mapping[str, str] | None = None
     content_type: str = JSON  # "" for a response without a body (204)
-
-
-#: Server-Sent Events: each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (or
-#: `event: error` with the JSON error body, when the stream fails after its first step was sent).
-SSE_END = b"event: end\ndata: {}\n\n"
-#: Proxies (nginx) must pass each event on at once rather than buffer the response.
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def sse_step(runtime: ModelRuntime, step: list[Any], expected: int) -> bytes:
-    """One step as an SSE event (orjson never writes a newline, so the JSON is one `data:` line)."""
-    return b"data: " + runtime.codec.encode(step, expected) + b"\n\n"
-
-
-def sse_error(error: TwinserveError, request_id: str) -> bytes:
-    return b"event: error\ndata: " + dumps(error_payload(error, request_id)) + b"\n\n"
 
 
 def request_id_from(header: str | None) -> str:

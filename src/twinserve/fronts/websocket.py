@@ -1,8 +1,8 @@
-"""WebSocket streams on the async front: `/v1/models/{model}/ws` (async and hybrid architectures).
+"""WebSocket sockets on the async front: `/v1/models/{model}/ws` (async and hybrid architectures).
 
 Every message becomes its own task awaiting `ModelRuntime.apredict`, so messages from all sockets meet in the
 model's batcher, and each is answered as soon as its outputs are ready, in any order (messages are described in
-`twinserve.protocol.stream`). Each message counts and logs like a request (endpoint `websocket`, its id as the
+`twinserve.protocol.websocket`). Each message counts and logs like a request (endpoint `websocket`, its id as the
 request id).
 
 Per socket at most `--ws-max-pending` messages wait for their answers; one more is answered at once with a
@@ -46,9 +46,16 @@ from twinserve.errors import (
 from twinserve.fronts.contract import Service
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import REQUEST_ID_HEADER
-from twinserve.protocol.stream import MessageError, StreamCodec
+from twinserve.protocol.websocket import MessageError, WebSocketCodec
 
-__all__ = ["CLOSE_GOING_AWAY", "CLOSE_INTERNAL_ERROR", "CLOSE_POLICY", "CLOSE_TOO_BIG", "Streams", "stream_endpoint"]
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL_ERROR",
+    "CLOSE_POLICY",
+    "CLOSE_TOO_BIG",
+    "OpenSockets",
+    "websocket_endpoint",
+]
 
 logger = logging.getLogger("twinserve.websocket")
 
@@ -61,24 +68,24 @@ ENDPOINT = "websocket"
 _DENIAL_EXTENSION = "websocket.http.response"
 
 
-class Streams:
-    """The open streams of one server process, so that a shutdown can drain them: answers sent, then 1001."""
+class OpenSockets:
+    """The open sockets of one server process, so that a shutdown can drain them: answers sent, then 1001."""
 
     def __init__(self) -> None:
-        self._open: set[_Stream] = set()
+        self._open: set[_Socket] = set()
         self.closing = False
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, stream: _Stream) -> None:
-        self._open.add(stream)
+    def add(self, socket: _Socket) -> None:
+        self._open.add(socket)
 
-    def discard(self, stream: _Stream) -> None:
-        self._open.discard(stream)
+    def discard(self, socket: _Socket) -> None:
+        self._open.discard(socket)
 
     async def aclose(self, timeout: float) -> None:
-        """Refuse new streams and messages, give open streams `timeout` seconds to answer, close them (1001)."""
+        """Refuse new sockets and messages, give open sockets `timeout` seconds to answer, close them (1001)."""
         self.closing = True
         if self._open:
             logger.info("draining %d WebSocket stream(s) before shutting down", len(self._open))
@@ -88,11 +95,11 @@ class Streams:
                     logger.error("a WebSocket stream failed to drain", exc_info=outcome)
 
 
-class _Stream:
+class _Socket:
     """One accepted socket: reads messages, runs each as a task, sends the answers."""
 
     def __init__(
-        self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: StreamCodec, key_id: str | None
+        self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: WebSocketCodec, key_id: str | None
     ) -> None:
         self.websocket = websocket
         self.service = service
@@ -269,9 +276,9 @@ async def _deny(websocket: WebSocket, service: Service, error: TwinserveError) -
         exchange.close()
 
 
-def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket], Awaitable[None]]:
-    """The WebSocket endpoint of `/v1/models/{model}/ws` over `service`; open streams are kept in `streams`."""
-    codecs: dict[str, StreamCodec] = {}
+def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebSocket], Awaitable[None]]:
+    """The WebSocket endpoint of `/v1/models/{model}/ws` over `service`; open sockets are kept in `sockets`."""
+    codecs: dict[str, WebSocketCodec] = {}
 
     async def endpoint(websocket: WebSocket) -> None:
         key_id: str | None = None
@@ -283,7 +290,7 @@ def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket],
                 raise CorsRejected(f"origin {origin!r} may not open a WebSocket here (--cors-origins)")
             if service.requires_auth(websocket.scope["path"]):
                 key_id = service.authenticate(websocket.headers)
-            if streams.closing:
+            if sockets.closing:
                 raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
             runtime = service.admit_socket(websocket.path_params["model"])
         except TwinserveError as exc:
@@ -291,15 +298,15 @@ def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket],
             return
         codec = codecs.get(runtime.name)
         if codec is None:
-            codec = codecs[runtime.name] = StreamCodec(
+            codec = codecs[runtime.name] = WebSocketCodec(
                 runtime.spec.input_type, runtime.codec, runtime.v2, service.config.max_instances
             )
-        stream = _Stream(websocket, service, runtime, codec, key_id)
-        streams.add(stream)  # before accept: a shutdown signal during the handshake drains this socket too
+        socket = _Socket(websocket, service, runtime, codec, key_id)
+        sockets.add(socket)  # before accept: a shutdown signal during the handshake drains this socket too
         try:
             await websocket.accept()
-            await stream.serve()
+            await socket.serve()
         finally:
-            streams.discard(stream)
+            sockets.discard(socket)
 
     return endpoint

@@ -8,8 +8,7 @@ because the client has gone (gunicorn then closes the response iterable).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
@@ -17,9 +16,7 @@ from werkzeug.routing import BaseConverter
 
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.core.streams import Steps
 from twinserve.errors import (
-    ClientDisconnected,
     ClientError,
     MethodNotAllowed,
     NotFound,
@@ -27,17 +24,10 @@ from twinserve.errors import (
     TwinserveError,
     WebSocketUnsupported,
 )
-from twinserve.fronts.contract import (
-    EVENT_STREAM,
-    SSE_END,
-    SSE_HEADERS,
-    Reply,
-    Service,
-    sse_error,
-    sse_step,
-)
+from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
@@ -99,47 +89,6 @@ def _read_body(service: Service) -> bytes:
     return body
 
 
-class _EventStream:
-    """The response body of one stream: SSE events written as the steps come; `close()` (always called by the
-    WSGI server, even if the body was never iterated) closes the generator, then the exchange, once."""
-
-    def __init__(
-        self, exchange: Exchange, runtime: ModelRuntime, steps: Steps, first: list[Any] | None, expected: int
-    ) -> None:
-        self.exchange, self.runtime, self.steps = exchange, runtime, steps
-        self.first, self.expected = first, expected
-        self.closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            if self.first is not None:
-                yield sse_step(self.runtime, self.first, self.expected)
-                for step in self.steps:
-                    yield sse_step(self.runtime, step, self.expected)
-            self.exchange.succeeded()
-            last = SSE_END
-        except Exception as exc:
-            last = sse_error(self.exchange.failed(exc), self.exchange.request_id)
-        self.close()  # counted before the client can see the end
-        yield last
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.steps.close()
-        except TwinserveError:
-            pass  # the model's finally raised: model_code logged it
-        finally:
-            exchange = self.exchange
-            if exchange.error_code == ClientDisconnected.code:  # closed before its end: the client left
-                context = exchange.context
-                where = f"{context.method} {context.path} ({context.request_id})"
-                logger.info("client left the stream of %s; its generator was closed", where)
-            exchange.close()
-
-
 def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
@@ -175,7 +124,7 @@ def create_wsgi_app(service: Service) -> Flask:
             raise
         service.first_chunk(exchange.context, runtime.name)
         g.streaming = True  # the exchange closes when the stream ends, not when the response starts
-        body = _EventStream(exchange, runtime, steps, first, exchange.instances)
+        body = WsgiEventStream(exchange, runtime, steps, first, exchange.instances)
         return Response(body, status=200, content_type=EVENT_STREAM, headers=SSE_HEADERS)
 
     def websocket(model: str) -> Response:
