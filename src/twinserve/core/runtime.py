@@ -38,8 +38,6 @@ from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import RequestContext, current_request
 from twinserve.observability.metrics import metrics
 from twinserve.observability.tracing import BatchTrace, RequestTrace
-from twinserve.protocol.v1 import V1Codec
-from twinserve.protocol.v2 import V2Codec
 
 __all__ = ["ModelRuntime", "load_runtimes"]
 
@@ -47,7 +45,8 @@ logger = logging.getLogger("twinserve.runtime")
 
 
 class ModelRuntime:
-    """A model plus its codec, executor and batcher, callable from either front."""
+    """A model plus its executor and batcher, callable from either front; it takes and returns instances (the
+    protocols' codecs are the fronts': `twinserve.protocol.codecs`)."""
 
     def __init__(self, target: str, config: Config) -> None:
         self.target = target
@@ -57,9 +56,6 @@ class ModelRuntime:
             self.model.config = config
         self.spec = ModelSpec(self.model)
         self.name = self.spec.name
-        self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type, config.max_instances)
-        # The same instances, as Open Inference Protocol tensors.
-        self.v2 = V2Codec(self.spec, config.max_instances, config.max_tensor_elements)
         self.ready = False
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size
@@ -356,8 +352,6 @@ class ModelRuntime:
         return {
             **self.summary(),
             "streams": self.spec.streams,  # `:stream` answers with Server-Sent Events
-            "input_schema": self.codec.input_schema(),
-            "output_schema": self.codec.output_schema(),
             "examples": self.spec.examples(),
             "serving": serving,
         }

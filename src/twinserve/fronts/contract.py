@@ -45,6 +45,7 @@ from twinserve.observability.metrics import (
     render,
 )
 from twinserve.observability.tracing import Headers, Tracer
+from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, error_body, server_metadata, statistics
 
@@ -134,6 +135,8 @@ class Service:
 
     def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config, tracer: Tracer | None = None) -> None:
         self.runtimes = dict(runtimes)
+        #: Each model's protocol codecs: the core's runtimes take and return instances only.
+        self.codecs = {name: ModelCodecs.of(runtime.spec, config) for name, runtime in self.runtimes.items()}
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
@@ -153,13 +156,16 @@ class Service:
         return Reply(200, dumps({"models": [r.summary() for r in self.runtimes.values()]}))
 
     def model_metadata(self, model: str) -> Reply:
-        return Reply(200, dumps(self.runtime(model).metadata()))
+        runtime = self.runtime(model)
+        v1 = self.codecs[runtime.name].v1
+        schemas = {"input_schema": v1.input_schema(), "output_schema": v1.output_schema()}
+        return Reply(200, dumps({**runtime.metadata(), **schemas}))
 
     @cached_property
     def _openapi(self) -> bytes:
         from twinserve import __version__
 
-        document = openapi_document(self.runtimes, "twinserve", __version__)
+        document = openapi_document(self.runtimes, self.codecs, "twinserve", __version__)
         return dumps(document if self.auth is None else secure(document, self.open_paths))
 
     def openapi(self) -> Reply:
@@ -356,7 +362,7 @@ class Service:
         return runtime
 
     def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
-        return Reply(200, dumps(self.v2_runtime(model, version).v2.metadata()))
+        return Reply(200, dumps(self.codecs[self.v2_runtime(model, version).name].v2.metadata()))
 
     def model_ready(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
@@ -365,7 +371,8 @@ class Service:
 
     def model_config(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
-        return Reply(200, dumps(runtime.v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
+        v2 = self.codecs[runtime.name].v2
+        return Reply(200, dumps(v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
 
     def model_stats(self, model: str | None = None, version: str | None = None) -> Reply:
         """Triton's statistics extension: one model's, or every model's when `model` is None."""
@@ -382,7 +389,7 @@ class Service:
         return own if deadline is None else min(deadline, own)
 
     def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
-        body, header_length = runtime.v2.encode(request, outputs)
+        body, header_length = self.codecs[runtime.name].v2.encode(request, outputs)
         if header_length is None:
             return Reply(200, body)
         return Reply(200, body, {HEADER_LENGTH: str(header_length)}, content_type=BINARY)

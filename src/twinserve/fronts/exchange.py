@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from twinserve.fronts.contract import Reply, Service
     from twinserve.observability.context import RequestContext
     from twinserve.observability.tracing import Headers
+    from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
 
 __all__ = ["Exchange"]
@@ -114,13 +115,13 @@ class Exchange:
     # -- the body ----------------------------------------------------------------------------------------
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`)."""
-        runtime = self._runtime()
+        codecs = self.codecs
         if self.endpoint == "infer":
-            inference = self._inference = runtime.v2.decode(body, header_length)
+            inference = self._inference = codecs.v2.decode(body, header_length)
             self.deadline = self.service.v2_deadline(self.deadline, inference.timeout_us)
             instances = inference.instances
         else:
-            instances = runtime.codec.decode(body)
+            instances = codecs.v1.decode(body)
         self._count = len(instances)
         return instances
 
@@ -131,12 +132,17 @@ class Exchange:
         runtime = self._runtime()
         if self._inference is not None:
             return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
-        return self.reply(Reply(200, runtime.codec.encode(outputs, self._count)))
+        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count)))
 
     @property
     def instances(self) -> int:
         """How many instances the request decoded to."""
         return self._count
+
+    @property
+    def codecs(self) -> ModelCodecs:
+        """The admitted model's codecs."""
+        return self.service.codecs[self._runtime().name]
 
     def _runtime(self) -> ModelRuntime:
         if self.runtime is None:

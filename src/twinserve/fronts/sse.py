@@ -43,9 +43,9 @@ SSE_END = b"event: end\ndata: {}\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse_step(runtime: ModelRuntime, step: list[Any], expected: int) -> bytes:
+def sse_step(exchange: Exchange, step: list[Any], expected: int) -> bytes:
     """One step as an SSE event (orjson never writes a newline, so the JSON is one `data:` line)."""
-    return b"data: " + runtime.codec.encode(step, expected) + b"\n\n"
+    return b"data: " + exchange.codecs.v1.encode(step, expected) + b"\n\n"
 
 
 def sse_error(error: TwinserveError, request_id: str) -> bytes:
@@ -86,7 +86,7 @@ class AsgiEventStream:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             step = start.first
             while step is not None and not watcher.done():
-                await send({"type": "http.response.body", "body": sse_step(start.runtime, step, start.expected),
+                await send({"type": "http.response.body", "body": sse_step(exchange, step, start.expected),
                             "more_body": True})  # fmt: skip
                 step = await self._next(watcher)
             if not watcher.done():  # else the client left first: the exchange closes as 499
@@ -128,19 +128,17 @@ class WsgiEventStream:
     """The response body of one stream: SSE events written as the steps come; `close()` (always called by the
     WSGI server, even if the body was never iterated) closes the generator, then the exchange, once."""
 
-    def __init__(
-        self, exchange: Exchange, runtime: ModelRuntime, steps: Steps, first: list[Any] | None, expected: int
-    ) -> None:
-        self.exchange, self.runtime, self.steps = exchange, runtime, steps
+    def __init__(self, exchange: Exchange, steps: Steps, first: list[Any] | None, expected: int) -> None:
+        self.exchange, self.steps = exchange, steps
         self.first, self.expected = first, expected
         self.closed = False
 
     def __iter__(self) -> Iterator[bytes]:
         try:
             if self.first is not None:
-                yield sse_step(self.runtime, self.first, self.expected)
+                yield sse_step(self.exchange, self.first, self.expected)
                 for step in self.steps:
-                    yield sse_step(self.runtime, step, self.expected)
+                    yield sse_step(self.exchange, step, self.expected)
             self.exchange.succeeded()
             last = SSE_END
         except Exception as exc:

@@ -299,7 +299,10 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
         codec = codecs.get(runtime.name)
         if codec is None:
             codec = codecs[runtime.name] = WebSocketCodec(
-                runtime.spec.input_type, runtime.codec, runtime.v2, service.config.max_instances
+                runtime.spec.input_type,
+                service.codecs[runtime.name].v1,
+                service.codecs[runtime.name].v2,
+                service.config.max_instances,
             )
         socket = _Socket(websocket, service, runtime, codec, key_id)
         sockets.add(socket)  # before accept: a shutdown signal during the handshake drains this socket too

@@ -124,7 +124,7 @@ def create_wsgi_app(service: Service) -> Flask:
             raise
         service.first_chunk(exchange.context, runtime.name)
         g.streaming = True  # the exchange closes when the stream ends, not when the response starts
-        body = WsgiEventStream(exchange, runtime, steps, first, exchange.instances)
+        body = WsgiEventStream(exchange, steps, first, exchange.instances)
         return Response(body, status=200, content_type=EVENT_STREAM, headers=SSE_HEADERS)
 
     def websocket(model: str) -> Response:
