@@ -19,5 +19,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "cli_args",
         "loading",
         "extras",
+        "encoding",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

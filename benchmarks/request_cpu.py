@@ -1,0 +1,137 @@
+"""CPU per request of the async front, in process: V1 predict on the iris example, no sockets, no load generator.
+
+The app is built as `twinserve serve --arch async` builds it, its lifespan run, and requests are handed to it as
+ASGI calls by `--concurrency` closed-loop callers (so batches form as under real load). What is measured is this
+process's CPU time (every thread: the loop, the predict thread) divided by the requests answered: the front, the
+codec, the batcher and the model together. To compare two checkouts (before/after a change), name each one's
+`src/` with `--src`; each runs in its own subprocess, alternating, and the medians and their ratio are printed.
+
+    python benchmarks/request_cpu.py [--src OLD/src --src NEW/src] [--requests 3000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+BODY = json.dumps(
+    {"instances": [{"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]}
+).encode()
+
+
+async def _measure(requests: int, concurrency: int) -> float:
+    """Microseconds of CPU per answered request, in this process."""
+    from twinserve.config import load_config
+    from twinserve.core.runtime import load_runtimes
+    from twinserve.fronts.asgi import create_asgi_app
+    from twinserve.fronts.contract import Service
+
+    config = load_config(arch="async", access_log=False)
+    app = create_asgi_app(Service(load_runtimes(config), config))
+    started: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    lifespan = asyncio.ensure_future(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}}, _lifespan_receive(), started.put)
+    )
+    assert (await started.get())["type"] == "lifespan.startup.complete"
+    never = asyncio.Event()
+
+    async def call() -> int:
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": BODY, "more_body": False}
+            await never.wait()  # the client never leaves
+            return {"type": "http.disconnect"}
+
+        status = 0
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/models/iris:predict",
+            "raw_path": b"/v1/models/iris:predict",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        }
+        await app(scope, receive, send)
+        return status
+
+    async def caller(count: int) -> None:
+        for _ in range(count):
+            assert await call() == 200
+
+    await asyncio.gather(*(caller(50) for _ in range(concurrency)))  # warm-up
+    cpu = time.process_time()
+    await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
+    used = time.process_time() - cpu
+    lifespan.cancel()
+    return used / (requests // concurrency * concurrency) * 1e6
+
+
+async def _lifespan_receive_impl(state: dict[str, bool]) -> dict[str, Any]:
+    if not state["started"]:
+        state["started"] = True
+        return {"type": "lifespan.startup"}
+    await asyncio.Event().wait()
+    return {"type": "lifespan.shutdown"}
+
+
+def _lifespan_receive() -> Any:
+    state = {"started": False}
+    return lambda: _lifespan_receive_impl(state)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", action="append", help="a checkout's src/ folder (repeat to compare)")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        import uvloop
+
+        print(uvloop.run(_measure(args.requests, args.concurrency)))
+        return
+    sources = args.src or [os.path.join(os.path.dirname(__file__), "..", "src")]
+    figures: dict[str, list[float]] = {src: [] for src in sources}
+    for _ in range(args.rounds):
+        for src in sources:  # alternating, so drift on a noisy machine hits every checkout alike
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", "--requests", str(args.requests),
+                 "--concurrency", str(args.concurrency)],
+                env={**os.environ, "PYTHONPATH": os.path.abspath(src)},
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            figures[src].append(float(done.stdout.strip().splitlines()[-1]))
+    base = statistics.median(figures[sources[0]])
+    for src, values in figures.items():
+        median = statistics.median(values)
+        shown = ", ".join(f"{v:.0f}" for v in values)
+        print(f"{src}: median {median:.0f} us CPU/request ({shown}); ratio to the first {median / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()
