@@ -157,8 +157,12 @@ predict_iris() {
 
 # -- 1. build -------------------------------------------------------------------------------------------------
 build() {
+    # From a copy of the files git tracks or would (setuptools writes an egg-info into the tree it builds).
+    mkdir -p "$WORK/source"
+    git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && tar --null -T - -cf -) |
+        tar -xf - -C "$WORK/source"
     new_venv "$WORK/build-venv" build
-    timeout 300 "$WORK/build-venv/bin/python" -m build --outdir "$WORK/dist" "$ROOT" >"$WORK/build.log" 2>&1 ||
+    timeout 300 "$WORK/build-venv/bin/python" -m build --outdir "$WORK/dist" "$WORK/source" >"$WORK/build.log" 2>&1 ||
         {
             tail -n 40 "$WORK/build.log" >&2
             fail "python -m build"

@@ -1,0 +1,92 @@
+"""A wheel of the twinserve that is running, for the image `twinserve k8s --out DIR` describes.
+
+A user's image build cannot count on an index that has this release, so the build context gets twinserve itself:
+the package folder that is running (whatever it was installed from: a wheel, an editable checkout) and the
+installed distribution's metadata (dependencies and extras, the `twinserve` script) packed as a pure-Python wheel,
+which `pip install "twinserve-<version>-py3-none-any.whl[extra]"` installs in the image. Its bytes depend only on
+the files, not on when it was written, so the image's pip layer is cached until twinserve changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata
+import zipfile
+from pathlib import Path
+
+import twinserve
+from twinserve import __version__
+from twinserve.errors import ConfigError
+
+__all__ = ["DIST_NAME", "wheel_name", "write_wheel"]
+
+DIST_NAME = "twinserve"
+#: The oldest timestamp a zip can hold: every entry has it, so equal files give equal wheels.
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+_SKIPPED_SUFFIXES = frozenset({".pyc", ".pyo"})
+
+
+def wheel_name(version: str = __version__) -> str:
+    return f"{DIST_NAME}-{version}-py3-none-any.whl"
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def _package_files(package: Path) -> list[tuple[str, bytes]]:
+    files = []
+    for path in sorted(package.rglob("*")):
+        relative = path.relative_to(package)
+        if path.is_file() and "__pycache__" not in relative.parts and path.suffix not in _SKIPPED_SUFFIXES:
+            files.append((f"{DIST_NAME}/{relative.as_posix()}", path.read_bytes()))
+    return files
+
+
+def _metadata() -> tuple[str, str]:
+    """(METADATA, entry_points.txt) of the installed distribution, which must be the version that is running."""
+    try:
+        dist = importlib.metadata.distribution(DIST_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            "--out: twinserve runs without being installed (no distribution metadata), so it cannot pack itself "
+            "into the image's wheel: pip install it (`pip install -e .` in a checkout), or build the wheel with "
+            "`python -m build` and use that"
+        ) from None
+    if dist.version != __version__:
+        raise ConfigError(
+            f"--out: the installed twinserve distribution is {dist.version} but the code running is {__version__} "
+            f"(from {Path(twinserve.__file__).parent}); install the code you mean to deploy"
+        )
+    # PKG-INFO: the same fields, in an egg-info (a source tree setuptools wrote one into, found first on sys.path)
+    metadata = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    entry_points = dist.read_text("entry_points.txt")
+    if not metadata or not entry_points:
+        raise ConfigError(f"--out: the installed twinserve {dist.version} has no METADATA or entry_points.txt")
+    return metadata, entry_points
+
+
+def write_wheel(out_dir: Path) -> Path:
+    """Write `twinserve-<version>-py3-none-any.whl` of the running package into `out_dir`; returns its path."""
+    metadata, entry_points = _metadata()
+    info = f"{DIST_NAME}-{__version__}.dist-info"
+    wheel_meta = f"Wheel-Version: 1.0\nGenerator: twinserve {__version__}\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files = _package_files(Path(twinserve.__file__).parent)
+    files += [
+        (f"{info}/METADATA", metadata.encode()),
+        (f"{info}/WHEEL", wheel_meta.encode()),
+        (f"{info}/entry_points.txt", entry_points.encode()),
+    ]
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files) + f"{info}/RECORD,,\n"
+    files.append((f"{info}/RECORD", record.encode()))
+    path = out_dir / wheel_name()
+    partial = path.with_name(path.name + ".partial")
+    with zipfile.ZipFile(partial, "w") as wheel:
+        for name, data in files:
+            entry = zipfile.ZipInfo(name, date_time=_EPOCH)
+            entry.external_attr = 0o644 << 16
+            wheel.writestr(entry, data, compress_type=zipfile.ZIP_DEFLATED)
+    partial.replace(path)
+    return path
