@@ -11,6 +11,7 @@
 # Environment:
 #   USER_PATH_EXTRA_ERRORS=0   skip the checks that commands needing an extra exit 2 with one line naming it
 #   USER_PATH_EXTRAS="..."     the extras of stage 3, each in its own virtualenv (default: torch otel locust ray safe)
+#   USER_PATH_BASE=0           skip stage 2 (to try stage 3 or 4 alone)
 #   USER_PATH_CLONE=0          skip stage 4
 #   USER_PATH_KEEP=1           keep the work folder (its path is printed) instead of removing it
 #   PYTHON                     the interpreter the virtualenvs are made with (default python3)
@@ -28,6 +29,7 @@ export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 # A short path: Ray puts unix sockets under TMPDIR, whose paths must stay under 108 bytes.
 WORK=$(mktemp -d /tmp/user-path.XXXXXX)
 SERVERS=()
+BACKGROUND=()
 TIMINGS=()
 STAGE=setup
 START=$EPOCHREALTIME
@@ -51,6 +53,10 @@ summary() {
 cleanup() {
     local rc=$? pid
     trap - EXIT INT TERM
+    for pid in "${BACKGROUND[@]}"; do  # the installer, and the pip under it
+        pkill -TERM -P "$pid" 2>/dev/null || true
+        kill -TERM "$pid" 2>/dev/null || true
+    done
     for pid in "${SERVERS[@]}"; do
         kill -TERM "$pid" 2>/dev/null || continue
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
@@ -92,10 +98,11 @@ free_port() {
 new_venv() {
     local dir=$1
     shift
-    "$PYTHON" -m venv "$dir"
+    "$PYTHON" -m venv "$dir" || return 1
     if ! timeout 900 "$dir/bin/python" -m pip install -q "$@" >"$dir.pip.log" 2>&1; then
         tail -n 40 "$dir.pip.log" >&2
-        fail "pip install $* into $dir"
+        echo "user-path: pip install $* into $dir failed" >&2
+        return 1
     fi
 }
 
@@ -161,7 +168,7 @@ build() {
     mkdir -p "$WORK/source"
     git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && tar --null -T - -cf -) |
         tar -xf - -C "$WORK/source"
-    new_venv "$WORK/build-venv" build
+    new_venv "$WORK/build-venv" build || fail "a virtualenv with build"
     timeout 300 "$WORK/build-venv/bin/python" -m build --outdir "$WORK/dist" "$WORK/source" >"$WORK/build.log" 2>&1 ||
         {
             tail -n 40 "$WORK/build.log" >&2
@@ -169,13 +176,15 @@ build() {
         }
     WHEEL=$(echo "$WORK"/dist/twinserve-*-py3-none-any.whl)
     SDIST=$(echo "$WORK"/dist/twinserve-*.tar.gz)
-    [ -f "$WHEEL" ] && [ -f "$SDIST" ] || fail "python -m build made no wheel and sdist: $(ls "$WORK/dist")"
+    if [ ! -f "$WHEEL" ] || [ ! -f "$SDIST" ]; then
+        fail "python -m build made no wheel and sdist: $(ls "$WORK/dist")"
+    fi
     "$PYTHON" "$ROOT/scripts/check_wheel.py" "$WHEEL" "$SDIST"
 }
 
 # -- 2. the base install --------------------------------------------------------------------------------------
 base_install() {
-    new_venv "$WORK/base" "$WHEEL"
+    new_venv "$WORK/base" "$WHEEL" || fail "pip install the wheel (no extras)"
     TS=$WORK/base/bin/twinserve
     local version
     version=$(timeout 60 "$TS" --version)
@@ -203,7 +212,9 @@ bench_and_advise() {
         tail -n 40 "$WORK/bench.log" >&2
         fail "twinserve bench"
     }
-    [ -s "$out/results.json" ] && [ -s "$out/report.html" ] || fail "bench wrote no results.json/report.html"
+    if [ ! -s "$out/results.json" ] || [ ! -s "$out/report.html" ]; then
+        fail "bench wrote no results.json/report.html"
+    fi
     timeout 120 "$TS" advise "$out" >"$WORK/advise.log" 2>&1 || {
         cat "$WORK/advise.log" >&2
         fail "twinserve advise"
@@ -220,36 +231,33 @@ other_base_commands() {
 }
 
 # `twinserve k8s --out DIR` from the base install: DIR is the image's build context. Every file the Dockerfile
-# COPYs must be there, and its pip install must work against DIR (the RUN step, by hand: no docker needed).
+# COPYs must be there, and the twinserve wheel it installs must be the one built in stage 1 (the same files and
+# metadata: so it installs with extras as that one does in stage 3), with the model file at its relative path.
 k8s_out_is_buildable() {
     local ctx=$WORK/k8s-out model=$WORK/k8s-model
     mkdir -p "$model/models"
     printf 'class Echo:\n    def predict(self, batch: list[str]) -> list[str]:\n        return batch\n' \
         >"$model/models/echo.py"
-    (cd "$model" && timeout 60 "$TS" k8s --image x --out "$ctx" models/echo.py:Echo) >/dev/null
-    "$PYTHON" - "$ctx" <<'EOF'
-import json, pathlib, shlex, sys
-ctx = pathlib.Path(sys.argv[1])
+    (cd "$model" && timeout 60 "$TS" k8s --image x --out "$ctx" --extra otel models/echo.py:Echo) >/dev/null
+    "$PYTHON" - "$ctx" "$WHEEL" <<'EOF'
+import json, pathlib, shlex, sys, zipfile
+ctx, built = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 lines = (ctx / "Dockerfile").read_text().splitlines()
-copies = [shlex.split(line)[1:-1] for line in lines if line.startswith("COPY ")]
-assert copies, "the Dockerfile COPYs nothing"
-for sources in copies:
-    for source in sources:
-        assert (ctx / source).exists(), f"the Dockerfile COPYs {source}, which is not in {ctx}"
-pips = [line for line in lines if "pip install" in line]
-assert len(pips) == 1 and ".whl" in pips[0], pips
-print("k8s --out: Dockerfile COPYs", [s for c in copies for s in c])
+copies = [json.loads(line[5:]) if line[5:6] == "[" else shlex.split(line[5:]) for line in lines if line.startswith("COPY ")]
+sources = [source for copy in copies for source in copy[:-1]]  # the last one is the destination in the image
+assert sources == [built.name, "models/echo.py"], sources
+for source in sources:
+    assert (ctx / source).is_file(), f"the Dockerfile COPYs {source}, which is not in {ctx}"
+assert f'RUN pip install "/tmp/wheels/{built.name}[otel]"' in "\n".join(lines), lines
+def contents(path):
+    with zipfile.ZipFile(path) as wheel:
+        return {n: wheel.read(n) for n in wheel.namelist() if not n.endswith(("/RECORD", "/WHEEL"))}
+packed, made = contents(ctx / built.name), contents(built)
+assert packed.keys() == made.keys(), sorted(packed.keys() ^ made.keys())
+differ = [name for name in made if packed[name] != made[name]]
+assert not differ, f"k8s --out's wheel differs from the built one in {differ}"
+print(f"k8s --out: COPYs {sources}; its wheel holds the built wheel's {len(made)} files")
 EOF
-    local wheel
-    wheel=$(cd "$ctx" && echo twinserve-*.whl)
-    [ -f "$ctx/$wheel" ] || fail "k8s --out wrote no twinserve wheel"
-    # The RUN step by hand: the wheel it copied, with an extra, into a fresh virtualenv (resolution only).
-    "$PYTHON" -m venv --without-pip "$WORK/k8s-venv"
-    timeout 300 "$WORK/base/bin/python" -m pip --python "$WORK/k8s-venv/bin/python" install -q --dry-run \
-        "$ctx/$wheel[otel]" >"$WORK/k8s-pip.log" 2>&1 || {
-        tail -n 20 "$WORK/k8s-pip.log" >&2
-        fail "pip install $wheel[otel] from the k8s build context"
-    }
 }
 
 # expect_extra_error EXTRA COMMAND...: exit 2 and exactly one stderr line that names the extra.
@@ -378,11 +386,34 @@ EOF
     stop_server "$SERVER_PID" "$out"
 }
 
+# The extras' virtualenvs, made one after the other in the background while stage 2 runs (pip is most of the
+# time, and stage 2 mostly waits on servers); each writes venv-EXTRA.done: "ok|failed SECONDS".
+install_extras() {
+    local extra t0 status
+    for extra in $EXTRAS; do
+        t0=$EPOCHREALTIME
+        status=ok
+        new_venv "$WORK/venv-$extra" "${WHEEL}[$extra]" || status=failed
+        echo "$status $(elapsed "$t0")" >"$WORK/venv-$extra.done"
+    done
+}
+
 extra_venv() {
-    local extra=$1 dir=$WORK/venv-$1
-    new_venv "$dir" "$WHEEL[$extra]"
+    local extra=$1 dir=$WORK/venv-$1 deadline=$((SECONDS + 1800)) status seconds t0=$EPOCHREALTIME
+    until [ -f "$dir.done" ]; do
+        kill -0 "$INSTALLER_PID" 2>/dev/null || [ -f "$dir.done" ] || fail "the extras' installer stopped early"
+        [ "$SECONDS" -lt "$deadline" ] || fail "no virtualenv for $extra within 1800 s"
+        sleep 1
+    done
+    read -r status seconds <"$dir.done"
+    [ "$status" = ok ] || {
+        tail -n 40 "$dir.pip.log" >&2
+        fail "pip install '${WHEEL}[$extra]' into a fresh virtualenv"
+    }
+    log "virtualenv with [$extra]: pip took $seconds s (in the background), waited $(elapsed "$t0") s for it"
+    TIMINGS+=("3   venv + pip install '[$extra]' (background)|$seconds")
     "extra_$extra" "$dir/bin"
-    rm -rf "$dir"  # disk: torch and ray are large
+    rm -rf "$dir" # disk: torch and ray are large
 }
 
 # -- 4. the README's first command on a fresh clone -----------------------------------------------------------
@@ -396,20 +427,28 @@ readme_make_bench() {
     }
     results=$(ls -d "$clone"/twinserve-results/*/)
     [ "$(wc -l <<<"$results")" -eq 1 ] || fail "expected one twinserve-results/<timestamp>/, got: $results"
-    [ -s "${results}results.json" ] && [ -s "${results}report.html" ] ||
+    if [ ! -s "${results}results.json" ] || [ ! -s "${results}report.html" ]; then
         fail "make bench wrote no results.json/report.html in $results"
+    fi
     log "make bench wrote ${results#"$clone"/}{results.json,report.html}"
 }
 
 log "work folder $WORK, pip cache $PIP_CACHE_DIR, $("$PYTHON" --version)"
 timed "1 build sdist + wheel, check contents" build
-timed "2 base install (no extras)" base_install
-timed "2 serve sync/async/hybrid + curl predict" serve_each_arch
-timed "2 bench (3 archs, 1 level) + advise" bench_and_advise
-timed "2 locustfile, k8s (+ --out build context)" other_base_commands
-timed "2 commands needing an extra fail in one line" extra_errors
+if [ -n "$EXTRAS" ]; then
+    install_extras >"$WORK/install-extras.log" 2>&1 &
+    INSTALLER_PID=$!
+    BACKGROUND+=("$INSTALLER_PID")
+fi
+if [ "${USER_PATH_BASE:-1}" != 0 ]; then
+    timed "2 base install (no extras)" base_install
+    timed "2 serve sync/async/hybrid + curl predict" serve_each_arch
+    timed "2 bench (3 archs, 1 level) + advise" bench_and_advise
+    timed "2 locustfile, k8s (+ --out build context)" other_base_commands
+    timed "2 commands needing an extra fail in one line" extra_errors
+fi
 for extra in $EXTRAS; do
-    timed "3 extra $extra: venv + command" extra_venv "$extra"
+    timed "3 extra $extra: wait for its venv + command" extra_venv "$extra"
 done
 if [ "${USER_PATH_CLONE:-1}" != 0 ]; then
     timed "4 fresh clone: make bench (short)" readme_make_bench

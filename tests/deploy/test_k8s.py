@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,11 @@ def test_out_is_a_build_context_with_the_wheel_and_the_model_files(
         assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
         metadata = wheel.read(f"{info}/METADATA").decode()
         assert f"Version: {__version__}" in metadata and "Provides-Extra: otel" in metadata
+        # from this checkout's pyproject.toml (an editable install's metadata is as old as the install)
+        project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+        requires = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if "Requires-Dist" in line]
+        assert requires[: len(project["dependencies"])] == project["dependencies"]
+        assert 'opentelemetry-sdk>=1.25; extra == "otel"' in requires
         assert "twinserve = twinserve.cli:main" in wheel.read(f"{info}/entry_points.txt").decode()
         assert wheel.read(f"{info}/RECORD").decode().count("sha256=") == len(names) - 1
     first = (out / wheel_name()).read_bytes()
