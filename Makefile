@@ -6,7 +6,7 @@ ARCH ?= sync
 PORT ?= 8000
 MODEL ?= twinserve.examples.tabular:Classifier
 
-.PHONY: bench serve test clean
+.PHONY: bench serve test docs docs-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev,torch,otel,locust,ray,safe]'
+	$(BIN)/python -m pip install -q -e '.[dev,docs,torch,otel,locust,ray,safe]'
 	touch $@ $(VENV)/.installed-base
 
 ## serve MODEL in sync, async and hybrid, load each side by side, write the report and advise (SLO=200 ms);
@@ -41,7 +41,18 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests scripts benchmarks examples
 	$(BIN)/ruff format --check src tests scripts benchmarks examples
 	$(BIN)/mypy
+	$(MAKE) docs-check
 	$(BIN)/python -m pytest
 
+## serve the docs site on 127.0.0.1:8001 with live reload (pages under docs/, nav in mkdocs.yml)
+docs: $(VENV)/.installed-dev
+	$(BIN)/python scripts/gen_docs.py
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
+## the generated reference pages are current, and the site builds with no broken link or missing page
+docs-check: $(VENV)/.installed-dev
+	$(BIN)/python scripts/gen_docs.py --check
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(BIN)/mkdocs build --strict --quiet --site-dir "$$tmp"
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.serving import ROOT, model_path
+from tests.serving import ROOT, Server, model_path
 from twinserve.config import Config
 
 
@@ -47,8 +49,15 @@ def test_help_lists_every_setting_with_its_env_var() -> None:
         (["--arch", "hybrid", "--executor", "thread"], {}, "--arch hybrid runs predict in model-worker processes"),
         (["--max-batch-size", "0"], {}, "--max-batch-size: Input should be greater than or equal to 1"),
         (["--max-queue", "-5"], {}, "--max-queue: Input should be greater than or equal to 1"),
-        (["no_such_module:Model"], {}, "cannot import 'no_such_module'"),
-        ([model_path("NoSuchClass")], {}, "has no attribute 'NoSuchClass'"),
+        (["no_such_module:Model"], {}, "no module 'no_such_module' (MODEL is written 'pkg.module:Class'"),
+        (["twinserve.examples.no_such:Model"], {}, "no module 'twinserve.examples.no_such'"),
+        ([model_path("NoSuchClass")], {}, "no class 'NoSuchClass' in module"),
+        (
+            ["twinserve.examples.tabular:Classifer"],
+            {},
+            "no class 'Classifer' in module 'twinserve.examples.tabular' (it defines Classifier)",
+        ),
+        (["twinserve.examples.tabular:Label"], {}, "not a class"),
         (["missing.py:Model"], {}, "no such file: missing.py"),
         (["twinserve.examples.tabular"], {}, "MODEL must look like"),
         (["twinserve.examples.tabular:IrisFeatures"], {}, "has no predict(batch) method"),
@@ -74,3 +83,20 @@ def test_the_cli_does_not_import_prometheus_client_before_it_knows_the_metrics_d
     code = "import sys, twinserve.cli; twinserve.cli.build_parser(); print('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("arch", ["sync", "async", "hybrid"])
+def test_serve_says_where_it_listens_and_its_curl_line_works_as_pasted(arch: str) -> None:
+    with Server([], arch, "--log-format", "json") as server:
+        events = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
+        serving = next(e for e in events if e.get("event") == "serving")
+        assert serving["url"] == server.url and serving["arch"] == arch
+        done = subprocess.run(["sh", "-c", serving["curl"]], capture_output=True, text=True, timeout=30, check=True)
+    assert json.loads(done.stdout)["predictions"][0]["label"] == "setosa"
+
+
+def test_bench_fails_fast_on_a_bad_model(tmp_path: Path) -> None:
+    result = twinserve("bench", "no_such_module:Model", "--out", str(tmp_path / "never"))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("twinserve: error: no module 'no_such_module'")
+    assert not (tmp_path / "never").exists()

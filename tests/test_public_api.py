@@ -18,5 +18,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "deploy",
         "cli_args",
         "loading",
+        "extras",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

@@ -1,109 +1,126 @@
-"""The `twinserve` command line. Its flags are generated from `Config`, so they cannot drift from it."""
+"""The `twinserve` command line: one registry of commands, each built (and its module imported) only when used.
+
+`twinserve --help` imports no command's module; `twinserve bench ...` imports the lab, never Ray. The flags of
+`serve`, `ray` and `k8s` are generated from `Config` (`twinserve.cli_args`), so they cannot drift from it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
-import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic_core import PydanticUndefined
-
 from twinserve import __version__
-from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError, ModelImportError
-from twinserve.observability.metrics import prepare_multiprocess_dir
 
-__all__ = ["build_parser", "main"]
-
-
-def _default_text(name: str) -> str:
-    field = Config.model_fields[name]
-    if field.default_factory is not None:
-        return str(field.default_factory())  # type: ignore[call-arg]
-    if field.default is PydanticUndefined or field.default is None:
-        return "auto"
-    return str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in Config.model_fields.items():
-        if name == "models":
-            continue
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} [env TWINSERVE_{name.upper()}; default {_default_text(name)}]"
-        annotation = field.annotation
-        if annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif typing.get_origin(annotation) is typing.Literal:
-            parser.add_argument(flag, choices=typing.get_args(annotation), default=None, help=help_text)
-        elif typing.get_origin(annotation) is list:
-            # Repeatable, and also spelled in the singular: `--api-key K1 --api-key K2` or `--api-keys K1,K2`.
-            flags = [flag, flag.removesuffix("s")] if flag.endswith("s") else [flag]
-            parser.add_argument(*flags, dest=name, action="append", default=None, metavar=name.upper(), help=help_text)
-        else:
-            parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its one-line help, and `module:function` that adds its arguments and handler."""
+
+    help: str
+    adds: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        module, _, function = self.adds.partition(":")
+        adder: Callable[[argparse.ArgumentParser], None] = getattr(importlib.import_module(module), function)
+        adder(parser)
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS: dict[str, Command] = {
+    "serve": Command("serve MODEL over HTTP", "twinserve.cli:add_serve"),
+    "bench": Command(
+        "serve MODEL in every architecture, load each side by side, report and advise",
+        "twinserve.lab.commands:add_bench",
+    ),
+    "advise": Command(
+        "pick the architecture and settings that meet a latency objective, from bench results",
+        "twinserve.lab.commands:add_advise",
+    ),
+    "locustfile": Command(
+        "write a Locust file that load-tests MODEL's predict endpoint with its examples",
+        "twinserve.lab.commands:add_locustfile",
+    ),
+    "ray": Command(
+        "serve MODEL(s) on Ray Serve, the same HTTP contract as `serve --arch async`", "twinserve.deploy.ray:add_ray"
+    ),
+    "k8s": Command(
+        "write Kubernetes/KServe manifests and a Dockerfile that run `twinserve serve` with these flags",
+        "twinserve.deploy.commands:add_k8s",
+    ),
+}
+
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The command `argv` names: its first word that is not an option (the top level's take no values)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given `argv`, only the command it names gets its arguments (and its imports)."""
     parser = argparse.ArgumentParser(
         prog="twinserve",
         description="Serve one model in the sync, async or hybrid architecture; measure them side by side; choose.",
     )
     parser.add_argument("--version", action="version", version=f"twinserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser(
-        "serve",
-        help="serve MODEL over HTTP",
-        description="Serve MODEL(s) over HTTP. Every flag can also be set by its TWINSERVE_* variable.",
-    )
-    serve.add_argument(
+    chosen = None if argv is None else _chosen(argv)
+    for name, command in COMMANDS.items():
+        sub = commands.add_parser(name, help=command.help, description=command.help)
+        if argv is None or name == chosen:
+            command.add_arguments(sub)
+    return parser
+
+
+def add_serve(parser: argparse.ArgumentParser) -> None:
+    from twinserve.cli_args import add_config_flags
+
+    parser.description = "Serve MODEL(s) over HTTP. Every flag can also be set by its TWINSERVE_* variable."
+    parser.add_argument(
         "models",
         nargs="*",
         metavar="MODEL",
         help="import string `pkg.mod:Class` or `path/file.py:Class` (default: the built-in tabular example)",
     )
-    _add_config_flags(serve)
-    from twinserve.lab.commands import add_lab_commands
-
-    add_lab_commands(commands)
-    from twinserve.deploy.ray import add_ray_command
-
-    add_ray_command(commands, _add_config_flags)
-    from twinserve.deploy.commands import add_deploy_commands
-
-    add_deploy_commands(commands, _add_config_flags)
-    return parser
+    add_config_flags(parser)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # Like uvicorn: `pkg.mod:Class` import strings resolve against the working directory.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    if args.command != "serve":
-        try:
-            code: int = args.handler(args)
-        except ModelImportError as exc:
-            print(f"twinserve: error: {exc}", file=sys.stderr)
-            return 2
-        return code
+def _serve(args: argparse.Namespace) -> int:
+    from twinserve.config import load_config
+
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command"}
     if not overrides.get("models"):
         overrides.pop("models", None)
-    try:
-        config = load_config(**overrides)
-        # Before anything imports prometheus-client: every process of this server shares one metrics directory.
-        prepare_multiprocess_dir()
-        from twinserve.servers import serve
+    config = load_config(**overrides)
+    # Before anything imports prometheus-client: every process of this server shares one metrics directory.
+    from twinserve.observability.metrics import prepare_multiprocess_dir
 
-        serve(config)
+    prepare_multiprocess_dir()
+    from twinserve.servers import serve
+
+    serve(config)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    # Like uvicorn: `pkg.mod:Class` import strings resolve against the working directory.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        args = build_parser(words).parse_args(words)
+        # serve's namespace is exactly its Config overrides (and `command`); the others name their handler.
+        code: int = _serve(args) if args.command == "serve" else args.handler(args)
     except (ConfigError, ModelImportError) as exc:
         print(f"twinserve: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return code
 
 
 if __name__ == "__main__":

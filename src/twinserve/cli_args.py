@@ -1,12 +1,17 @@
-"""Argument types shared by the command-line tools."""
+"""Argument types and flags shared by the command-line tools."""
 
 from __future__ import annotations
 
 import argparse
+import typing
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["positive"]
+from pydantic_core import PydanticUndefined
+
+from twinserve.config import Config
+
+__all__ = ["add_config_flags", "default_text", "positive"]
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -22,3 +27,33 @@ def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
+def default_text(name: str) -> str:
+    """How the default of Config field `name` reads in `--help` and the docs."""
+    field = Config.model_fields[name]
+    if field.default_factory is not None:
+        return str(field.default_factory())  # type: ignore[call-arg]
+    if field.default is PydanticUndefined or field.default is None:
+        return "auto"
+    return str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per Config field (but `models`), so the command line cannot drift from the Config."""
+    for name, field in Config.model_fields.items():
+        if name == "models":
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description} [env TWINSERVE_{name.upper()}; default {default_text(name)}]"
+        annotation = field.annotation
+        if annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif typing.get_origin(annotation) is typing.Literal:
+            parser.add_argument(flag, choices=typing.get_args(annotation), default=None, help=help_text)
+        elif typing.get_origin(annotation) is list:
+            # Repeatable, and also spelled in the singular: `--api-key K1 --api-key K2` or `--api-keys K1,K2`.
+            flags = [flag, flag.removesuffix("s")] if flag.endswith("s") else [flag]
+            parser.add_argument(*flags, dest=name, action="append", default=None, metavar=name.upper(), help=help_text)
+        else:
+            parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)

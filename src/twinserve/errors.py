@@ -2,6 +2,7 @@
 
     TwinserveError                      500 internal
     ├── ConfigError                     (start-up only; never reaches a client)
+    │   └── MissingExtra                (a feature whose optional dependencies are not installed)
     ├── ModelImportError                (start-up only; never reaches a client)
     ├── ModelFileError                  (start-up only: a model file that twinserve.loading cannot load)
     │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidTensor",
     "MalformedRequest",
     "MethodNotAllowed",
+    "MissingExtra",
     "ModelFailed",
     "ModelFileError",
     "ModelImportError",
@@ -106,6 +108,16 @@ class ConfigError(TwinserveError):
     """An invalid setting, reported in one line before any port is bound."""
 
     code = "config"
+
+
+class MissingExtra(ConfigError):
+    """A feature needs an optional extra that is not installed; the message names the pip command."""
+
+    code = "missing_extra"
+
+    def __init__(self, what: str, extra: str, needs: str | None = None) -> None:
+        super().__init__(f"{what} needs {needs or f'the {extra!r} extra'}: pip install 'twinserve[{extra}]'")
+        self.extra = extra
 
 
 class ModelImportError(TwinserveError):

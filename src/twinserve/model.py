@@ -60,17 +60,19 @@ import inspect
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from twinserve.errors import ModelImportError, OutputMismatch
+from twinserve.errors import ConfigError, ModelImportError, OutputMismatch
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from twinserve.config import Config
 
-__all__ = ["DATATYPES", "Hook", "Model", "ModelSpec", "Tensor", "check_step", "import_model"]
+__all__ = ["DATATYPES", "Hook", "Model", "ModelSpec", "PredictResult", "Tensor", "check_step", "import_model"]
 
 #: The tensor datatypes of the Open Inference Protocol (V2).
 DATATYPES = frozenset(
@@ -108,7 +110,12 @@ class Tensor:
 
 
 class Model:
-    """Optional base class for models; documents the contract and supplies defaults."""
+    """Optional base class for models; documents the contract, supplies defaults and types every hook.
+
+    Only `predict` (or `apredict`) is required. The optional hooks below are declared for editors and type
+    checkers alone: twinserve tells what a model does by which hooks its class defines, so at run time the base
+    class defines none of them. Any hook may be a plain `def` or an `async def`.
+    """
 
     #: Served name; defaults to the class name in lower case.
     name: ClassVar[str | None] = None
@@ -123,17 +130,41 @@ class Model:
     #: requests (see `twinserve.core.isolation`); False when predict must never see an instance twice.
     isolate_failures: ClassVar[bool] = True
 
-    def load(self) -> None:
-        """Load weights, open pools. Called once per process, before the server reports ready."""
+    def load(self) -> Awaitable[None] | None:
+        """Load weights, open pools (`def` or `async def`). Called once per process, before the server reports
+        ready; `self.config` is set by then."""
+        return None
 
-    def predict(self, batch: list[Any]) -> list[Any] | Iterator[list[Any]]:
-        """Return one output per instance of `batch`, in order; or, as a generator, yield steps of one chunk per
-        instance (a streaming model)."""
+    def predict(self, batch: list[Any]) -> PredictResult:
+        """Return one output per instance of `batch`, in order (`def` or `async def`); or, as a generator (or async
+        generator), yield steps that hold one chunk per instance: a streaming model."""
         raise NotImplementedError
 
-    def examples(self) -> list[Any]:
+    def examples(self) -> Sequence[Any]:
         """A few valid instances, used as default payloads by the lab and shown in model metadata."""
         return []
+
+    if TYPE_CHECKING:
+
+        def preprocess(self, instance: Any) -> Any:
+            """Turn one validated instance into what `predict` takes, e.g. fetch its features (I/O). Runs per
+            instance, before batching; its parameter's annotation is the instance type clients send."""
+
+        def apreprocess(self, instance: Any) -> Awaitable[Any]:
+            """The coroutine twin of `preprocess`: the async front prefers it, the sync front the plain one."""
+
+        def apredict(self, batch: list[Any]) -> Awaitable[Sequence[Any]] | AsyncIterator[Sequence[Any]]:
+            """The coroutine (or async-generator) twin of `predict`: the async front prefers it."""
+
+        def from_tensors(self, arrays: dict[str, np.ndarray[Any, Any]]) -> Sequence[Any]:
+            """V2: the model's own conversion of its input tensors (by name, row i = instance i) to instances."""
+
+        def to_tensors(self, outputs: list[Any]) -> Mapping[str, Any]:
+            """V2: the model's own conversion of `predict`'s outputs to arrays, one per output tensor name."""
+
+
+#: What `predict` may return: the outputs, or (a streaming model) the steps, each one chunk per instance.
+PredictResult = Sequence[Any] | Iterator[Sequence[Any]] | Awaitable[Sequence[Any]] | AsyncIterator[Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -148,8 +179,8 @@ class Hook:
 
 def _hook(obj: object, name: str) -> Hook | None:
     fn = getattr(obj, name, None)
-    if fn is None or not callable(fn):
-        return None
+    if fn is None or not callable(fn) or getattr(fn, "__func__", None) is Model.predict:
+        return None  # Model's own predict only documents the contract: a model with just apredict has no predict
     if inspect.isasyncgenfunction(fn):
         return Hook(fn, is_async=True, streams=True)
     return Hook(fn, inspect.iscoroutinefunction(fn), streams=inspect.isgeneratorfunction(fn))
@@ -315,8 +346,25 @@ def _import_from_file(path: Path) -> Any:
     return module
 
 
+_HOW = "MODEL is written 'pkg.module:Class' (importable from this folder) or 'path/to/file.py:Class'"
+
+
+def _models_in(module: types.ModuleType) -> list[str]:
+    """The names of the model classes `module` defines itself, for an error that says what MODEL could be."""
+    return sorted(
+        name
+        for name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and obj.__module__ == module.__name__
+        and (callable(getattr(obj, "predict", None)) or callable(getattr(obj, "apredict", None)))
+    )
+
+
 def import_model(target: str) -> type:
-    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class."""
+    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class.
+
+    Each way it can fail says which part of MODEL is wrong (ModelImportError, one line).
+    """
     module_part, sep, attr = target.rpartition(":")
     if not sep or not module_part or not attr:
         raise ModelImportError(f"MODEL must look like 'pkg.module:Class' or 'file.py:Class', got {target!r}")
@@ -324,21 +372,27 @@ def import_model(target: str) -> type:
         if module_part.endswith(".py"):
             path = Path(module_part).resolve()
             if not path.is_file():
-                raise ModelImportError(f"no such file: {module_part}")
+                raise ModelImportError(f"no such file: {module_part} ({_HOW})")
             module = _import_from_file(path)
         else:
             module = importlib.import_module(module_part)
-    except ModelImportError:
+    except (ModelImportError, ConfigError):  # a missing extra names the pip command itself
         raise
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_part == exc.name or module_part.startswith(exc.name + ".")):
+            raise ModelImportError(f"no module {module_part!r} ({_HOW})") from exc
+        raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
-    obj = module
+    obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
-            raise ModelImportError(f"{module_part!r} has no attribute {attr!r}")
+            found = _models_in(module)
+            hint = f"it defines {', '.join(found)}" if found else "it defines no class with a predict() method"
+            raise ModelImportError(f"no class {attr!r} in module {module_part!r} ({hint})")
     if not isinstance(obj, type):
-        raise ModelImportError(f"{target!r} is not a class")
+        raise ModelImportError(f"{target!r} is a {type(obj).__name__}, not a class")
     if not callable(getattr(obj, "predict", None)) and not callable(getattr(obj, "apredict", None)):
-        raise ModelImportError(f"{target!r} has no predict(batch) method")
+        raise ModelImportError(f"{attr!r} has no predict(batch) method: a model is a class with a batch-first predict")
     return obj

@@ -51,6 +51,23 @@ def two_archs(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
     )  # fmt: skip
 
 
+def test_bench_off_a_terminal_prints_one_plain_line_per_step(
+    two_archs: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """In a log or CI job the progress is plain lines, not a bar redrawn with escape codes."""
+    done, _ = two_archs
+    steps = [line for line in done.stdout.splitlines() if line.startswith("- ")]
+    assert steps[:5] == [
+        "- sync: starting",
+        "- sync: idle memory (0.5 s)",
+        "- sync: measuring 1 conns (2 s)",
+        "- sync: measuring 4 conns (2 s)",
+        "- sync: measuring 40 req/s (2 s)",
+    ]
+    assert "- async: measuring 40 req/s (2 s)" in steps and "- in-process: measuring (4 s)" in steps
+    assert "\x1b[" not in done.stdout
+
+
 def test_bench_writes_a_results_file_whose_counts_add_up(
     two_archs: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:

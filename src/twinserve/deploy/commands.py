@@ -13,12 +13,11 @@ import argparse
 import re
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from twinserve import __version__
-from twinserve.cli_args import positive
+from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
 from twinserve.deploy.dockerfile import copy_model_files, dockerfile, model_files
 from twinserve.deploy.k8s import (
@@ -35,7 +34,7 @@ from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
 from twinserve.lab.results import Results, Run, load_results
 
-__all__ = ["add_deploy_commands", "k8s_config"]
+__all__ = ["add_k8s", "k8s_config"]
 
 
 def _autoscale(text: str) -> tuple[int, int]:
@@ -48,13 +47,10 @@ def _autoscale(text: str) -> tuple[int, int]:
     return low, high
 
 
-def add_deploy_commands(commands: Any, add_config_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    k8s = commands.add_parser(
-        "k8s",
-        help="write Kubernetes/KServe manifests and a Dockerfile that run `twinserve serve` with these flags",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_k8s(k8s: argparse.ArgumentParser) -> None:
+    """The arguments of `twinserve k8s`: its own, and every serve setting's flag."""
+    k8s.description = __doc__
+    k8s.formatter_class = argparse.RawDescriptionHelpFormatter
     k8s.add_argument("models", nargs="*", metavar="MODEL", help="as for `twinserve serve`")
     k8s.add_argument("--image", required=True, help="container image that has twinserve (see the Dockerfile)")
     scale = k8s.add_mutually_exclusive_group()

@@ -33,19 +33,20 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from twinserve.cli_args import positive
+from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError
+from twinserve.extras import require
 
 if TYPE_CHECKING:
     from ray.serve import Application
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["APP_NAME", "Scaling", "TwinserveReplica", "add_ray_command", "build_app", "replica_capacity", "run"]
+__all__ = ["APP_NAME", "Scaling", "TwinserveReplica", "add_ray", "build_app", "replica_capacity", "run"]
 
 logger = logging.getLogger("twinserve.ray")
 
@@ -206,6 +207,7 @@ def build_app(model: str | Sequence[str], config: Config, scaling: Scaling | Non
     from twinserve.model import import_model
     from twinserve.observability.tracing import check_tracing
 
+    require("ray", "twinserve ray", "ray.serve", needs="Ray Serve")
     config = _replica_config([model] if isinstance(model, str) else model, config)
     check_tracing(config)
     for target in config.models:
@@ -297,13 +299,11 @@ def _bounds(text: str) -> tuple[int, int]:
     return low, high
 
 
-def add_ray_command(commands: Any, add_config_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `twinserve ray` (the serve settings' flags come from `add_config_flags`)."""
-    parser = commands.add_parser(
-        "ray",
-        help="serve MODEL(s) on Ray Serve, the same HTTP contract as `serve --arch async`",
-        description="Deploy MODEL(s) as a Ray Serve application (a local Ray unless --address) whose replicas each "
-        "run twinserve's async front; Ray's proxy listens on --host:--port. Runs until SIGTERM/SIGINT.",
+def add_ray(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `twinserve ray`: its own, and every serve setting's flag."""
+    parser.description = (
+        "Deploy MODEL(s) as a Ray Serve application (a local Ray unless --address) whose replicas each "
+        "run twinserve's async front; Ray's proxy listens on --host:--port. Runs until SIGTERM/SIGINT."
     )
     parser.add_argument(
         "models", nargs="+", metavar="MODEL", help="import string `pkg.mod:Class` or `path/file.py:Class`"

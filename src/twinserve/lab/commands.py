@@ -6,21 +6,19 @@ import argparse
 import datetime
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
-import orjson
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from twinserve.errors import ConfigError
+from twinserve.lab.variants import SWEEPABLE, Arch
 
-from twinserve.lab.advise import advise
-from twinserve.lab.bench import SWEEPABLE, Arch, BenchPlan, run_bench, variants
-from twinserve.lab.drivers import locustfile_source
-from twinserve.lab.results import Results, Run, load_results
+if TYPE_CHECKING:
+    from rich.console import Console
 
-__all__ = ["add_lab_commands"]
+    from twinserve.lab.results import Results, Run
+
+__all__ = ["add_advise", "add_bench", "add_locustfile"]
 
 DEFAULT_MODEL = "twinserve.examples.tabular:Classifier"
 
@@ -38,6 +36,12 @@ def _list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1].strip("/")) == 0:
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
+    return text.rstrip("/")
+
+
 def _archs(text: str) -> list[Arch]:
     archs = [a.strip() for a in text.split(",") if a.strip()]
     unknown = [a for a in archs if a not in get_args(Arch)]
@@ -46,12 +50,10 @@ def _archs(text: str) -> list[Arch]:
     return archs  # type: ignore[return-value]
 
 
-def add_lab_commands(commands: Any) -> None:
-    bench = commands.add_parser(
-        "bench",
-        help="serve MODEL in every architecture, load each side by side, report and advise",
-        description="Start MODEL under each architecture (and setting) as a real server on 127.0.0.1, drive every "
-        "load level against it, and write results.json, report.html and plots.",
+def add_bench(bench: argparse.ArgumentParser) -> None:
+    bench.description = (
+        "Start MODEL under each architecture (and setting) as a real server on 127.0.0.1, drive every "
+        "load level against it, and write results.json, report.html and plots."
     )
     bench.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL", help=f"default {DEFAULT_MODEL}")
     bench.add_argument("--arch", type=_archs, default=["sync", "async", "hybrid"], help="default sync,async,hybrid")
@@ -77,11 +79,11 @@ def add_lab_commands(commands: Any) -> None:
         )
     bench.set_defaults(handler=_bench)
 
-    adv = commands.add_parser(
-        "advise",
-        help="pick the architecture and settings that meet a latency objective, from bench results",
-        description="Read a results.json (or the folder holding it) and pick the highest throughput whose P95 meets "
-        "the objective, ties broken by memory.",
+
+def add_advise(adv: argparse.ArgumentParser) -> None:
+    adv.description = (
+        "Read a results.json (or the folder holding it) and pick the highest throughput whose P95 meets "
+        "the objective, ties broken by memory."
     )
     adv.add_argument("results", type=Path, metavar="RESULTS")
     adv.add_argument("--slo-p95-ms", type=float, help="P95 objective (default: the one bench was given, else 200)")
@@ -89,15 +91,19 @@ def add_lab_commands(commands: Any) -> None:
     adv.add_argument("--max-memory-mib", type=float, help="memory (RSS of the whole server) the choice may use")
     adv.set_defaults(handler=_advise)
 
-    loc = commands.add_parser(
-        "locustfile", help="write a Locust file that load-tests MODEL's predict endpoint with its examples"
-    )
+
+def add_locustfile(loc: argparse.ArgumentParser) -> None:
     loc.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL")
     loc.add_argument("-o", "--output", type=Path, default=Path("locustfile.py"))
+    loc.add_argument(
+        "--host", type=_url, metavar="URL", help="the server the file targets (locust's --host overrides it)"
+    )
     loc.set_defaults(handler=_locustfile)
 
 
 def _print_advice(console: Console, results: Results, slo: float, target: float | None, memory: float | None) -> None:
+    from twinserve.lab.advise import advise
+
     advice = advise(results, slo, target, memory)
     style = "bold green" if advice.meets else "bold red"
     console.print(advice.lines[0], style=style)
@@ -106,8 +112,20 @@ def _print_advice(console: Console, results: Results, slo: float, target: float 
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from twinserve.lab.report import print_summary, write_report
+    import orjson
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from twinserve.lab.advise import advise
+    from twinserve.lab.bench import BenchPlan, run_bench
+    from twinserve.lab.drivers import check_driver
+    from twinserve.lab.report import print_summary, write_report
+    from twinserve.lab.variants import variants
+    from twinserve.model import import_model
+
+    # A bad MODEL, a missing extra or tool: one line, before any server starts.
+    import_model(args.model)
+    check_driver(args.driver)
     # A stopped bench must stop the servers it started: SIGTERM unwinds through their context managers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -135,40 +153,53 @@ def _bench(args: argparse.Namespace) -> int:
         f"[bold]twinserve bench[/] {plan.model}: {len(plan.variants)} server(s) x {len(plan.levels())} level(s), "
         f"{per_level:g} s each -> {out}"
     )
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeRemainingColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task("starting", total=total)
-        step: dict[str, Any] = {"started": time.monotonic(), "length": 0.0}
 
-        def progress(event: str, label: str, level: str | None, seconds: float) -> None:
-            bar.advance(task, step["length"])  # the step before this one is over
-            step["length"] = seconds
+    def finished(run: Run) -> None:
+        for lv in run.levels:
+            errors = f"[red]{lv.errors} errors[/]" if lv.errors else "0 errors"
+            p = lv.latency_ms
+            console.print(
+                f"  {run.label:<28} {lv.load:>7g} {'conns' if lv.mode == 'closed' else 'req/s':<5} "
+                f"{lv.throughput_rps:>9,.0f} req/s  p50 {p.get('p50') or 0:>7.1f}  p95 {p.get('p95') or 0:>7.1f}  "
+                f"p99 {p.get('p99') or 0:>7.1f} ms  {errors}"
+                + ("  [yellow](generator-limited)[/]" if lv.generator_limited else "")
+            )
+        if run.error:
+            console.print(f"  [red]{run.label}: {run.error.splitlines()[0]}[/]")
+
+    if not console.is_terminal:  # a log or a CI job: one plain line per step, no bar redrawn in place
+        steps = {"start": "starting", "idle": "idle memory", "level": "measuring", "ceiling": "measuring"}
+
+        def lines(event: str, label: str, level: str | None, seconds: float) -> None:
             if event == "failed":
-                console.print(f"[red]x {label}: failed[/]" + (f" ({level})" if level else ""))
-            elif event == "done":
-                step["length"] = 0.0
-            bar.update(task, description=f"{label} · {level}" if level else f"{label} · {event}")
+                console.print(f"x {label}: failed" + (f" ({level})" if level else ""), highlight=False)
+            elif event in steps:
+                what = f"{steps[event]} {level}" if level else steps[event]
+                console.print(f"- {label}: {what}" + (f" ({seconds:g} s)" if seconds else ""), highlight=False)
 
-        def finished(run: Run) -> None:
-            for lv in run.levels:
-                errors = f"[red]{lv.errors} errors[/]" if lv.errors else "0 errors"
-                p = lv.latency_ms
-                console.print(
-                    f"  {run.label:<28} {lv.load:>7g} {'conns' if lv.mode == 'closed' else 'req/s':<5} "
-                    f"{lv.throughput_rps:>9,.0f} req/s  p50 {p.get('p50') or 0:>7.1f}  p95 {p.get('p95') or 0:>7.1f}  "
-                    f"p99 {p.get('p99') or 0:>7.1f} ms  {errors}"
-                    + ("  [yellow](generator-limited)[/]" if lv.generator_limited else "")
-                )
-            if run.error:
-                console.print(f"  [red]{run.label}: {run.error.splitlines()[0]}[/]")
+        results = run_bench(plan, lines, finished)
+    else:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeRemainingColumn(),
+            console=console,
+        ) as bar:
+            task = bar.add_task("starting", total=total)
+            step: dict[str, Any] = {"length": 0.0}
 
-        results = run_bench(plan, progress, finished)
-        bar.update(task, completed=total, description="done")
+            def progress(event: str, label: str, level: str | None, seconds: float) -> None:
+                bar.advance(task, step["length"])  # the step before this one is over
+                step["length"] = seconds
+                if event == "failed":
+                    console.print(f"[red]x {label}: failed[/]" + (f" ({level})" if level else ""))
+                elif event == "done":
+                    step["length"] = 0.0
+                bar.update(task, description=f"{label} · {level}" if level else f"{label} · {event}")
+
+            results = run_bench(plan, progress, finished)
+            bar.update(task, completed=total, description="done")
     (out / "results.json").write_bytes(orjson.dumps(results.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
     slo = args.slo_p95_ms
     advice_lines = advise(results, slo).lines if slo is not None else []
@@ -186,11 +217,15 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _advise(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from twinserve.lab.results import load_results
+
     path: Path = args.results / "results.json" if args.results.is_dir() else args.results
     try:
         results = load_results(path)
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"twinserve: error: {exc}") from None
+        raise ConfigError(str(exc)) from None
     slo = args.slo_p95_ms or results.slo_p95_ms or 200.0
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(f"[bold]Advice for P95 <= {slo:g} ms[/] ({results.model_name}, {results.machine.cpu_count} cores)")
@@ -199,14 +234,17 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _locustfile(args: argparse.Namespace) -> int:
+    import orjson
+
+    from twinserve.lab.drivers import locustfile_source
     from twinserve.model import ModelSpec, import_model
     from twinserve.protocol.v1 import json_default
 
     spec = ModelSpec(import_model(args.model)())
     examples = spec.examples()
     if not examples:
-        raise SystemExit(f"twinserve: error: model {spec.name!r} has no examples() to send")
+        raise ConfigError(f"model {spec.name!r} has no examples() to send")
     bodies = [orjson.dumps({"instances": [e]}, default=json_default) for e in examples]
-    args.output.write_text(locustfile_source(f"/v1/models/{spec.name}:predict", bodies))
-    print(f"wrote {args.output}: locust -f {args.output} --host http://127.0.0.1:8000")
+    args.output.write_text(locustfile_source(f"/v1/models/{spec.name}:predict", bodies, args.host))
+    print(f"wrote {args.output}: locust -f {args.output}" + ("" if args.host else " --host http://127.0.0.1:8000"))
     return 0

@@ -18,7 +18,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from twinserve.observability.context import request_ids
 
-__all__ = ["configure_logging", "request_logger"]
+__all__ = ["configure_logging", "for_console", "request_logger"]
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -46,9 +46,14 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marks the root handler this module installed, so configuring again replaces it instead of doubling it."""
 
 
+def for_console(fmt: LogFormat) -> bool:
+    """Whether logs in format `fmt` are rendered for a person (a terminal) rather than as JSON lines."""
+    return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+
+
 def configure_logging(level: str, fmt: LogFormat = "auto") -> None:
     """Route structlog and every stdlib logger through one renderer on stderr, at `level`."""
-    console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    console = for_console(fmt)
     shared: list[Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

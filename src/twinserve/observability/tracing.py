@@ -23,7 +23,6 @@ request's predict span is the current span while a batch computes, so spans a mo
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
@@ -32,7 +31,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twinserve.config import Config
-from twinserve.errors import ConfigError, TwinserveError
+from twinserve.errors import ConfigError, MissingExtra, TwinserveError
+from twinserve.extras import import_extra
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -48,7 +48,7 @@ __all__ = ["BatchTrace", "Headers", "RequestTrace", "Tracer", "check_tracing", "
 
 EXPORTERS = ("otlp", "console", "none")
 DEFAULT_SERVICE_NAME = "twinserve"
-_MISSING = "--tracing needs OpenTelemetry: pip install 'twinserve[otel]'"
+_OTEL = {"extra": "otel", "what": "--tracing", "needs": "OpenTelemetry"}
 
 
 class Headers(Protocol):
@@ -77,11 +77,8 @@ def check_tracing(config: Config) -> None:
     """Fail at start-up, before any port is bound, if `--tracing` cannot work here."""
     if not config.tracing:
         return
-    try:
-        for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
-            importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(_MISSING) from None
+    for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+        import_extra(module, **_OTEL)
     _exporter_names()
 
 
@@ -95,7 +92,7 @@ class Tracer:
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError:
-            raise ConfigError(_MISSING) from None
+            raise MissingExtra(**_OTEL) from None
 
         names = _exporter_names()
         # Our default service name only where the environment names none (Resource.create's own arguments win).

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import shlex
+import sys
 from collections.abc import Callable
 
 from twinserve.config import Config
-from twinserve.model import import_model
+from twinserve.model import ModelSpec, import_model
 from twinserve.observability.tracing import check_tracing
 
-__all__ = ["SERVERS", "serve"]
+__all__ = ["SERVERS", "announce", "serve"]
 
 #: `--arch` name -> the runner that serves a Config in that architecture (imported only when chosen).
 SERVERS: dict[str, str] = {
@@ -23,6 +25,46 @@ def _runner(arch: str) -> Callable[[Config], None]:
     module, _, attr = SERVERS[arch].partition(":")
     runner: Callable[[Config], None] = getattr(importlib.import_module(module), attr)
     return runner
+
+
+def _curl(base: str, spec: ModelSpec) -> str | None:
+    """A ready-to-paste predict request with the model's first example, or None if it has none."""
+    import orjson
+
+    from twinserve.protocol.v1 import json_default
+
+    examples = spec.examples()
+    if not examples:
+        return None
+    body = orjson.dumps({"instances": examples[:1]}, default=json_default).decode()
+    url = f"{base}/v1/models/{spec.name}:predict"
+    return f"curl -s {url} -H 'content-type: application/json' -d {shlex.quote(body)}"
+
+
+def announce(config: Config) -> None:
+    """Say where the server listens and how to try it: plain lines on a terminal, else one JSON log event."""
+    import structlog
+
+    from twinserve.observability.logging import for_console
+
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    base = f"http://{'[' + host + ']' if ':' in host else host}:{config.port}"
+    try:
+        spec = ModelSpec(import_model(config.models[0])())
+        name, curl = spec.name, _curl(base, spec)
+    except Exception:  # the workers load the model and report what is wrong with it; this is only a hint
+        name, curl = config.models[0], None
+    if for_console(config.log_format):
+        print(
+            f"twinserve: serving {name} ({config.arch}) on {base}; ready once GET /v2/health/ready is 200",
+            file=sys.stderr,
+        )
+        if curl:
+            print(f"try: {curl}", file=sys.stderr)
+        return
+    structlog.get_logger().bind(logger="twinserve.serve").info(
+        "serving", arch=config.arch, url=base, models=list(config.models), curl=curl
+    )
 
 
 def serve(config: Config) -> None:

@@ -17,6 +17,7 @@ from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import mark_process_dead, start_memory_sampler
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
+from twinserve.servers import announce
 from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
 
 __all__ = ["build_wsgi_app", "run"]
@@ -93,6 +94,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
 def run(config: Config) -> None:
     configure_logging(config.log_level, config.log_format)
+    announce(config)
     if config.debug:
         from werkzeug.serving import WSGIRequestHandler, run_simple
 

@@ -23,6 +23,7 @@ from twinserve.fronts.websocket import Streams
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
+from twinserve.servers import announce
 from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
 
 __all__ = ["app_factory", "run"]
@@ -92,6 +93,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def run(config: Config) -> None:
     os.environ[CONFIG_ENV] = config.model_dump_json()
     configure_logging(config.log_level, config.log_format)
+    announce(config)
     # uvicorn re-raises the SIGTERM it caught once shutdown is done; a graceful stop should exit 0, as gunicorn's does.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
