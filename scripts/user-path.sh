@@ -2,9 +2,11 @@
 # The user's path, run by CI before the test suite (which installs every extra, and so never sees it):
 #   1. build the sdist and wheel and check what they hold (scripts/check_wheel.py);
 #   2. install the wheel with no extras in a fresh virtualenv and use it as a user would: --version, serve in
-#      each architecture + one curl predict, a short bench + advise, locustfile, k8s (whose --out folder must
-#      hold what its Dockerfile COPYs, installable by hand); the commands that need an extra must fail in one line;
-#   3. each extra in its own fresh virtualenv, running the command that needs it;
+#      each architecture + one curl predict, a short bench + advise, locustfile, k8s (its --out folder must hold
+#      what its Dockerfile COPYs, the wheel the same as stage 1's); the commands that need an extra must fail in
+#      one line;
+#   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, one pip at a time),
+#      running the command that needs it;
 #   4. the README's first command, `make bench`, on a fresh clone of HEAD.
 # Servers listen on free 127.0.0.1 ports and are stopped by PID with SIGTERM; every step has a deadline.
 #

@@ -124,6 +124,7 @@ def write_wheel(out_dir: Path) -> Path:
         (f"{info}/METADATA", metadata.encode()),
         (f"{info}/WHEEL", wheel_meta.encode()),
         (f"{info}/entry_points.txt", entry_points.encode()),
+        (f"{info}/top_level.txt", f"{DIST_NAME}\n".encode()),
     ]
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files) + f"{info}/RECORD,,\n"
     files.append((f"{info}/RECORD", record.encode()))
