@@ -267,7 +267,8 @@ expect_extra_error() {
     local extra=$1 rc=0 err=$WORK/extra-error.err
     shift
     timeout 120 "$@" >/dev/null 2>"$err" </dev/null || rc=$?
-    local pattern="^twinserve: error: .+ needs the '$extra' extra: pip install 'twinserve\\[$extra\\]'\$"
+    # twinserve.errors.MissingExtra: "<what> needs <the 'EXTRA' extra | what it brings>: pip install 'twinserve[EXTRA]'"
+    local pattern="^twinserve: error: .+ needs .+: pip install 'twinserve\\[$extra\\]'\$"
     if [ "$rc" -ne 2 ] || [ "$(wc -l <"$err")" -ne 1 ] || ! grep -Eq "$pattern" "$err"; then
         head -n 20 "$err" >&2
         fail "'${*#"$WORK"/base/bin/}' in the base install: expected exit 2 and one line naming '$extra', got exit $rc"
