@@ -1,6 +1,6 @@
 """`/v1/models/{model}/ws` on real servers, driven by the `websockets` client library.
 
-Streams are served by the async and hybrid architectures (every shared behaviour runs on both); the sync
+OpenSockets are served by the async and hybrid architectures (every shared behaviour runs on both); the sync
 architecture answers 501. A few in-process tests (starlette's TestClient) reach what uvicorn stops first.
 """
 

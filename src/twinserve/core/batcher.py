@@ -32,7 +32,7 @@ from twinserve.errors import ClientDisconnected, DeadlineExceeded, QueueFull, Tw
 from twinserve.observability.context import RequestContext, computing, current_request
 from twinserve.observability.tracing import BatchTrace
 
-__all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher"]
+__all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher", "deadline_passed"]
 
 logger = logging.getLogger("twinserve.batcher")
 
@@ -264,7 +264,7 @@ def _gone_error() -> ClientDisconnected:
     return ClientDisconnected("the client closed the connection while the request was queued")
 
 
-def _expired_error() -> DeadlineExceeded:
+def deadline_passed() -> DeadlineExceeded:
     return DeadlineExceeded("the request's deadline passed before it was computed")
 
 
@@ -313,7 +313,7 @@ class AsyncBatcher:
         except TimeoutError:
             request.cancelled = True  # if still queued it is dropped; if computing, its result is discarded
             self._wake.set()
-            raise _expired_error() from None
+            raise deadline_passed() from None
         except asyncio.CancelledError:  # the client went away
             request.cancelled = True
             self._wake.set()
@@ -332,7 +332,7 @@ class AsyncBatcher:
                 continue
             self.stats.expired += len(batch.expired)
             self.stats.cancelled += len(batch.dropped)
-            self._fail(batch.expired, _expired_error())
+            self._fail(batch.expired, deadline_passed())
             self._fail(batch.dropped, _gone_error())
             if batch.requests:
                 task = asyncio.get_running_loop().create_task(self._compute(batch))
@@ -425,7 +425,7 @@ class ThreadBatcher:
             with self._cond:
                 request.cancelled = True
                 self._cond.notify()
-            raise _expired_error() from None
+            raise deadline_passed() from None
 
     def _collect(self) -> None:
         while True:
@@ -441,7 +441,7 @@ class ThreadBatcher:
                     self._cond.wait(None if wake_at is None else max(0.0, wake_at - now))
             for request in batch.expired:
                 self.stats.expired += 1
-                request.waiter.set_exception(_expired_error())
+                request.waiter.set_exception(deadline_passed())
             self.stats.cancelled += len(batch.dropped)
             for request in batch.dropped:
                 if not request.waiter.done():

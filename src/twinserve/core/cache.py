@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
+from twinserve.encoding import json_default
 from twinserve.errors import OutputMismatch
-from twinserve.protocol.v1 import json_default
 
 __all__ = ["Lookup", "ResponseCache"]
 

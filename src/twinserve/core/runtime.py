@@ -16,7 +16,10 @@ stepped in the request thread (sync), on the loop or a thread (async), or in a m
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from twinserve.config import Config
-from twinserve.core.batcher import AsyncBatcher, BatchQueue, BatchStats, ThreadBatcher
+from twinserve.core.batcher import AsyncBatcher, BatchQueue, BatchStats, ThreadBatcher, deadline_passed
 from twinserve.core.bridge import run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
@@ -32,11 +35,9 @@ from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
 from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
-from twinserve.observability.context import current_request
+from twinserve.observability.context import RequestContext, current_request
 from twinserve.observability.metrics import metrics
 from twinserve.observability.tracing import BatchTrace, RequestTrace
-from twinserve.protocol.v1 import V1Codec
-from twinserve.protocol.v2 import V2Codec
 
 __all__ = ["ModelRuntime", "load_runtimes"]
 
@@ -44,7 +45,8 @@ logger = logging.getLogger("twinserve.runtime")
 
 
 class ModelRuntime:
-    """A model plus its codec, executor and batcher, callable from either front."""
+    """A model plus its executor and batcher, callable from either front; it takes and returns instances (the
+    protocols' codecs are the fronts': `twinserve.protocol.codecs`)."""
 
     def __init__(self, target: str, config: Config) -> None:
         self.target = target
@@ -54,9 +56,6 @@ class ModelRuntime:
             self.model.config = config
         self.spec = ModelSpec(self.model)
         self.name = self.spec.name
-        self.codec = V1Codec(self.name, self.spec.input_type, self.spec.output_type, config.max_instances)
-        # The same instances, as Open Inference Protocol tensors.
-        self.v2 = V2Codec(self.spec, config.max_instances, config.max_tensor_elements)
         self.ready = False
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size
@@ -88,6 +87,8 @@ class ModelRuntime:
         self._thread_batcher: ThreadBatcher | None = None
         # Blocking preprocess hooks called from the event loop run here; in debug mode they run inline.
         self._hooks_pool: ThreadPoolExecutor | None = None
+        #: Sync, unbatched: where predict runs when a request has a deadline (started on first use).
+        self._deadline_pool: ThreadPoolExecutor | None = None
         if config.arch != "sync" and not config.debug:
             self._hooks_pool = ThreadPoolExecutor(config.threads, thread_name_prefix=f"twinserve-{self.name}")
 
@@ -178,8 +179,9 @@ class ModelRuntime:
             self._thread_batcher.close()
         if self.executor is not None:
             self.executor.close()
-        if self._hooks_pool is not None:
-            self._hooks_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._hooks_pool, self._deadline_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
         self.ready = False
@@ -234,15 +236,32 @@ class ModelRuntime:
         context = current_request()
         started = time.monotonic()
         if context is None or context.trace is None:
-            outputs = self._predict_here(instances)
+            compute = functools.partial(self._predict_here, instances)
         else:
-            with BatchTrace([context], [context.request_id], len(instances)):
-                outputs = self._predict_here(instances)
+            compute = functools.partial(self._traced_here, context, instances)
+        outputs = compute() if deadline is None else self._before(deadline, compute)
         # Called directly in the request thread: a batch of this request alone, which never queued.
         self._observe_batch(len(instances), [0.0], time.monotonic() - started, 0)
         if context is not None:
             context.batch_size, context.queue_wait_s = len(instances), 0.0
         return outputs
+
+    def _traced_here(self, context: RequestContext, instances: list[Any]) -> list[Any]:
+        with BatchTrace([context], [context.request_id], len(instances)):
+            return self._predict_here(instances)
+
+    def _before(self, deadline: float, compute: Callable[[], list[Any]]) -> list[Any]:
+        """`compute()` on a deadline thread, its answer awaited until `deadline` at most: then 504, as in the async
+        fronts. A computation already running cannot be stopped (Python threads cannot be interrupted): it
+        finishes on its thread and its answer is dropped."""
+        if self._deadline_pool is None:
+            self._deadline_pool = ThreadPoolExecutor(self.config.threads, thread_name_prefix=f"twinserve-{self.name}")
+        future = self._deadline_pool.submit(contextvars.copy_context().run, compute)
+        try:
+            return future.result(max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # still queued behind an overrunning computation: never started
+            raise deadline_passed() from None
 
     def _preprocess(self, pre: Hook, instances: list[Any]) -> list[Any]:
         with model_code(self.name, "preprocess"):
@@ -333,8 +352,6 @@ class ModelRuntime:
         return {
             **self.summary(),
             "streams": self.spec.streams,  # `:stream` answers with Server-Sent Events
-            "input_schema": self.codec.input_schema(),
-            "output_schema": self.codec.output_schema(),
             "examples": self.spec.examples(),
             "serving": serving,
         }

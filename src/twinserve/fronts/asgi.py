@@ -31,7 +31,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.core.streams import AsyncSteps
 from twinserve.errors import (
     ClientDisconnected,
     ClientError,
@@ -40,22 +39,13 @@ from twinserve.errors import (
     RequestTimeout,
     TwinserveError,
     UpgradeRequired,
-    internal_error,
 )
-from twinserve.fronts.contract import (
-    EVENT_STREAM,
-    SSE_END,
-    SSE_HEADERS,
-    Reply,
-    Service,
-    error_reply,
-    sse_error,
-    sse_step,
-)
+from twinserve.fronts.contract import Reply, Service
+from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
-from twinserve.fronts.websocket import Streams, stream_endpoint
-from twinserve.observability.context import RequestContext
-from twinserve.observability.metrics import mark_process_dead, metrics
+from twinserve.fronts.sse import AsgiEventStream, StreamStart, client_left, step_or_none
+from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
+from twinserve.observability.metrics import mark_process_dead
 from twinserve.protocol.v2 import HEADER_LENGTH
 
 __all__ = ["create_asgi_app"]
@@ -142,7 +132,7 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
         if waiting and not watcher.cancelled():
             current.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(_client_left(request.receive))
+    watcher = asyncio.get_running_loop().create_task(client_left(request.receive))
     watcher.add_done_callback(on_disconnect)
     try:
         return await work
@@ -161,86 +151,6 @@ async def _predict(request: Request, runtime: ModelRuntime, instances: list[Any]
     if gone is not None:
         return await runtime.apredict(instances, deadline, gone)
     return await _unless_disconnected(request, runtime.apredict(instances, deadline))
-
-
-class _StreamStart:
-    """What the `stream` endpoint hands `_handled`: a stream whose first step is ready (None: it had none)."""
-
-    def __init__(self, runtime: ModelRuntime, steps: AsyncSteps, first: list[Any] | None, expected: int) -> None:
-        self.runtime, self.steps, self.first, self.expected = runtime, steps, first, expected
-
-
-async def _step_or_none(steps: AsyncSteps) -> list[Any] | None:
-    try:
-        return await steps.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-class _EventStream:
-    """The ASGI response of one stream: SSE events as the steps come, while the client is there; closes the
-    generator and counts the request once, at the end."""
-
-    def __init__(self, service: Service, context: RequestContext, start: _StreamStart) -> None:
-        self.service, self.context, self.start = service, context, start
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        start, request_id = self.start, self.context.request_id
-        # Until the stream is seen to its end: a client that leaves first is counted as 499.
-        status: int = ClientDisconnected.status
-        error_code: str | None = ClientDisconnected.code
-        headers = [
-            (b"content-type", EVENT_STREAM.encode()),
-            (REQUEST_ID_HEADER.lower().encode(), request_id.encode()),
-            *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
-        ]
-        watcher = asyncio.get_running_loop().create_task(_client_left(receive))
-        last: bytes | None = None
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            step = start.first
-            while step is not None and not watcher.done():
-                await send({"type": "http.response.body", "body": sse_step(start.runtime, step, start.expected),
-                            "more_body": True})  # fmt: skip
-                step = await self._next(watcher)
-            if not watcher.done():
-                status, error_code, last = 200, None, SSE_END
-        except TwinserveError as exc:
-            status, error_code, last = exc.status, exc.code, sse_error(exc, request_id)
-        except Exception as exc:
-            logger.exception("unhandled error in the stream of %s", self.context.path)
-            error = internal_error(exc)
-            status, error_code, last = error.status, error.code, sse_error(error, request_id)
-        finally:
-            watcher.cancel()
-            try:
-                await start.steps.aclose()
-            except TwinserveError:
-                pass  # the model's finally raised: model_code logged it
-            finally:
-                if error_code == ClientDisconnected.code:
-                    logger.info("client left the stream of %s; its generator was closed", self.context.path)
-                # Counted before the client can see the end.
-                self.service.finish(self.context, "stream", start.runtime.name, status, error_code)
-                metrics().in_flight.dec()
-        if last is not None:
-            await send({"type": "http.response.body", "body": last, "more_body": False})
-
-    async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
-        """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""
-        step = asyncio.ensure_future(_step_or_none(self.start.steps))
-        await asyncio.wait([step, watcher], return_when=asyncio.FIRST_COMPLETED)
-        if not step.done():
-            step.cancel()
-            await asyncio.wait([step])
-            return None
-        return step.result()
-
-
-async def _client_left(receive: Receive) -> None:
-    # The request body has been read: the next ASGI message can only be the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _v2_path_params(middle: str) -> dict[str, str] | None:
@@ -291,13 +201,13 @@ class _PredictFastPath:
         await self.app(scope, receive, send)
 
 
-Endpoint = Callable[[Request], Awaitable[Reply | _StreamStart]]
+Endpoint = Callable[[Request, Exchange], Awaitable[Reply | StreamStart]]
 
 
-def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp:
+def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASGIApp:
     """A FastAPI app serving the shared route table over `service`; models load in its lifespan.
 
-    Its WebSocket streams are kept in `streams`, for the server to drain at shutdown.
+    Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown.
     """
 
     @asynccontextmanager
@@ -312,8 +222,8 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
             service.tracer.shutdown()
 
     # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
-    if streams is None:
-        streams = Streams()
+    if sockets is None:
+        sockets = OpenSockets()
     app = FastAPI(
         title="twinserve",
         version=__version__,
@@ -323,86 +233,85 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         redoc_url=None,
         **_without_fastapi_tracing(),
     )
+    # No automatic slash redirects: `/v2/` answers 404 as in the sync front, and no Location is ever built from
+    # the client's Host header before authentication.
+    app.router.redirect_slashes = False
 
-    async def predict(request: Request) -> Reply:
-        runtime = service.admit(
-            request.path_params["model"], request.headers.get("content-type"), _content_length(request)
+    async def infer(request: Request, exchange: Exchange) -> Reply:
+        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
+        params, headers = request.path_params, request.headers
+        runtime = exchange.admit(
+            params["model"],
+            params.get("version"),
+            content_type=headers.get("content-type"),
+            content_length=_content_length(request),
+            timeout_header=headers.get(TIMEOUT_HEADER),
         )
-        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
-        instances = runtime.codec.decode(await _read_body(request, service))
-        outputs = await _predict(request, runtime, instances, deadline)
-        return Reply(200, runtime.codec.encode(outputs, len(instances)))
+        instances = exchange.decode(await _read_body(request, service), headers.get(HEADER_LENGTH))
+        return exchange.encode(await _predict(request, runtime, instances, exchange.deadline))
 
-    async def stream(request: Request) -> _StreamStart:
-        runtime = service.admit_stream(
-            request.path_params["model"], request.headers.get("content-type"), _content_length(request)
+    async def stream(request: Request, exchange: Exchange) -> StreamStart:
+        headers = request.headers
+        runtime = exchange.admit(
+            request.path_params["model"],
+            content_type=headers.get("content-type"),
+            content_length=_content_length(request),
+            timeout_header=headers.get(TIMEOUT_HEADER),
         )
-        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
-        instances = runtime.codec.decode(await _read_body(request, service))
-        steps = await runtime.astream(instances, deadline)
+        instances = exchange.decode(await _read_body(request, service))
+        steps = await runtime.astream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
-            first = await _unless_disconnected(request, _step_or_none(steps))
+            first = await _unless_disconnected(request, step_or_none(steps))
         except BaseException:
             await steps.aclose()
             raise
-        return _StreamStart(runtime, steps, first, len(instances))
+        return StreamStart(runtime, steps, first, len(instances))
 
-    async def infer(request: Request) -> Reply:
-        params = request.path_params
-        runtime = service.admit_v2(
-            params["model"], params.get("version"), request.headers.get("content-type"), _content_length(request)
-        )
-        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
-        inference = runtime.v2.decode(await _read_body(request, service), request.headers.get(HEADER_LENGTH))
-        deadline = service.v2_deadline(deadline, inference.timeout_us)
-        outputs = await _predict(request, runtime, inference.instances, deadline)
-        return service.infer_reply(runtime, inference, outputs)
-
-    async def list_models(request: Request) -> Reply:
+    async def list_models(request: Request, exchange: Exchange) -> Reply:
         return service.list_models()
 
-    async def model_metadata(request: Request) -> Reply:
+    async def model_metadata(request: Request, exchange: Exchange) -> Reply:
         return service.model_metadata(request.path_params["model"])
 
-    async def live(request: Request) -> Reply:
+    async def live(request: Request, exchange: Exchange) -> Reply:
         return service.live()
 
-    async def ready(request: Request) -> Reply:
+    async def ready(request: Request, exchange: Exchange) -> Reply:
         return service.ready()
 
-    async def openapi(request: Request) -> Reply:
+    async def openapi(request: Request, exchange: Exchange) -> Reply:
         return service.openapi()
 
-    async def docs(request: Request) -> Reply:
+    async def docs(request: Request, exchange: Exchange) -> Reply:
         return service.docs()
 
-    async def metrics_(request: Request) -> Reply:
+    async def metrics_(request: Request, exchange: Exchange) -> Reply:
         return service.metrics()
 
-    async def server_metadata(request: Request) -> Reply:
+    async def server_metadata(request: Request, exchange: Exchange) -> Reply:
         return service.server_metadata()
 
     def model_route(handler: Callable[[str, str | None], Reply]) -> Endpoint:
-        async def endpoint(request: Request) -> Reply:
+        async def endpoint(request: Request, exchange: Exchange) -> Reply:
             return handler(request.path_params["model"], request.path_params.get("version"))
 
         endpoint.__name__ = handler.__name__
         return endpoint
 
-    async def websocket(request: Request) -> Reply:
+    async def websocket(request: Request, exchange: Exchange) -> Reply:
         raise UpgradeRequired(
             f"{request.url.path} is a WebSocket endpoint: connect with a WebSocket client (Upgrade: websocket)",
             headers={"Upgrade": "websocket", "Connection": "Upgrade"},
         )
 
-    async def model_stats(request: Request) -> Reply:
+    async def model_stats(request: Request, exchange: Exchange) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
     endpoints: dict[str, Endpoint] = {
         "list_models": list_models,
         "model_metadata": model_metadata,
-        "predict": predict,
+        "predict": infer,
         "stream": stream,
         "websocket": websocket,
         "live": live,
@@ -422,16 +331,17 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         handler = _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path))
         app.router.add_route(path, handler, methods=[route.method], name=route.name)
         if route.name == "websocket":
-            app.router.add_websocket_route(path, stream_endpoint(service, streams), name=route.name)
+            app.router.add_websocket_route(path, websocket_endpoint(service, sockets), name=route.name)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        context = service.begin(
-            request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"], request.headers
+        path = request.scope["path"]
+        exchange = service.open(
+            "unknown", request.method, path, request.headers, request.headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
         )
         error: TwinserveError
         # With API keys on, an unknown path is 401 like a known one: no probing for routes without a key.
-        refusal = _refusal(service, request) if service.requires_auth(request.scope["path"]) else None
+        refusal = _refusal(exchange, request)
         if refusal is not None:
             error = refusal
         elif exc.status_code == 404:
@@ -442,17 +352,18 @@ def create_asgi_app(service: Service, streams: Streams | None = None) -> ASGIApp
         else:
             error = ClientError(str(exc.detail))
             error.status = exc.status_code  # type: ignore[misc]
-        service.finish(context, "unknown", "", error.status, error.code)
-        return _respond(error_reply(error, context.request_id, is_v2(request.url.path)), context.request_id)
+        reply = exchange.fail(error)
+        exchange.close()
+        return _respond(reply, exchange.request_id)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    served = _PredictFastPath(app, _handled(service, "predict", predict), _handled(service, "infer", infer, v2=True))
+    served = _PredictFastPath(app, _handled(service, "predict", infer), _handled(service, "infer", infer, v2=True))
     return served if service.cors is None else _Cors(served, service)
 
 
-def _refusal(service: Service, request: Request) -> TwinserveError | None:
+def _refusal(exchange: Exchange, request: Request) -> TwinserveError | None:
     try:
-        service.authenticate(request.headers)
+        exchange.authenticate(request.headers)
     except TwinserveError as exc:
         return exc
     return None
@@ -473,15 +384,16 @@ class _Cors:
         service = self.service
         headers = StarletteHeaders(scope=scope)
         if service.is_preflight(scope["method"], headers):
-            context = service.begin(headers.get(REQUEST_ID_HEADER), scope["method"], scope["path"], headers)
-            error: TwinserveError | None = None
+            path = scope["path"]
+            exchange = service.open(
+                "preflight", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+            )
             try:
-                reply = service.preflight(headers)
+                reply = exchange.reply(service.preflight(headers))
             except TwinserveError as exc:
-                error = exc
-                reply = error_reply(exc, context.request_id, is_v2(scope["path"]))
-            service.finish(context, "preflight", "", reply.status, error.code if error is not None else None)
-            await _respond(reply, context.request_id)(scope, receive, send)
+                reply = exchange.fail(exc)
+            exchange.close()
+            await _respond(reply, exchange.request_id)(scope, receive, send)
             return
         assert service.cors is not None
         extra = [
@@ -509,43 +421,31 @@ def _without_fastapi_tracing() -> dict[str, Any]:
 
 
 def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) -> Handler:
-    """Wrap an endpoint: request id in and out, every error rendered by the shared contract (with the V2 body on
-    V2 routes), metrics counted."""
-
-    in_flight = metrics().in_flight
-    # Decided once per route: with no API keys (or on an open path) the request pays one `if False`.
-    needs_key = any(service.requires_auth(route.path) for route in ROUTES if route.name == name)
+    """Wrap an endpoint in its exchange: request id in and out, every error rendered by the shared contract (with
+    the V2 body on V2 routes), the request counted once (a stream's when it ends)."""
 
     async def handle(request: Request) -> Response:
-        in_flight.inc()
-        context = service.begin(
-            request.headers.get(REQUEST_ID_HEADER), request.method, request.scope["path"], request.headers
+        headers = request.headers
+        exchange = service.open(
+            name,
+            request.method,
+            request.scope["path"],
+            headers,
+            headers.get(REQUEST_ID_HEADER),
+            model=request.path_params.get("model", ""),
+            v2=v2,
         )
-        error: TwinserveError | None = None
-        streaming = False
         try:
-            if needs_key:
-                service.authenticate(request.headers)
-            answer = await endpoint(request)
-            if isinstance(answer, _StreamStart):
-                # Counted, logged and out of flight when the stream ends.
-                streaming = True
-                service.first_chunk(context, answer.runtime.name)
-                return _EventStream(service, context, answer)  # type: ignore[return-value]
-            reply = answer
-        except TwinserveError as exc:
-            error = exc
+            exchange.authenticate(headers)
+            answer = await endpoint(request, exchange)
+            if isinstance(answer, StreamStart):
+                service.first_chunk(exchange.context, answer.runtime.name)
+                return AsgiEventStream(exchange, answer)  # type: ignore[return-value]  # it closes the exchange
+            reply = exchange.reply(answer)
         except Exception as exc:
-            logger.exception("unhandled error on %s %s", request.method, request.url.path)
-            error = internal_error(exc)
-        finally:
-            if not streaming:
-                in_flight.dec()
-        if error is not None:
-            reply = error_reply(error, context.request_id, v2)
-        model = request.path_params.get("model", "")
-        service.finish(context, name, model, reply.status, error.code if error is not None else None)
-        return _respond(reply, context.request_id)
+            reply = exchange.fail(exc)
+        exchange.close()
+        return _respond(reply, exchange.request_id)
 
     handle.__name__ = endpoint.__name__
     return handle

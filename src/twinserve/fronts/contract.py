@@ -24,14 +24,16 @@ from twinserve.errors import (
     ModelNotReady,
     NotStreaming,
     PayloadTooLarge,
+    QueueFull,
     TwinserveError,
     UnsupportedMediaType,
     error_payload,
 )
 from twinserve.fronts.auth import authenticator
 from twinserve.fronts.cors import cors_policy
+from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
-from twinserve.fronts.routes import EVENT_STREAM, HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import (
@@ -43,24 +45,20 @@ from twinserve.observability.metrics import (
     render,
 )
 from twinserve.observability.tracing import Headers, Tracer
+from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, error_body, server_metadata, statistics
 
 __all__ = [
-    "EVENT_STREAM",
     "JSON",
     "REQUEST_ID_HEADER",
     "ROUTES",
-    "SSE_END",
-    "SSE_HEADERS",
     "Reply",
     "Route",
     "Service",
     "error_reply",
     "raw_error_response",
     "request_id_from",
-    "sse_error",
-    "sse_step",
 ]
 
 
@@ -106,22 +104,6 @@ class Reply:
     content_type: str = JSON  # "" for a response without a body (204)
 
 
-#: Server-Sent Events: each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (or
-#: `event: error` with the JSON error body, when the stream fails after its first step was sent).
-SSE_END = b"event: end\ndata: {}\n\n"
-#: Proxies (nginx) must pass each event on at once rather than buffer the response.
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def sse_step(runtime: ModelRuntime, step: list[Any], expected: int) -> bytes:
-    """One step as an SSE event (orjson never writes a newline, so the JSON is one `data:` line)."""
-    return b"data: " + runtime.codec.encode(step, expected) + b"\n\n"
-
-
-def sse_error(error: TwinserveError, request_id: str) -> bytes:
-    return b"event: error\ndata: " + dumps(error_payload(error, request_id)) + b"\n\n"
-
-
 def request_id_from(header: str | None) -> str:
     """Echo a client's request id when it is safe to put in headers and logs, else make one."""
     if header and _CLIENT_ID.match(header):
@@ -153,6 +135,8 @@ class Service:
 
     def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config, tracer: Tracer | None = None) -> None:
         self.runtimes = dict(runtimes)
+        #: Each model's protocol codecs: the core's runtimes take and return instances only.
+        self.codecs = {name: ModelCodecs.of(runtime.spec, config) for name, runtime in self.runtimes.items()}
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
@@ -172,13 +156,16 @@ class Service:
         return Reply(200, dumps({"models": [r.summary() for r in self.runtimes.values()]}))
 
     def model_metadata(self, model: str) -> Reply:
-        return Reply(200, dumps(self.runtime(model).metadata()))
+        runtime = self.runtime(model)
+        v1 = self.codecs[runtime.name].v1
+        schemas = {"input_schema": v1.input_schema(), "output_schema": v1.output_schema()}
+        return Reply(200, dumps({**runtime.metadata(), **schemas}))
 
     @cached_property
     def _openapi(self) -> bytes:
         from twinserve import __version__
 
-        document = openapi_document(self.runtimes, "twinserve", __version__)
+        document = openapi_document(self.runtimes, self.codecs, "twinserve", __version__)
         return dumps(document if self.auth is None else secure(document, self.open_paths))
 
     def openapi(self) -> Reply:
@@ -219,6 +206,20 @@ class Service:
         return Reply(204, b"", allowed, content_type="")
 
     # -- every request, from every front -------------------------------------------------------------------
+    def open(
+        self,
+        endpoint: str,
+        method: str,
+        path: str,
+        headers: Headers | None,
+        request_id_header: str | None,
+        *,
+        model: str = "",
+        v2: bool = False,
+    ) -> Exchange:
+        """Open one request's exchange (fronts/exchange.py): it must be closed, exactly once, by its front."""
+        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, v2)
+
     def begin(
         self, request_id_header: str | None, method: str, path: str, headers: Headers | None = None
     ) -> RequestContext:
@@ -290,16 +291,38 @@ class Service:
             raise ModelNotFound(f"model {model!r} is not served here; GET /v1/models lists the served models")
         return runtime
 
-    def admit(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
-        """Checks that need only the request line and headers, done before the body is read."""
-        return self._admit(self.runtime(model), content_type, content_length, _JSON_TYPE, JSON)
-
-    def admit_stream(self, model: str, content_type: str | None, content_length: int | None) -> ModelRuntime:
-        """`admit` for `:stream`, which only a streaming model (a generator predict) answers."""
-        runtime = self.runtime(model)
-        if not runtime.spec.streams:
+    def runtime_for(self, endpoint: str, model: str, version: str | None = None) -> ModelRuntime:
+        """The runtime an inference endpoint asks for: 404 for an unknown model or V2 version, 400 for `:stream`
+        on a model that does not stream."""
+        runtime = self.v2_runtime(model, version)
+        if endpoint == "stream" and not runtime.spec.streams:
             raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
-        return self._admit(runtime, content_type, content_length, _JSON_TYPE, JSON)
+        return runtime
+
+    def shed(self, backlog: int) -> None:
+        """503 when more requests wait for a request thread than the queue bound allows (the sync front's
+        backlog, see SheddingThreadWorker)."""
+        bound = self.config.max_queue
+        if backlog > bound:
+            raise QueueFull(
+                f"{backlog} requests are waiting for a request thread (--max-queue {bound}); retry shortly",
+                headers={"Retry-After": "1"},
+            )
+
+    def admit(self, runtime: ModelRuntime, endpoint: str, content_type: str | None, content_length: int | None) -> None:
+        """Checks that need only the request line and headers, done before the body is read: the rate limit,
+        the media type (V2 bodies may also be binary), the declared size, readiness."""
+        if self.limiter is not None:
+            self.limiter.acquire()
+        if content_type:
+            media_type = content_type.split(";", 1)[0].strip().lower()
+            accepted, expected = (_V2_TYPE, f"{JSON} or {BINARY}") if endpoint == "infer" else (_JSON_TYPE, JSON)
+            if not accepted.match(media_type):
+                raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
+        if content_length is not None and content_length > self.max_body_bytes:
+            raise self.too_large()
+        if not runtime.ready:
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
 
     def first_chunk(self, context: RequestContext, model: str) -> None:
         """Note a stream's time to first step."""
@@ -312,39 +335,11 @@ class Service:
             raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
         return runtime
 
-    def admit_message(self, runtime: ModelRuntime, key_id: str | None) -> None:
-        """`admit` for one WebSocket message (its size is the front's to check: it closes the socket), charged to
-        the API key the handshake presented, like an HTTP request."""
-        if key_id is not None and self.auth is not None:
+    def charge(self, key_id: str) -> None:
+        """Charge one request to the rate limit of the API key `key_id` (a WebSocket message, after its
+        handshake authenticated): RateLimited (429) past it."""
+        if self.auth is not None:
             self.auth.charge(key_id)
-        self._admit(runtime, None, None, _JSON_TYPE, JSON)
-
-    def admit_v2(
-        self, model: str, version: str | None, content_type: str | None, content_length: int | None
-    ) -> ModelRuntime:
-        """`admit` for a V2 inference request, whose body may carry binary tensor data."""
-        runtime = self.v2_runtime(model, version)
-        return self._admit(runtime, content_type, content_length, _V2_TYPE, f"{JSON} or {BINARY}")
-
-    def _admit(
-        self,
-        runtime: ModelRuntime,
-        content_type: str | None,
-        content_length: int | None,
-        accepted: re.Pattern[str],
-        expected: str,
-    ) -> ModelRuntime:
-        if self.limiter is not None:
-            self.limiter.acquire()
-        if content_type:
-            media_type = content_type.split(";", 1)[0].strip().lower()
-            if not accepted.match(media_type):
-                raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
-        if content_length is not None and content_length > self.max_body_bytes:
-            raise self.too_large()
-        if not runtime.ready:
-            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
-        return runtime
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
@@ -367,7 +362,7 @@ class Service:
         return runtime
 
     def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
-        return Reply(200, dumps(self.v2_runtime(model, version).v2.metadata()))
+        return Reply(200, dumps(self.codecs[self.v2_runtime(model, version).name].v2.metadata()))
 
     def model_ready(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
@@ -376,7 +371,8 @@ class Service:
 
     def model_config(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
-        return Reply(200, dumps(runtime.v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
+        v2 = self.codecs[runtime.name].v2
+        return Reply(200, dumps(v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
 
     def model_stats(self, model: str | None = None, version: str | None = None) -> Reply:
         """Triton's statistics extension: one model's, or every model's when `model` is None."""
@@ -393,7 +389,7 @@ class Service:
         return own if deadline is None else min(deadline, own)
 
     def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
-        body, header_length = runtime.v2.encode(request, outputs)
+        body, header_length = self.codecs[runtime.name].v2.encode(request, outputs)
         if header_length is None:
             return Reply(200, body)
         return Reply(200, body, {HEADER_LENGTH: str(header_length)}, content_type=BINARY)

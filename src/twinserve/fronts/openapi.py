@@ -12,7 +12,9 @@ from typing import Any
 from twinserve.core.runtime import ModelRuntime
 from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES, is_v2
 from twinserve.model import DATATYPES
+from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import json_default
+from twinserve.protocol.v2 import V2Codec
 
 __all__ = ["openapi_document", "secure", "swagger_page"]
 
@@ -136,12 +138,12 @@ def _tensors(title: str, tensors: list[dict[str, Any]]) -> str:
     return f"{title}: " + ", ".join(f"`{t['name']}` {t['datatype']} {t['shape']}" for t in tensors)
 
 
-def _v2_paths(name: str, runtime: ModelRuntime) -> dict[str, Any]:
+def _v2_paths(name: str, runtime: ModelRuntime, v2: V2Codec) -> dict[str, Any]:
     """The model's V2 metadata and infer paths, its tensors in the description, an example body if it has one."""
     errors = {code: _json({"$ref": _REF.format(model="V2Error")}, text) for code, text in _V2_ERRORS.items()}
-    metadata = runtime.v2.metadata()
+    metadata = v2.metadata()
     body: dict[str, Any] = {"schema": {"$ref": _REF.format(model="V2InferenceRequest")}}
-    example = runtime.v2.example(runtime.spec.examples())
+    example = v2.example(runtime.spec.examples())
     if example is not None:
         body["example"] = _jsonable(example)
     description = f"{_tensors('Inputs', metadata['inputs'])}. {_tensors('Outputs', metadata['outputs'])}."
@@ -176,7 +178,9 @@ def _stream_path(name: str, body: dict[str, Any], error_responses: dict[str, Any
     }  # fmt: skip
 
 
-def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: str) -> dict[str, Any]:
+def openapi_document(
+    runtimes: Mapping[str, ModelRuntime], codecs: Mapping[str, ModelCodecs], title: str, version: str
+) -> dict[str, Any]:
     schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA, **_V2_SCHEMAS}
     error_responses = {code: _json({"$ref": _REF.format(model="Error")}, text) for code, text in _ERRORS.items()}
     paths: dict[str, Any] = {}
@@ -186,7 +190,7 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
         responses = _GLOBAL_RESPONSES.get(route.name, {"200": _json({})})
         paths[route.path] = {route.method.lower(): {"operationId": route.name, "responses": responses}}
     for name, runtime in runtimes.items():
-        codec = runtime.codec
+        codec = codecs[name].v1
         request_schema = codec.request_schema(_REF)
         output_schema = codec.output_adapter.json_schema(mode="serialization", ref_template=_REF)
         for part in (request_schema, output_schema):
@@ -232,7 +236,7 @@ def openapi_document(runtimes: Mapping[str, ModelRuntime], title: str, version: 
                 },
             }
         }
-        paths.update(_v2_paths(name, runtime))
+        paths.update(_v2_paths(name, runtime, codecs[name].v2))
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},

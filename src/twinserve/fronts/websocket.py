@@ -1,8 +1,8 @@
-"""WebSocket streams on the async front: `/v1/models/{model}/ws` (async and hybrid architectures).
+"""WebSocket sockets on the async front: `/v1/models/{model}/ws` (async and hybrid architectures).
 
 Every message becomes its own task awaiting `ModelRuntime.apredict`, so messages from all sockets meet in the
 model's batcher, and each is answered as soon as its outputs are ready, in any order (messages are described in
-`twinserve.protocol.stream`). Each message counts and logs like a request (endpoint `websocket`, its id as the
+`twinserve.protocol.websocket`). Each message counts and logs like a request (endpoint `websocket`, its id as the
 request id).
 
 Per socket at most `--ws-max-pending` messages wait for their answers; one more is answered at once with a
@@ -42,15 +42,20 @@ from twinserve.errors import (
     ShuttingDown,
     TooManyPending,
     TwinserveError,
-    internal_error,
 )
-from twinserve.fronts.contract import Service, error_reply
+from twinserve.fronts.contract import Service
+from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import REQUEST_ID_HEADER
-from twinserve.observability.context import RequestContext
-from twinserve.observability.metrics import metrics
-from twinserve.protocol.stream import MessageError, StreamCodec
+from twinserve.protocol.websocket import MessageError, WebSocketCodec
 
-__all__ = ["CLOSE_GOING_AWAY", "CLOSE_INTERNAL_ERROR", "CLOSE_POLICY", "CLOSE_TOO_BIG", "Streams", "stream_endpoint"]
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL_ERROR",
+    "CLOSE_POLICY",
+    "CLOSE_TOO_BIG",
+    "OpenSockets",
+    "websocket_endpoint",
+]
 
 logger = logging.getLogger("twinserve.websocket")
 
@@ -63,24 +68,24 @@ ENDPOINT = "websocket"
 _DENIAL_EXTENSION = "websocket.http.response"
 
 
-class Streams:
-    """The open streams of one server process, so that a shutdown can drain them: answers sent, then 1001."""
+class OpenSockets:
+    """The open sockets of one server process, so that a shutdown can drain them: answers sent, then 1001."""
 
     def __init__(self) -> None:
-        self._open: set[_Stream] = set()
+        self._open: set[_Socket] = set()
         self.closing = False
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, stream: _Stream) -> None:
-        self._open.add(stream)
+    def add(self, socket: _Socket) -> None:
+        self._open.add(socket)
 
-    def discard(self, stream: _Stream) -> None:
-        self._open.discard(stream)
+    def discard(self, socket: _Socket) -> None:
+        self._open.discard(socket)
 
     async def aclose(self, timeout: float) -> None:
-        """Refuse new streams and messages, give open streams `timeout` seconds to answer, close them (1001)."""
+        """Refuse new sockets and messages, give open sockets `timeout` seconds to answer, close them (1001)."""
         self.closing = True
         if self._open:
             logger.info("draining %d WebSocket stream(s) before shutting down", len(self._open))
@@ -90,11 +95,11 @@ class Streams:
                     logger.error("a WebSocket stream failed to drain", exc_info=outcome)
 
 
-class _Stream:
+class _Socket:
     """One accepted socket: reads messages, runs each as a task, sends the answers."""
 
     def __init__(
-        self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: StreamCodec, key_id: str | None
+        self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: WebSocketCodec, key_id: str | None
     ) -> None:
         self.websocket = websocket
         self.service = service
@@ -110,7 +115,6 @@ class _Stream:
         self.draining = False
         self.closed = False  # no more answers can be sent (the client left, or a close was sent)
         self._close_sent = False
-        self._in_flight = metrics().in_flight
 
     def _gone(self) -> bool:
         return self.closed
@@ -171,62 +175,67 @@ class _Stream:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _begin(self, message_id: str | None, received: float) -> RequestContext:
-        context = self.service.begin(message_id, "WS", self.path)
-        context.started = received  # decoding counts, as it does for an HTTP request
-        return context
+    def _open(self, message_id: str | None, received: float) -> Exchange:
+        exchange = self.service.open(ENDPOINT, "WS", self.path, None, message_id, model=self.runtime.name)
+        exchange.context.started = received  # decoding counts, as it does for an HTTP request
+        return exchange
+
+    def _admit(self, exchange: Exchange) -> None:
+        """A message is admitted like an HTTP request, and charged to the API key its handshake presented."""
+        if self.key_id is not None:
+            self.service.charge(self.key_id)
+        exchange.admit(self.runtime.name, timeout_header=self.timeout_header)
 
     async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
-        """Decode one message, predict, send the answer (or the error), and count it like a request."""
+        """Decode one message, predict, send the answer (or the error); its exchange counts it like a request."""
         received = time.perf_counter()
         binary = isinstance(data, bytes)
         message_id: str | None = None
-        context: RequestContext | None = None
-        error: TwinserveError | None = None
-        self._in_flight.inc()
+        exchange: Exchange | None = None
         try:
             reply = b""
+            error: TwinserveError | None = None
             try:
                 if refusal is not None:
                     message_id = self.codec.message_id(data)
                     raise refusal
                 if isinstance(data, str):
                     text = self.codec.decode_text(data)
-                    message_id, context = text.id, self._begin(text.id, received)
-                    self.service.admit_message(self.runtime, self.key_id)
-                    deadline = self.service.deadline(self.timeout_header)
-                    outputs = await self.runtime.apredict(text.instances, deadline, self._gone)
+                    message_id, exchange = text.id, self._open(text.id, received)
+                    self._admit(exchange)
+                    outputs = await self.runtime.apredict(text.instances, exchange.deadline, self._gone)
                     reply = self.codec.encode_text(message_id, outputs, len(text.instances))
                 else:
                     framed = self.codec.decode_binary(data)
-                    message_id, context = framed.id, self._begin(framed.id, received)
-                    self.service.admit_message(self.runtime, self.key_id)
-                    deadline = self.service.deadline(self.timeout_header)
-                    deadline = self.service.v2_deadline(deadline, framed.request.timeout_us)
+                    message_id, exchange = framed.id, self._open(framed.id, received)
+                    self._admit(exchange)
+                    deadline = self.service.v2_deadline(exchange.deadline, framed.request.timeout_us)
                     outputs = await self.runtime.apredict(framed.request.instances, deadline, self._gone)
                     reply = self.codec.encode_binary(framed.request, outputs)
             except MessageError as exc:
                 message_id, error = exc.id, exc.error
-            except TwinserveError as exc:
-                error = exc
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
-                logger.exception("unhandled error on a WebSocket message to %s", self.path)
-                error = internal_error(exc)
-            if context is None:
-                context = self._begin(message_id, received)
+                exchange = exchange or self._open(message_id, received)
+                error = exchange.failed(exc)
+            if exchange is None:
+                exchange = self._open(message_id, received)
             if error is not None:
+                exchange.failed(error)
                 write_error = self.codec.binary_error if binary else self.codec.text_error
-                reply = write_error(message_id, error, context.request_id)
+                reply = write_error(message_id, error, exchange.request_id)
+            else:
+                exchange.responded(200)
             await self._send(reply, binary)
         except asyncio.CancelledError:
-            error = ClientDisconnected("the WebSocket closed before the answer was ready")
+            exchange = exchange or self._open(message_id, received)
+            exchange.failed(ClientDisconnected("the WebSocket closed before the answer was ready"))
             raise
         finally:
-            self._in_flight.dec()
-            if context is None:
-                context = self._begin(message_id, received)
-            status, code = (200, None) if error is None else (error.status, error.code)
-            self.service.finish(context, ENDPOINT, self.runtime.name, status, code)
+            if exchange is None:
+                exchange = self._open(message_id, received)
+            exchange.close()
 
     async def _send(self, reply: bytes, binary: bool) -> None:
         if self.closed:
@@ -252,21 +261,24 @@ def _size(data: str | bytes, limit: int) -> int:
 
 async def _deny(websocket: WebSocket, service: Service, error: TwinserveError) -> None:
     """Refuse the handshake with the HTTP contract's status and body (or close 1008 without that extension)."""
-    context = service.begin(None, "WS", websocket.scope["path"], websocket.headers)
-    reply = error_reply(error, context.request_id)
-    if _DENIAL_EXTENSION in websocket.scope.get("extensions", {}):
-        headers = {REQUEST_ID_HEADER: context.request_id, **(reply.headers or {})}
-        await websocket.send_denial_response(
-            Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type)
-        )
-    else:
-        await websocket.close(CLOSE_POLICY, error.message[:120])
-    service.finish(context, ENDPOINT, websocket.path_params.get("model", ""), error.status, error.code)
+    model = websocket.path_params.get("model", "")
+    exchange = service.open(ENDPOINT, "WS", websocket.scope["path"], websocket.headers, None, model=model)
+    try:
+        reply = exchange.fail(error)
+        if _DENIAL_EXTENSION in websocket.scope.get("extensions", {}):
+            headers = {REQUEST_ID_HEADER: exchange.request_id, **(reply.headers or {})}
+            await websocket.send_denial_response(
+                Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type)
+            )
+        else:
+            await websocket.close(CLOSE_POLICY, error.message[:120])
+    finally:
+        exchange.close()
 
 
-def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket], Awaitable[None]]:
-    """The WebSocket endpoint of `/v1/models/{model}/ws` over `service`; open streams are kept in `streams`."""
-    codecs: dict[str, StreamCodec] = {}
+def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebSocket], Awaitable[None]]:
+    """The WebSocket endpoint of `/v1/models/{model}/ws` over `service`; open sockets are kept in `sockets`."""
+    codecs: dict[str, WebSocketCodec] = {}
 
     async def endpoint(websocket: WebSocket) -> None:
         key_id: str | None = None
@@ -278,7 +290,7 @@ def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket],
                 raise CorsRejected(f"origin {origin!r} may not open a WebSocket here (--cors-origins)")
             if service.requires_auth(websocket.scope["path"]):
                 key_id = service.authenticate(websocket.headers)
-            if streams.closing:
+            if sockets.closing:
                 raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
             runtime = service.admit_socket(websocket.path_params["model"])
         except TwinserveError as exc:
@@ -286,15 +298,18 @@ def stream_endpoint(service: Service, streams: Streams) -> Callable[[WebSocket],
             return
         codec = codecs.get(runtime.name)
         if codec is None:
-            codec = codecs[runtime.name] = StreamCodec(
-                runtime.spec.input_type, runtime.codec, runtime.v2, service.config.max_instances
+            codec = codecs[runtime.name] = WebSocketCodec(
+                runtime.spec.input_type,
+                service.codecs[runtime.name].v1,
+                service.codecs[runtime.name].v2,
+                service.config.max_instances,
             )
-        stream = _Stream(websocket, service, runtime, codec, key_id)
-        streams.add(stream)  # before accept: a shutdown signal during the handshake drains this socket too
+        socket = _Socket(websocket, service, runtime, codec, key_id)
+        sockets.add(socket)  # before accept: a shutdown signal during the handshake drains this socket too
         try:
             await websocket.accept()
-            await stream.serve()
+            await socket.serve()
         finally:
-            streams.discard(stream)
+            sockets.discard(socket)
 
     return endpoint

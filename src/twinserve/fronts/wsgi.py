@@ -8,8 +8,7 @@ because the client has gone (gunicorn then closes the response iterable).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
@@ -17,31 +16,18 @@ from werkzeug.routing import BaseConverter
 
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.core.streams import Steps
 from twinserve.errors import (
-    ClientDisconnected,
     ClientError,
     MethodNotAllowed,
     NotFound,
-    QueueFull,
     RequestTimeout,
     TwinserveError,
     WebSocketUnsupported,
-    internal_error,
 )
-from twinserve.fronts.contract import (
-    EVENT_STREAM,
-    SSE_END,
-    SSE_HEADERS,
-    Reply,
-    Service,
-    error_reply,
-    sse_error,
-    sse_step,
-)
-from twinserve.fronts.routes import JSON, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
-from twinserve.observability.context import RequestContext
-from twinserve.observability.metrics import metrics
+from twinserve.fronts.contract import Reply, Service
+from twinserve.fronts.exchange import Exchange
+from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
@@ -103,113 +89,43 @@ def _read_body(service: Service) -> bytes:
     return body
 
 
-class _EventStream:
-    """The response body of one stream: SSE events written as the steps come; `close()` (always called by the
-    WSGI server, even if the body was never iterated) closes the generator and counts the request once."""
-
-    def __init__(
-        self,
-        service: Service,
-        context: RequestContext,
-        runtime: ModelRuntime,
-        steps: Steps,
-        first: list[Any] | None,
-        expected: int,
-    ) -> None:
-        self.service, self.context, self.runtime, self.steps = service, context, runtime, steps
-        self.first, self.expected = first, expected
-        # Until the stream is seen to its end: a client that leaves first is counted as 499.
-        self.status: int = ClientDisconnected.status
-        self.error_code: str | None = ClientDisconnected.code
-        self.closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            if self.first is not None:
-                yield sse_step(self.runtime, self.first, self.expected)
-                for step in self.steps:
-                    yield sse_step(self.runtime, step, self.expected)
-            self.status, self.error_code = 200, None
-            last = SSE_END
-        except TwinserveError as exc:
-            self.status, self.error_code = exc.status, exc.code
-            last = sse_error(exc, self.context.request_id)
-        except Exception as exc:
-            logger.exception("unhandled error in the stream of %s", _request_path(self.context))
-            error = internal_error(exc)
-            self.status, self.error_code = error.status, error.code
-            last = sse_error(error, self.context.request_id)
-        self.close()  # counted before the client can see the end
-        yield last
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.steps.close()
-        except TwinserveError:
-            pass  # the model's finally raised: model_code logged it
-        finally:
-            if self.error_code == ClientDisconnected.code:
-                logger.info("client left the stream of %s; its generator was closed", _request_path(self.context))
-            self.service.finish(self.context, "stream", self.runtime.name, self.status, self.error_code)
-            metrics().in_flight.dec()
-
-
-def _request_path(context: RequestContext) -> str:
-    return f"{context.method} {context.path} ({context.request_id})"
-
-
-def _shed_if_backlogged(service: Service) -> None:
-    """503 when more requests wait for a request thread than the queue bound allows (see SheddingThreadWorker)."""
-    backlog: int | None = request.environ.get(BACKLOG_ENVIRON)
-    bound = service.config.max_queue
-    if backlog is not None and backlog > bound:
-        raise QueueFull(
-            f"{backlog} requests are waiting for a request thread (--max-queue {bound}); retry shortly",
-            headers={"Retry-After": "1"},
-        )
-
-
 def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
     app.url_map.converters["model"] = _ModelNameConverter
 
-    def predict(model: str) -> Response:
-        _shed_if_backlogged(service)  # before admission, so shed requests take no rate-limit token
-        runtime = service.admit(model, request.content_type, request.content_length)
-        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
-        instances = runtime.codec.decode(_read_body(service))
-        outputs = runtime.predict(instances, deadline)
-        return Response(runtime.codec.encode(outputs, len(instances)), status=200, content_type=JSON)
+    def admitted(exchange: Exchange, model: str, version: str | None = None) -> ModelRuntime:
+        return exchange.admit(
+            model,
+            version,
+            content_type=request.content_type,
+            content_length=request.content_length,
+            timeout_header=request.headers.get(TIMEOUT_HEADER),
+            backlog=request.environ.get(BACKLOG_ENVIRON),
+        )
+
+    def infer(model: str, version: str | None = None) -> Response:
+        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
+        exchange = _exchange()
+        runtime = admitted(exchange, model, version)
+        instances = exchange.decode(_read_body(service), request.headers.get(HEADER_LENGTH))
+        return _respond(exchange.encode(runtime.predict(instances, exchange.deadline)))
 
     def stream(model: str) -> Response:
-        _shed_if_backlogged(service)
-        runtime = service.admit_stream(model, request.content_type, request.content_length)
-        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
-        instances = runtime.codec.decode(_read_body(service))
-        steps = runtime.stream(instances, deadline)
+        exchange = _exchange()
+        runtime = admitted(exchange, model)
+        instances = exchange.decode(_read_body(service))
+        steps = runtime.stream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
             first = next(steps, None)
         except BaseException:
             steps.close()
             raise
-        context = _context()
-        service.first_chunk(context, runtime.name)
-        g.streaming = True  # counted and logged when the stream ends, not when the response starts
-        body = _EventStream(service, context, runtime, steps, first, len(instances))
+        service.first_chunk(exchange.context, runtime.name)
+        g.streaming = True  # the exchange closes when the stream ends, not when the response starts
+        body = WsgiEventStream(exchange, steps, first, exchange.instances)
         return Response(body, status=200, content_type=EVENT_STREAM, headers=SSE_HEADERS)
-
-    def infer(model: str, version: str | None = None) -> Response:
-        _shed_if_backlogged(service)
-        runtime = service.admit_v2(model, version, request.content_type, request.content_length)
-        deadline = service.deadline(request.headers.get(TIMEOUT_HEADER))
-        inference = runtime.v2.decode(_read_body(service), request.headers.get(HEADER_LENGTH))
-        outputs = runtime.predict(inference.instances, service.v2_deadline(deadline, inference.timeout_us))
-        return _respond(service.infer_reply(runtime, inference, outputs))
 
     def websocket(model: str) -> Response:
         raise WebSocketUnsupported(
@@ -222,7 +138,7 @@ def create_wsgi_app(service: Service) -> Flask:
     views: dict[str, Callable[..., Response]] = {
         "list_models": lambda: _respond(service.list_models()),
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
-        "predict": predict,
+        "predict": infer,
         "stream": stream,
         "websocket": websocket,
         "live": lambda: _respond(service.live()),
@@ -253,54 +169,49 @@ def create_wsgi_app(service: Service) -> Flask:
                 rule, endpoint=route.name, methods=[route.method], websocket=True, provide_automatic_options=False
             )
 
-    in_flight = metrics().in_flight
-
-    def _context() -> RequestContext:
-        context: RequestContext | None = g.get("context")
-        if context is None:  # an error raised before before_request ran
-            context = g.context = service.begin(
-                request.headers.get(REQUEST_ID_HEADER), request.method, request.path, request.headers
+    def _exchange() -> Exchange:
+        exchange: Exchange | None = g.get("exchange")
+        if exchange is None:  # the routing outcome is known before before_request runs
+            rule = request.url_rule
+            exchange = g.exchange = service.open(
+                rule.endpoint if rule is not None else "unknown",
+                request.method,
+                request.path,
+                request.headers,
+                request.headers.get(REQUEST_ID_HEADER),
+                model=(request.view_args or {}).get("model", ""),
+                v2=is_v2(request.path),
             )
-        return context
+        return exchange
 
     @app.before_request
     def _start() -> Response | None:
-        _context()
-        in_flight.inc()
-        g.counted = True
+        exchange = _exchange()
         if service.cors is not None and service.is_preflight(request.method, request.headers):
-            g.endpoint = "preflight"
-            return _respond(service.preflight(request.headers))
-        if service.requires_auth(request.path):
-            service.authenticate(request.headers)
+            exchange.endpoint = "preflight"
+            return _respond(exchange.reply(service.preflight(request.headers)))
+        exchange.authenticate(request.headers)
         return None
 
     @app.after_request
     def _finish(response: Response) -> Response:
-        context = _context()
-        response.headers[REQUEST_ID_HEADER] = context.request_id
-        if service.cors is not None and g.get("endpoint") != "preflight":
+        exchange = _exchange()
+        response.headers[REQUEST_ID_HEADER] = exchange.request_id
+        if service.cors is not None and exchange.endpoint != "preflight":
             response.headers.update(service.cors.response_headers(request.headers.get("origin")))
-        if g.get("streaming"):
-            return response  # counted when the stream ends
-        rule = request.url_rule
-        service.finish(
-            context,
-            g.get("endpoint") or (rule.endpoint if rule is not None else "unknown"),
-            (request.view_args or {}).get("model", ""),
-            response.status_code,
-            g.get("error_code"),
-        )
+        if not g.get("streaming"):
+            exchange.responded(response.status_code)
+            exchange.close()
         return response
 
     @app.teardown_request
     def _done(exc: BaseException | None) -> None:
-        if g.get("counted") and not g.get("streaming"):
-            in_flight.dec()
+        exchange: Exchange | None = g.get("exchange")
+        if exchange is not None and not g.get("streaming"):
+            exchange.close()  # a no-op once after_request has closed it
 
-    def _error(error: TwinserveError) -> Response:
-        g.error_code = error.code
-        return _respond(error_reply(error, _context().request_id, is_v2(request.path)))
+    def _error(error: BaseException) -> Response:
+        return _respond(_exchange().fail(error))
 
     @app.errorhandler(TwinserveError)
     def _twinserve_error(exc: TwinserveError) -> Response:
@@ -312,7 +223,6 @@ def create_wsgi_app(service: Service) -> Flask:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
-        logger.exception("unhandled error on %s %s", request.method, request.path)
-        return _error(internal_error(exc))
+        return _error(exc)  # logged with its traceback, answered as a bare 500
 
     return app

@@ -11,26 +11,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
+from twinserve.encoding import dumps, json_default
 from twinserve.errors import ClientError, MalformedRequest, OutputMismatch, TooManyInstances, ValidationFailed
 
 __all__ = ["V1Codec", "dumps", "json_default", "reject_non_json_numbers", "request_error"]
-
-
-def json_default(obj: Any) -> Any:
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, set | frozenset):
-        return list(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
-def dumps(payload: Any) -> bytes:
-    """JSON bytes for anything a model may return: numpy arrays and scalars, pydantic models, sets."""
-    return orjson.dumps(payload, default=json_default, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
 #: What may be a NaN or Infinity literal, or a number too large for a double: none is JSON (RFC 8259), yet the

@@ -19,7 +19,7 @@ from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
-from twinserve.fronts.websocket import Streams
+from twinserve.fronts.websocket import OpenSockets
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
@@ -34,10 +34,10 @@ def app_factory() -> ASGIApp:
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
-    streams = Streams()
-    _DrainStreamsFirst(streams, config.graceful_timeout).install()
+    sockets = OpenSockets()
+    _DrainSocketsFirst(sockets, config.graceful_timeout).install()
     logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
-    return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)), streams)
+    return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)), sockets)
 
 
 def _refused_handshake_noise(record: logging.LogRecord) -> bool:
@@ -47,17 +47,17 @@ def _refused_handshake_noise(record: logging.LogRecord) -> bool:
     return record.getMessage() != "ASGI callable returned without completing handshake."
 
 
-class _DrainStreamsFirst:
+class _DrainSocketsFirst:
     """Put the WebSocket drain in front of uvicorn's own shutdown.
 
     On SIGINT/SIGTERM uvicorn closes every WebSocket at once (code 1012), dropping answers already being computed.
-    This handler takes the signal first: open streams stop taking messages, send the answers they owe (within the
+    This handler takes the signal first: open sockets stop taking messages, send the answers they owe (within the
     graceful timeout) and close with 1001; then uvicorn gets the signal and shuts down as usual. With no stream
     open the signal goes straight to uvicorn. Installed while uvicorn loads the app, inside its signal capture.
     """
 
-    def __init__(self, streams: Streams, timeout: float) -> None:
-        self.streams = streams
+    def __init__(self, sockets: OpenSockets, timeout: float) -> None:
+        self.sockets = sockets
         self.timeout = timeout
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -72,17 +72,17 @@ class _DrainStreamsFirst:
                 signal.signal(sig, functools.partial(self._on_signal, forward))
 
     def _on_signal(self, forward: Any, signum: int, frame: FrameType | None) -> None:
-        if self.streams.closing or not len(self.streams):
+        if self.sockets.closing or not len(self.sockets):
             forward(signum, frame)  # nothing to drain, or a second signal: stop now
             return
-        self.streams.closing = True
+        self.sockets.closing = True
         assert self.loop is not None
         # A signal handler may interrupt the loop anywhere: only the thread-safe entry point is safe here.
         self.loop.call_soon_threadsafe(self._drain, forward, signum)
 
     def _drain(self, forward: Any, signum: int) -> None:
         assert self.loop is not None
-        task = self.loop.create_task(self.streams.aclose(self.timeout))
+        task = self.loop.create_task(self.sockets.aclose(self.timeout))
         task.add_done_callback(lambda _: forward(signum, None))
 
 

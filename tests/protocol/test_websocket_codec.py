@@ -11,17 +11,17 @@ import pytest
 from twinserve.errors import InvalidTensor, MalformedRequest, OutputMismatch
 from twinserve.examples.tabular import Classifier, IrisFeatures
 from twinserve.model import ModelSpec
-from twinserve.protocol.stream import FRAME_PREFIX, MessageError, StreamCodec
 from twinserve.protocol.v1 import V1Codec
 from twinserve.protocol.v2 import V2Codec
+from twinserve.protocol.websocket import FRAME_PREFIX, MessageError, WebSocketCodec
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 
 
 @pytest.fixture(scope="module")
-def codec() -> StreamCodec:
+def codec() -> WebSocketCodec:
     spec = ModelSpec(Classifier())
-    return StreamCodec(spec.input_type, V1Codec(spec.name, spec.input_type, spec.output_type), V2Codec(spec))
+    return WebSocketCodec(spec.input_type, V1Codec(spec.name, spec.input_type, spec.output_type), V2Codec(spec))
 
 
 def frame(header: dict[str, object], tensors: bytes = b"") -> bytes:
@@ -29,7 +29,7 @@ def frame(header: dict[str, object], tensors: bytes = b"") -> bytes:
     return struct.pack(">I", len(encoded)) + encoded + tensors
 
 
-def test_a_text_message_gives_its_id_and_validated_instances(codec: StreamCodec) -> None:
+def test_a_text_message_gives_its_id_and_validated_instances(codec: WebSocketCodec) -> None:
     message = codec.decode_text(orjson.dumps({"id": "a1", "instances": [SETOSA], "extra": 1}).decode())
     assert message.id == "a1" and message.instances == [IrisFeatures(**SETOSA)]
     assert codec.decode_text(orjson.dumps({"instances": [SETOSA]}).decode()).id is None
@@ -50,7 +50,7 @@ def test_a_text_message_gives_its_id_and_validated_instances(codec: StreamCodec)
     ],
 )
 def test_a_refused_text_message_keeps_the_id_it_could_read(
-    codec: StreamCodec, text: str, message_id: str | None, code: str, message: str
+    codec: WebSocketCodec, text: str, message_id: str | None, code: str, message: str
 ) -> None:
     with pytest.raises(MessageError) as refused:
         codec.decode_text(text)
@@ -58,7 +58,7 @@ def test_a_refused_text_message_keeps_the_id_it_could_read(
     assert refused.value.error.code == code and refused.value.error.message.startswith(message)
 
 
-def test_a_binary_message_is_a_framed_v2_request_and_is_answered_in_the_same_framing(codec: StreamCodec) -> None:
+def test_a_binary_message_is_a_framed_v2_request_and_is_answered_in_the_same_framing(codec: WebSocketCodec) -> None:
     rows = np.array([list(SETOSA.values())], dtype=np.float32)
     tensor = {"name": "input", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": rows.nbytes}}
     message = codec.decode_binary(frame({"id": "t", "inputs": [tensor]}, rows.tobytes()))
@@ -84,12 +84,12 @@ def test_a_binary_message_is_a_framed_v2_request_and_is_answered_in_the_same_fra
     ],
 )  # fmt: skip
 def test_a_refused_binary_message_keeps_the_id_it_could_read(
-    codec: StreamCodec, data: bytes, message_id: str | None, error: type[Exception]
+    codec: WebSocketCodec, data: bytes, message_id: str | None, error: type[Exception]
 ) -> None:
     with pytest.raises(MessageError) as refused:
         codec.decode_binary(data)
     assert refused.value.id == message_id and isinstance(refused.value.error, error)
-    assert StreamCodec.message_id(data) == message_id
+    assert WebSocketCodec.message_id(data) == message_id
     header = orjson.loads(codec.binary_error(message_id, refused.value.error, "r1")[FRAME_PREFIX:])
     expected = {"code": refused.value.error.code, "message": refused.value.error.message, "request_id": "r1"}
     assert header == {"id": message_id, "error": expected}

@@ -34,7 +34,7 @@ from twinserve.errors import MalformedRequest, TwinserveError, error_payload
 from twinserve.protocol.v1 import V1Codec, dumps, reject_non_json_numbers, request_error
 from twinserve.protocol.v2 import InferenceRequest, V2Codec
 
-__all__ = ["FRAME_PREFIX", "BinaryMessage", "MessageError", "StreamCodec", "TextMessage"]
+__all__ = ["FRAME_PREFIX", "BinaryMessage", "MessageError", "TextMessage", "WebSocketCodec"]
 
 #: Bytes of the big-endian JSON-header length that starts every binary message.
 FRAME_PREFIX = 4
@@ -82,7 +82,7 @@ def _binary_id(frame: bytes) -> str | None:
     return _text_id(frame[FRAME_PREFIX : FRAME_PREFIX + length])
 
 
-class StreamCodec:
+class WebSocketCodec:
     """Decodes one model's stream messages (text: V1, binary: framed V2) and writes their answers."""
 
     def __init__(self, input_type: Any, v1: V1Codec, v2: V2Codec, max_instances: int | None = None) -> None:

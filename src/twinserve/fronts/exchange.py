@@ -1,0 +1,191 @@
+"""One request's life in one object: `Exchange`, opened by the service, closed exactly once.
+
+Every front (WSGI, ASGI, each WebSocket message) and every endpoint goes through the same steps, in the same
+order, whatever the transport:
+
+1. **open** (`Service.open`): the request id (the client's, if safe), the request context that model code and log
+   lines see, the trace, the in-flight gauge; `authenticate` when the path needs a key;
+2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
+   front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
+   type, the declared size, readiness, then the deadline;
+3. **decode** the body with the endpoint's codec (V1 instances or V2 tensors, whose own `timeout` tightens the
+   deadline), and **encode** the outputs into the reply;
+4. **reply** or **fail**: one mapping from exception to status, code and body (twinserve's, or V2's
+   `{"error": ...}` on V2 routes); an exception twinserve did not expect is logged with its traceback and
+   answered as a bare 500;
+5. **close**: the request is logged, counted and traced, and leaves the in-flight gauge, once, whatever happened.
+   An exchange closed before it was answered was left by its client: 499.
+
+A front only moves bytes and blocks or awaits; a stream's exchange stays open until its last event.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from twinserve.errors import ClientDisconnected, TwinserveError, internal_error
+from twinserve.observability.metrics import metrics
+
+if TYPE_CHECKING:
+    from twinserve.core.runtime import ModelRuntime
+    from twinserve.fronts.contract import Reply, Service
+    from twinserve.observability.context import RequestContext
+    from twinserve.observability.tracing import Headers
+    from twinserve.protocol.codecs import ModelCodecs
+    from twinserve.protocol.v2 import InferenceRequest
+
+__all__ = ["Exchange"]
+
+logger = logging.getLogger("twinserve.exchange")
+
+
+class Exchange:
+    """One request (or WebSocket message) from its head to its last byte counted."""
+
+    __slots__ = (
+        "_answered",
+        "_count",
+        "_inference",
+        "_open",
+        "context",
+        "deadline",
+        "endpoint",
+        "error_code",
+        "model",
+        "runtime",
+        "service",
+        "status",
+        "v2",
+    )
+
+    def __init__(self, service: Service, context: RequestContext, endpoint: str, model: str, v2: bool) -> None:
+        self.service = service
+        self.context = context
+        #: The route's name, the `endpoint` label of the request metrics.
+        self.endpoint = endpoint
+        #: The model named in the path ("" for none); label values a client invents are dropped when counted.
+        self.model = model
+        #: Whether errors take the Open Inference Protocol's body.
+        self.v2 = v2
+        # Until answered: an exchange closed unanswered was left by its client.
+        self.status: int = ClientDisconnected.status
+        self.error_code: str | None = ClientDisconnected.code
+        self.runtime: ModelRuntime | None = None
+        #: The request's deadline on the monotonic clock, set by `admit` (None: none).
+        self.deadline: float | None = None
+        self._inference: InferenceRequest | None = None
+        self._count = 0
+        self._answered = False
+        self._open = True
+        metrics().in_flight.inc()
+
+    @property
+    def request_id(self) -> str:
+        return self.context.request_id
+
+    # -- before the body ---------------------------------------------------------------------------------
+    def authenticate(self, headers: Headers) -> str | None:
+        """The id of the API key presented, when this path needs one (None otherwise, or with keys off).
+        Raises Unauthorized (401), or RateLimited (429) past the key's own limit."""
+        if not self.service.requires_auth(self.context.path):
+            return None
+        return self.service.authenticate(headers)
+
+    def admit(
+        self,
+        model: str,
+        version: str | None = None,
+        *,
+        content_type: str | None = None,
+        content_length: int | None = None,
+        timeout_header: str | None = None,
+        backlog: int | None = None,
+    ) -> ModelRuntime:
+        """Admit the request from its head alone; the body is read only after this returns."""
+        service = self.service
+        if backlog is not None:
+            service.shed(backlog)  # before the rate limit: a shed request takes no token
+        runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
+        self.model = runtime.name
+        service.admit(runtime, self.endpoint, content_type, content_length)
+        self.deadline = service.deadline(timeout_header)
+        return runtime
+
+    # -- the body ----------------------------------------------------------------------------------------
+    def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
+        """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`)."""
+        codecs = self.codecs
+        if self.endpoint == "infer":
+            inference = self._inference = codecs.v2.decode(body, header_length)
+            self.deadline = self.service.v2_deadline(self.deadline, inference.timeout_us)
+            instances = inference.instances
+        else:
+            instances = codecs.v1.decode(body)
+        self._count = len(instances)
+        return instances
+
+    def encode(self, outputs: Any) -> Reply:
+        """The 200 reply carrying `outputs`, in the protocol the request came in."""
+        from twinserve.fronts.contract import Reply
+
+        runtime = self._runtime()
+        if self._inference is not None:
+            return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
+        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count)))
+
+    @property
+    def instances(self) -> int:
+        """How many instances the request decoded to."""
+        return self._count
+
+    @property
+    def codecs(self) -> ModelCodecs:
+        """The admitted model's codecs."""
+        return self.service.codecs[self._runtime().name]
+
+    def _runtime(self) -> ModelRuntime:
+        if self.runtime is None:
+            raise RuntimeError("an exchange decodes only after admit")
+        return self.runtime
+
+    # -- the answer --------------------------------------------------------------------------------------
+    def reply(self, reply: Reply) -> Reply:
+        """Record `reply` as the answer and return it."""
+        self.status, self.error_code, self._answered = reply.status, None, True
+        return reply
+
+    def responded(self, status: int) -> None:
+        """Record the status of a response the front built itself, unless an answer is recorded already."""
+        if not self._answered:
+            self.status, self.error_code, self._answered = status, None, True
+
+    def failed(self, exc: BaseException) -> TwinserveError:
+        """Record `exc` as the outcome and return it as a TwinserveError (logged when unexpected)."""
+        if isinstance(exc, TwinserveError):
+            error = exc
+        else:
+            logger.exception("unhandled error on %s %s", self.context.method, self.context.path, exc_info=exc)
+            error = internal_error(exc)
+        self.status, self.error_code, self._answered = error.status, error.code, True
+        return error
+
+    def fail(self, exc: BaseException) -> Reply:
+        """The error reply for `exc`: its status, code and body, the same in every front."""
+        from twinserve.fronts.contract import error_reply
+
+        return error_reply(self.failed(exc), self.request_id, self.v2)
+
+    def succeeded(self) -> None:
+        """Record a 200 answered piecemeal (a stream that reached its end)."""
+        self.status, self.error_code, self._answered = 200, None, True
+
+    def close(self) -> None:
+        """Log, count and trace the request and release it from the in-flight gauge: once, whatever happened."""
+        if not self._open:
+            return
+        self._open = False
+        try:
+            self.service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
+        finally:
+            metrics().in_flight.dec()

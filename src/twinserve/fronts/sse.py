@@ -1,0 +1,163 @@
+"""Server-Sent Events: how `:stream` frames a streaming model's steps, and the response of one stream per front.
+
+Each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (or `event: error` with the JSON
+error body, when the stream fails after its first step was sent). Errors before the first step are answered
+like `:predict`'s, with their status and JSON body, by the front. A stream's exchange stays open until its last
+event: each response here closes it, exactly once, after closing the model's generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from twinserve.core.runtime import ModelRuntime
+from twinserve.core.streams import AsyncSteps, Steps
+from twinserve.errors import ClientDisconnected, TwinserveError, error_payload
+from twinserve.fronts.exchange import Exchange
+from twinserve.fronts.routes import EVENT_STREAM, REQUEST_ID_HEADER
+from twinserve.protocol.v1 import dumps
+
+if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
+__all__ = [
+    "SSE_END",
+    "SSE_HEADERS",
+    "AsgiEventStream",
+    "StreamStart",
+    "WsgiEventStream",
+    "client_left",
+    "sse_error",
+    "sse_step",
+    "step_or_none",
+]
+
+logger = logging.getLogger("twinserve.sse")
+
+#: The last event of a stream that reached its end.
+SSE_END = b"event: end\ndata: {}\n\n"
+#: Proxies (nginx) must pass each event on at once rather than buffer the response.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_step(exchange: Exchange, step: list[Any], expected: int) -> bytes:
+    """One step as an SSE event (orjson never writes a newline, so the JSON is one `data:` line)."""
+    return b"data: " + exchange.codecs.v1.encode(step, expected) + b"\n\n"
+
+
+def sse_error(error: TwinserveError, request_id: str) -> bytes:
+    return b"event: error\ndata: " + dumps(error_payload(error, request_id)) + b"\n\n"
+
+
+class StreamStart:
+    """What a `:stream` endpoint hands its front: a stream whose first step is ready (None: it had none)."""
+
+    def __init__(self, runtime: ModelRuntime, steps: AsyncSteps, first: list[Any] | None, expected: int) -> None:
+        self.runtime, self.steps, self.first, self.expected = runtime, steps, first, expected
+
+
+async def step_or_none(steps: AsyncSteps) -> list[Any] | None:
+    try:
+        return await steps.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+class AsgiEventStream:
+    """The ASGI response of one stream: SSE events as the steps come, while the client is there; closes the
+    generator, then the exchange (which counts the request once), at the end."""
+
+    def __init__(self, exchange: Exchange, start: StreamStart) -> None:
+        self.exchange, self.start = exchange, start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start, exchange = self.start, self.exchange
+        headers = [
+            (b"content-type", EVENT_STREAM.encode()),
+            (REQUEST_ID_HEADER.lower().encode(), exchange.request_id.encode()),
+            *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
+        ]
+        watcher = asyncio.get_running_loop().create_task(client_left(receive))
+        last: bytes | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            step = start.first
+            while step is not None and not watcher.done():
+                await send({"type": "http.response.body", "body": sse_step(exchange, step, start.expected),
+                            "more_body": True})  # fmt: skip
+                step = await self._next(watcher)
+            if not watcher.done():  # else the client left first: the exchange closes as 499
+                exchange.succeeded()
+                last = SSE_END
+        except Exception as exc:
+            last = sse_error(exchange.failed(exc), exchange.request_id)
+        finally:
+            watcher.cancel()
+            try:
+                await start.steps.aclose()
+            except TwinserveError:
+                pass  # the model's finally raised: model_code logged it
+            finally:
+                if exchange.error_code == ClientDisconnected.code:
+                    logger.info("client left the stream of %s; its generator was closed", exchange.context.path)
+                exchange.close()  # counted before the client can see the end
+        if last is not None:
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
+        """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""
+        step = asyncio.ensure_future(step_or_none(self.start.steps))
+        await asyncio.wait([step, watcher], return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            step.cancel()
+            await asyncio.wait([step])
+            return None
+        return step.result()
+
+
+async def client_left(receive: Receive) -> None:
+    # The request body has been read: the next ASGI message can only be the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class WsgiEventStream:
+    """The response body of one stream: SSE events written as the steps come; `close()` (always called by the
+    WSGI server, even if the body was never iterated) closes the generator, then the exchange, once."""
+
+    def __init__(self, exchange: Exchange, steps: Steps, first: list[Any] | None, expected: int) -> None:
+        self.exchange, self.steps = exchange, steps
+        self.first, self.expected = first, expected
+        self.closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            if self.first is not None:
+                yield sse_step(self.exchange, self.first, self.expected)
+                for step in self.steps:
+                    yield sse_step(self.exchange, step, self.expected)
+            self.exchange.succeeded()
+            last = SSE_END
+        except Exception as exc:
+            last = sse_error(self.exchange.failed(exc), self.exchange.request_id)
+        self.close()  # counted before the client can see the end
+        yield last
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.steps.close()
+        except TwinserveError:
+            pass  # the model's finally raised: model_code logged it
+        finally:
+            exchange = self.exchange
+            if exchange.error_code == ClientDisconnected.code:  # closed before its end: the client left
+                context = exchange.context
+                where = f"{context.method} {context.path} ({context.request_id})"
+                logger.info("client left the stream of %s; its generator was closed", where)
+            exchange.close()

@@ -1,0 +1,174 @@
+"""One load level in progress (`_Run`): its clock, the closed-loop and open-loop drivers that hand requests to
+connections, the generator's own CPU, and the `LevelResult` it comes to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any
+
+from twinserve.lab.loadgen_connection import _ArrivalClock, _Connection
+from twinserve.lab.loadgen_http import _Endpoint
+from twinserve.lab.loadgen_spec import LoadSpec
+from twinserve.lab.loadgen_tally import LevelResult, Outcome, _Tally
+
+__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "_Run"]
+
+#: The generator is one event-loop thread: at this share of one core it is probably the bottleneck.
+CPU_LIMIT_PERCENT = 90.0
+#: Open loop: sending this share fewer requests than were due, with connections to spare, means the generator lagged.
+RATE_SHORTFALL = 0.05
+
+
+async def _sleep_until(moment: float) -> None:
+    delay = moment - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class _Run:
+    """One level in progress: its clock, connections and tally.
+
+    Every exchange ends in `complete`, called from the connection's own callbacks, which records it and at once
+    hands the connection its next request: in closed loop a fresh one, in open loop the oldest one waiting.
+    """
+
+    def __init__(self, spec: LoadSpec) -> None:
+        self.spec = spec
+        endpoint = _Endpoint.parse(spec.url)
+        self._port = endpoint.port
+        self._requests = itertools.cycle(endpoint.requests(spec))
+        self._timeout_s = spec.timeout_s
+        self._closed_loop = spec.concurrency is not None
+        self._tally = _Tally()
+        self._connections: list[_Connection] = []
+        self._start = time.perf_counter()
+        self._window_start = self._start + spec.warmup_s
+        self._window_end = self._window_start + spec.duration_s
+        self._tasks: asyncio.TaskGroup | None = None
+        loop = asyncio.get_running_loop()
+        self._clock = _ArrivalClock(loop)
+        self._finished: asyncio.Future[None] = loop.create_future()
+        self._active = 0  # connections with an exchange in progress or a connect pending
+        self._idle: deque[_Connection] = deque()  # open loop: connections waiting for a request to fall due
+        self._backlog: deque[float] = deque()  # open loop: due times waiting for a connection
+        self._scheduled_all = False
+        self._pool_exhausted = False
+
+    async def run(self) -> LevelResult:
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                cpu = tasks.create_task(self._cpu_percent())
+                if self.spec.concurrency is not None:
+                    for _ in range(self.spec.concurrency):
+                        self._take_up(self._connect(), time.perf_counter())
+                else:
+                    tasks.create_task(self._schedule())
+                await self._finished
+        finally:
+            await asyncio.gather(*(connection.aclose() for connection in self._connections))
+        return self._result(cpu.result())
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        assert self._tasks is not None
+        self._tasks.create_task(coroutine)
+
+    def complete(self, connection: _Connection, outcome: Outcome, finished: float) -> None:
+        """Record the exchange `connection` just finished, and hand it its next request."""
+        try:
+            self._active -= 1
+            due = connection.due
+            if self._window_start <= due < self._window_end:
+                self._tally.record(outcome, due, connection.sent_at, finished, self._window_end)
+            if self._closed_loop:
+                now = time.perf_counter()
+                if now < self._window_end:
+                    self._take_up(connection, now)
+            else:
+                self._take_up_backlog(connection)
+            if self._active == 0 and (self._closed_loop or self._scheduled_all) and not self._finished.done():
+                self._finished.set_result(None)
+        except Exception as error:  # raised from a protocol callback, it would only be logged, and the run never end
+            if not self._finished.done():
+                self._finished.set_exception(error)
+
+    def _connect(self) -> _Connection:
+        connection = _Connection(self, self._port, self._clock)
+        self._connections.append(connection)
+        return connection
+
+    def _take_up(self, connection: _Connection, due: float) -> bool:
+        """Send the request due at `due` over `connection`; False where its deadline has passed, and it never went."""
+        now = time.perf_counter()
+        deadline = due + self._timeout_s
+        if now >= deadline:  # it waited out its whole deadline for a connection
+            if self._window_start <= due < self._window_end:
+                self._tally.record("unsent", due, None, now, self._window_end)
+            return False
+        self._active += 1
+        connection.send(next(self._requests), due, now, deadline)
+        return True
+
+    def _take_up_backlog(self, connection: _Connection) -> None:
+        """Open loop: send the oldest request still waiting over `connection`, or let it wait for the next one."""
+        while self._backlog:
+            if self._take_up(connection, self._backlog.popleft()):
+                return
+        self._idle.append(connection)
+
+    async def _schedule(self) -> None:
+        """Open loop: take up each request when it falls due; add a connection when none is idle."""
+        rng = random.Random(self.spec.seed)
+        rate = self.spec.rate
+        assert rate is not None
+        due = self._start
+        while due < self._window_end:
+            await _sleep_until(due)
+            if self._idle or len(self._connections) < self.spec.max_connections:
+                connection = self._idle.popleft() if self._idle else self._connect()
+                if not self._take_up(connection, due):  # the loop stalled past its deadline: keep the connection
+                    self._idle.appendleft(connection)
+            else:
+                self._backlog.append(due)
+                if due >= self._window_start:
+                    self._pool_exhausted = True
+            due += rng.expovariate(rate) if self.spec.arrivals == "poisson" else 1.0 / rate
+        self._scheduled_all = True
+        if self._active == 0 and not self._finished.done():
+            self._finished.set_result(None)
+
+    async def _cpu_percent(self) -> float:
+        """This thread's CPU over the window, as a percentage of one core."""
+        await _sleep_until(self._window_start)
+        cpu, wall = time.thread_time(), time.perf_counter()
+        await _sleep_until(self._window_end)
+        return 100.0 * (time.thread_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
+
+    def _result(self, cpu_percent: float) -> LevelResult:
+        spec, tally = self.spec, self._tally
+        open_loop = spec.rate is not None
+        lagged = open_loop and not self._pool_exhausted and tally.sent_in_window < (1 - RATE_SHORTFALL) * tally.sent
+        return LevelResult(
+            mode="open" if open_loop else "closed",
+            concurrency=spec.concurrency,
+            rate=spec.rate,
+            achieved_rate=tally.sent_in_window / spec.duration_s if open_loop else None,
+            duration_s=spec.duration_s,
+            sent=tally.sent,
+            ok=tally.ok,
+            http_errors=dict(sorted(tally.http_errors.items())),
+            transport_errors=dict(tally.transport_errors),
+            throughput_rps=(tally.ok + tally.http_errors.total()) / spec.duration_s,
+            latency_ms=tally.latency.summary(),
+            service_time_ms=tally.service.summary(),
+            generator_cpu_percent=round(cpu_percent, 1),
+            generator_limited=cpu_percent >= CPU_LIMIT_PERCENT or lagged,
+            connections_used=len(self._connections),
+            pool_exhausted=self._pool_exhausted,
+        )

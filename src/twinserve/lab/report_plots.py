@@ -1,0 +1,147 @@
+"""The report's figures reduced to plain data (`_Plot` → `_Panel` → `_Series` → `_Point`), for every renderer to draw.
+
+Also the looks they share: the run palette, percentile line styles, axis labels and when an axis goes log-scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from twinserve.lab.report_rows import _errors_text, _load_text, _ms, _ordered
+from twinserve.lab.results import Level, Results
+
+__all__ = ["_MODE_AXIS", "_PERCENTILES", "_Panel", "_Plot", "_log_x", "_plots"]
+
+_Mode = Literal["closed", "open"]
+_PlotKey = Literal["throughput", "latency", "memory", "cpu", "errors"]
+
+_PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#7F7F7F", "#BCBD22")
+_LOG_SPAN = 8.0  # a load axis spanning more than this factor is drawn log-scale
+_LOG_Y_SPAN = 50.0  # latencies spanning more than this factor are drawn log-scale
+_PERCENTILES = (("p50", ":", "1.5 3"), ("p95", "-", ""), ("p99", "--", "6 3"))  # name, matplotlib, SVG dasharray
+_MODE_AXIS = {"closed": "connections (closed loop)", "open": "offered load, req/s (open loop)"}
+
+
+@dataclass(frozen=True)
+class _Point:
+    x: float
+    y: float
+    title: str
+    errors: bool
+    generator_limited: bool
+
+
+@dataclass(frozen=True)
+class _Series:
+    name: str  # the run label
+    color: str
+    points: list[_Point]
+    style: str = "p95"  # which _PERCENTILES line style (latency only)
+
+
+@dataclass(frozen=True)
+class _Panel:
+    mode: _Mode
+    series: list[_Series]
+
+    @property
+    def xs(self) -> list[float]:
+        return sorted({p.x for s in self.series for p in s.points})
+
+    @property
+    def ys(self) -> list[float]:
+        return [p.y for s in self.series for p in s.points]
+
+
+@dataclass(frozen=True)
+class _Plot:
+    key: _PlotKey
+    title: str
+    y_label: str
+    panels: list[_Panel]
+    slo: float | None = None
+    styles: bool = False  # the series differ by line style (percentiles) as well as colour
+    log_y: bool = False
+
+
+_Metric = Callable[[Level], list[tuple[str, float, str]]]  # level → [(style, y, metric text)]
+
+
+def _throughput(lv: Level) -> list[tuple[str, float, str]]:
+    return [("p95", lv.throughput_rps, f"p95 {_ms(lv.p('p95'))} ms")]
+
+
+def _latency(lv: Level) -> list[tuple[str, float, str]]:
+    return [(name, v, f"{name} {_ms(v)} ms") for name, _, _ in _PERCENTILES if (v := lv.p(name)) is not None]
+
+
+def _memory(lv: Level) -> list[tuple[str, float, str]]:
+    if (res := lv.resources) is None:
+        return []
+    uss = "" if res.uss_mib_max is None else f" · USS max {res.uss_mib_max:,.0f} MiB"
+    processes = f"{res.processes} process{'' if res.processes == 1 else 'es'}"
+    return [("p95", res.rss_mib_max, f"RSS max {res.rss_mib_max:,.0f} MiB{uss} · {processes}")]
+
+
+def _cpu(lv: Level) -> list[tuple[str, float, str]]:
+    if (res := lv.resources) is None:
+        return []
+    text = f"CPU {res.cpu_percent_mean:,.0f}% of one core (max {res.cpu_percent_max:,.0f}%)"
+    return [("p95", res.cpu_percent_mean, text)]
+
+
+def _error_rate(lv: Level) -> list[tuple[str, float, str]]:
+    return [("p95", 100 * lv.error_rate, f"error rate {lv.error_rate:.2%} ({lv.errors:,} of {lv.sent:,})")]
+
+
+def _panels(results: Results, metric: _Metric) -> list[_Panel]:
+    panels = []
+    for mode in ("closed", "open"):
+        series: dict[tuple[int, str], list[_Point]] = {}
+        for index, run in enumerate(results.runs):
+            for lv in _ordered(lv for lv in run.levels if lv.mode == mode):
+                flags = (" · generator-limited" if lv.generator_limited else "") + (
+                    f" · errors {_errors_text(lv)}" if lv.errors else ""
+                )
+                base = f"{run.label} · {_load_text(lv, offered='offered ')} · {lv.throughput_rps:,.0f} req/s"
+                for style, y, text in metric(lv):
+                    point = _Point(lv.load, y, f"{base} · {text}{flags}", lv.errors > 0, lv.generator_limited)
+                    series.setdefault((index, style), []).append(point)
+        if series:
+            runs = results.runs
+            panels.append(
+                _Panel(
+                    mode,
+                    [
+                        _Series(runs[i].label, _PALETTE[i % len(_PALETTE)], points, style)
+                        for (i, style), points in series.items()
+                    ],
+                )
+            )
+    return panels
+
+
+def _plots(results: Results) -> list[_Plot]:
+    latency = _panels(results, _latency)
+    ys = [y for panel in latency for y in panel.ys if y > 0]
+    return [
+        _Plot("throughput", "Throughput", "req/s", _panels(results, _throughput)),
+        _Plot(
+            "latency",
+            "Latency P50 / P95 / P99",
+            "ms",
+            latency,
+            slo=results.slo_p95_ms,
+            styles=True,
+            log_y=bool(ys) and max(ys) / min(ys) > _LOG_Y_SPAN,
+        ),
+        _Plot("memory", "Memory (RSS max of the server's process tree)", "MiB", _panels(results, _memory)),
+        _Plot("cpu", "CPU (mean, % of one core)", "% of one core", _panels(results, _cpu)),
+        _Plot("errors", "Error rate", "% of requests", _panels(results, _error_rate)),
+    ]
+
+
+def _log_x(xs: Sequence[float]) -> bool:
+    return bool(xs) and min(xs) > 0 and max(xs) / min(xs) > _LOG_SPAN

@@ -1,0 +1,104 @@
+"""The folders show the architecture: which package may import which, read from the source (every import, in
+functions and TYPE_CHECKING blocks too), and no import cycle between packages."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+
+import pytest
+
+from tests.serving import ROOT
+
+PACKAGE = ROOT / "src" / "twinserve"
+#: What each part of twinserve must never import: the core knows no protocol, front, server, lab or deployment.
+FORBIDDEN: dict[str, set[str]] = {
+    "core": {"protocol", "fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
+    "protocol": {"fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
+    "fronts": {"servers", "lab", "deploy", "cli", "cli_args", "examples"},
+    "lab": {"fronts", "servers", "deploy"},  # it starts servers as users do: subprocesses, measured from outside
+    "model": {"core", "protocol", "fronts", "servers", "lab", "deploy"},
+    "config": {"core", "protocol", "fronts", "servers", "lab", "deploy", "model"},
+    "errors": {"core", "protocol", "fronts", "servers", "lab", "deploy", "model", "config"},
+}
+#: Web frameworks and servers are the fronts' and servers' business alone.
+FRAMEWORKS = {"flask", "werkzeug", "fastapi", "starlette", "gunicorn", "uvicorn", "httptools"}
+TRANSPORT_FREE = ("core", "protocol", "model", "config", "errors", "encoding", "observability")
+
+
+def _part(module: str) -> str | None:
+    """`twinserve.core.runtime` -> `core`; `twinserve.model` -> `model`; the package itself -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "twinserve" else None
+
+
+def _imports() -> dict[str, set[tuple[str, str]]]:
+    """Each part -> {(imported module, importing file)}."""
+    found: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for file in PACKAGE.rglob("*.py"):
+        module = ".".join(file.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        part = _part(module)
+        if part is None:
+            continue
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                found[part].add((name, str(file.relative_to(ROOT))))
+    return found
+
+
+IMPORTS = _imports()
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for part, imported in IMPORTS.items():
+        for name, _ in imported:
+            target = _part(name)
+            if target is not None and target != part:
+                graph[part].add(target)
+    return graph
+
+
+def test_the_import_reader_sees_the_imports() -> None:
+    """A guard against a test that cannot fail: the reader finds imports known to exist."""
+    graph = _graph()
+    assert {"config", "errors", "observability"} <= graph["core"]
+    assert {"core", "protocol"} <= graph["fronts"]
+    assert ("flask", "src/twinserve/fronts/wsgi.py") in IMPORTS["fronts"]
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_each_part_imports_nothing_above_it(part: str) -> None:
+    wrong = sorted((name, file) for name, file in IMPORTS[part] if _part(name) in FORBIDDEN[part])
+    assert not wrong, f"{part} must not import {sorted(FORBIDDEN[part])}: {wrong}"
+
+
+@pytest.mark.parametrize("part", TRANSPORT_FREE)
+def test_the_transport_free_parts_import_no_web_framework(part: str) -> None:
+    wrong = sorted((name, file) for name, file in IMPORTS[part] if name.split(".")[0] in FRAMEWORKS)
+    assert not wrong, wrong
+
+
+def test_no_import_cycle_between_packages() -> None:
+    graph = _graph()
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                cycle = [*path[path.index(target) :], target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, [*path, target])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
