@@ -21,10 +21,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev,docs,torch,otel,locust,ray,safe]'
 	touch $@ $(VENV)/.installed-base
 
-## serve MODEL in sync, async and hybrid, load each side by side, write the report and advise (SLO=200 ms)
+## serve MODEL in sync, async and hybrid, load each side by side, write the report and advise (SLO=200 ms);
+## CONCURRENCY, DURATION and WARMUP (seconds per level) shorten it, e.g. CONCURRENCY=2 DURATION=2 WARMUP=0.5
 SLO ?= 200
+CONCURRENCY ?= 1,8,32,64
+DURATION ?= 5
+WARMUP ?= 1
 bench: $(VENV)/.installed-base
-	$(BIN)/twinserve bench $(MODEL) --concurrency 1,8,32,64 --duration 5 --warmup 1 --slo-p95-ms $(SLO)
+	$(BIN)/twinserve bench $(MODEL) --concurrency $(CONCURRENCY) --duration $(DURATION) --warmup $(WARMUP) --slo-p95-ms $(SLO)
 
 ## serve the built-in tabular example (ARCH=sync|async, PORT=8000, MODEL=...)
 serve: $(VENV)/.installed-base

@@ -7,6 +7,8 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,11 @@ import yaml
 from tests.deploy.kube import SchemaError, check_crd, check_native, strict
 from tests.lab.factory import level, results, run
 from tests.serving import Server, free_port
+from twinserve import __version__
 from twinserve.cli import build_parser, main
 from twinserve.config import Config, load_config
 from twinserve.deploy.commands import k8s_config
-from twinserve.deploy.dockerfile import dockerfile, pip_requirement
+from twinserve.deploy.dockerfile import WHEEL_DIR, dockerfile, model_files, pip_requirement
 from twinserve.deploy.k8s import (
     DEFAULT_CPU_UTILIZATION,
     IN_FLIGHT_METRIC,
@@ -33,6 +36,8 @@ from twinserve.deploy.k8s import (
     sizing,
     to_yaml,
 )
+from twinserve.deploy.wheel import wheel_name
+from twinserve.errors import ConfigError
 from twinserve.fronts.routes import ROUTES
 from twinserve.lab.advise import HEADROOM, autoscaling_targets
 from twinserve.lab.results import Results
@@ -244,12 +249,84 @@ def test_resources_follow_the_processes_and_the_measured_memory() -> None:
 
 def test_the_dockerfile_runs_the_same_command_as_a_non_root_user() -> None:
     config = k8s_config({"arch": "async", "port": 9000})
-    text = dockerfile(config, pip_requirement(["otel"]))
+    text = dockerfile(config, wheel_name(), ["otel"])
     lines = text.splitlines()
     assert lines[0] == "FROM python:3.11-slim"
-    assert 'RUN pip install "twinserve[otel]==' in text
+    # twinserve from the wheel in the build context, with the extra: no index has to have this release
+    assert f'COPY ["{wheel_name()}", "{WHEEL_DIR}/"]' in lines
+    assert f'RUN pip install "{WHEEL_DIR}/twinserve-{__version__}-py3-none-any.whl[otel]"' in text
+    assert pip_requirement(wheel_name()) == f"{WHEEL_DIR}/{wheel_name()}"
     assert re.search(r"^USER [1-9]\d*:", text, re.M) and "EXPOSE 9000" in lines
     assert json.loads(next(line for line in lines if line.startswith("CMD "))[4:]) == serve_command(config)
+
+
+def copies(dockerfile_text: str) -> list[list[str]]:
+    """The [source..., destination] of each COPY (JSON form)."""
+    return [json.loads(line[5:]) for line in dockerfile_text.splitlines() if line.startswith("COPY ")]
+
+
+def test_out_is_a_build_context_with_the_wheel_and_the_model_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Everything the Dockerfile COPYs is in --out, at the paths the command names under WORKDIR."""
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    (project / "models" / "echo.py").write_text("class Echo:\n    def predict(self, batch: list[str]) -> list[str]:\n")
+    (project / "scorers").mkdir()
+    (project / "scorers" / "__init__.py").write_text("")
+    (project / "scorers" / "__pycache__").mkdir()
+    (project / "scorers" / "__pycache__" / "x.pyc").write_bytes(b"")
+    monkeypatch.chdir(project)
+    out = tmp_path / "out"
+    models = ["models/echo.py:Echo", "scorers.fast:Scorer", "twinserve.examples.tabular:Classifier"]
+    assert main(["k8s", "--image", "i", "--arch", "async", "--out", str(out), "--extra", "otel", *models]) == 0
+    capsys.readouterr()
+    text = (out / "Dockerfile").read_text()
+    assert copies(text) == [
+        [wheel_name(), f"{WHEEL_DIR}/"],
+        ["models/echo.py", "models/echo.py"],
+        ["scorers", "scorers"],  # an uninstalled package in the working directory; twinserve's own is in the wheel
+    ]
+    for source, _ in copies(text):
+        assert (out / source).exists()
+    assert (out / "models" / "echo.py").read_text() == (project / "models" / "echo.py").read_text()
+    assert not (out / "scorers" / "__pycache__").exists()
+    assert json.loads(text.splitlines()[-1][4:])[2:5] == models
+    assert "WORKDIR /app" in text.splitlines()
+
+    with zipfile.ZipFile(out / wheel_name()) as wheel:
+        names = wheel.namelist()
+        info = f"twinserve-{__version__}.dist-info"
+        assert {"twinserve/__init__.py", "twinserve/py.typed", "twinserve/examples/tabular.py"} <= set(names)
+        assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+        metadata = wheel.read(f"{info}/METADATA").decode()
+        assert f"Version: {__version__}" in metadata and "Provides-Extra: otel" in metadata
+        # from this checkout's pyproject.toml (an editable install's metadata is as old as the install)
+        project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+        requires = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if "Requires-Dist" in line]
+        assert requires[: len(project["dependencies"])] == project["dependencies"]
+        assert 'opentelemetry-sdk>=1.25; extra == "otel"' in requires
+        assert "twinserve = twinserve.cli:main" in wheel.read(f"{info}/entry_points.txt").decode()
+        assert wheel.read(f"{info}/RECORD").decode().count("sha256=") == len(names) - 1
+    first = (out / wheel_name()).read_bytes()
+    assert main(["k8s", "--image", "i", "--out", str(out)]) == 0
+    assert (out / wheel_name()).read_bytes() == first  # the same bytes: the image's pip layer stays cached
+
+
+def test_out_refuses_model_files_the_image_cannot_hold_at_the_same_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "outside.py"
+    outside.write_text("class M:\n    def predict(self, batch: list[int]) -> list[int]:\n        return batch\n")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for model in (f"{outside}:M", "../outside.py:M", "missing.py:M"):
+        assert main(["k8s", "--image", "i", "--out", str(tmp_path / "out"), model]) == 2
+        assert "--out:" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing written before the check
+    assert main(["k8s", "--image", "i", f"{outside}:M"]) == 0  # without --out: the user's own image may hold it
+    with pytest.raises(ConfigError, match="relative to the current folder"):
+        model_files(k8s_config({"models": [f"{outside}:M"]}), tmp_path)
 
 
 def test_invalid_settings_fail_like_serve(capsys: pytest.CaptureFixture[str]) -> None:
@@ -292,7 +369,7 @@ def test_cli_writes_yaml_to_stdout_and_files_to_out(tmp_path: Path) -> None:
         timeout=120,
         check=True,
     )
-    assert sorted(p.name for p in out.iterdir()) == ["Dockerfile", "kserve.yaml", "kubernetes.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["Dockerfile", "kserve.yaml", "kubernetes.yaml", wheel_name()]
     assert list(yaml.safe_load_all((out / "kubernetes.yaml").read_text())) == docs
     (isvc,) = yaml.safe_load_all((out / "kserve.yaml").read_text())
     check_crd(isvc)

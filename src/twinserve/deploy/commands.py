@@ -2,7 +2,9 @@
 
 Stdout gets the Deployment, Service, HorizontalPodAutoscaler (+ prometheus-adapter rules) and PodMonitor as
 multi-document YAML, or the KServe InferenceService alone with `--kserve` (the two are alternatives).
-`--out DIR` writes both as `kubernetes.yaml` and `kserve.yaml`, plus `Dockerfile`.
+`--out DIR` writes both as `kubernetes.yaml` and `kserve.yaml`, plus the image's build context: `Dockerfile`, the
+wheel of this twinserve (no index has to have it) and the model files the command names, at their relative paths:
+`docker build -t IMAGE DIR`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from twinserve import __version__
 from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
-from twinserve.deploy.dockerfile import dockerfile, pip_requirement
+from twinserve.deploy.dockerfile import copy_model_files, dockerfile, model_files
 from twinserve.deploy.k8s import (
     DEFAULT_MEMORY_PER_PROCESS_MIB,
     K8sPlan,
@@ -27,6 +29,7 @@ from twinserve.deploy.k8s import (
     serve_command,
     to_yaml,
 )
+from twinserve.deploy.wheel import write_wheel
 from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
 from twinserve.lab.results import Results, Run, load_results
@@ -59,7 +62,13 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
     k8s.add_argument("--slo-p95-ms", type=positive(float), help="P95 objective for --results (default: bench's)")
     k8s.add_argument("--name", default="twinserve", help="object names (default twinserve)")
     k8s.add_argument("--namespace", help="namespace of every object (default: kubectl's)")
-    k8s.add_argument("--out", type=Path, metavar="DIR", help="write kubernetes.yaml, kserve.yaml and Dockerfile here")
+    k8s.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write kubernetes.yaml, kserve.yaml and the image's build context here: Dockerfile, a twinserve wheel "
+        "and the model files (docker build -t IMAGE DIR)",
+    )
     k8s.add_argument("--kserve", action="store_true", help="stdout: the KServe InferenceService instead")
     k8s.add_argument(
         "--memory-per-process-mib",
@@ -68,7 +77,9 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
         help=f"RSS per process without --results (default {DEFAULT_MEMORY_PER_PROCESS_MIB:g})",
     )
     k8s.add_argument("--startup-timeout", type=positive(float), default=600.0, metavar="SECONDS")
-    k8s.add_argument("--extra", action="append", default=[], help="pip extra for the Dockerfile (repeatable)")
+    k8s.add_argument(
+        "--extra", action="append", default=[], help="extra the image installs twinserve with (repeatable)"
+    )
     k8s.add_argument(
         "--api-key-secret",
         type=_secret_ref,
@@ -177,11 +188,22 @@ def _k8s(args: argparse.Namespace) -> int:
         docs = [inference_service(plan)] if args.kserve else manifests(plan)
         sys.stdout.write(to_yaml(docs, header))
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
+    cwd = Path.cwd()
+    try:
+        copied = model_files(plan.config, cwd)
+        args.out.mkdir(parents=True, exist_ok=True)
+        wheel = write_wheel(args.out)
+    except ConfigError as exc:
+        print(f"twinserve: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {wheel}")
+    copy_model_files(copied, cwd, args.out)
+    for relative in copied:
+        print(f"copied {relative} to {args.out / relative}")
     files = {
         "kubernetes.yaml": to_yaml(manifests(plan), header),
         "kserve.yaml": to_yaml([inference_service(plan)], header),
-        "Dockerfile": dockerfile(plan.config, pip_requirement(args.extra)),
+        "Dockerfile": dockerfile(plan.config, wheel.name, args.extra, copied),
     }
     for file_name, text in files.items():
         (args.out / file_name).write_text(text)
