@@ -21,7 +21,6 @@ in-memory here (no PROMETHEUS_MULTIPROC_DIR): `/metrics` then renders this proce
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json as jsonlib
 import os
 import threading
@@ -261,9 +260,3 @@ def served(arch: str, models: list[str] | tuple[str, ...], **overrides: Any) -> 
         yield client
     finally:
         client.close()
-
-
-def in_parallel(work: list[Any]) -> list[Any]:
-    """Run zero-argument callables at once, each on its own thread; their results in order."""
-    with concurrent.futures.ThreadPoolExecutor(max(1, len(work))) as pool:
-        return [future.result(timeout=REQUEST_TIMEOUT) for future in [pool.submit(w) for w in work]]
