@@ -42,7 +42,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check src tests scripts benchmarks examples
 	$(BIN)/mypy
 	$(MAKE) docs-check
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --cov --cov-report=term
 
 ## serve the docs site on 127.0.0.1:8001 with live reload (pages under docs/, nav in mkdocs.yml)
 docs: $(VENV)/.installed-dev

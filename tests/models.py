@@ -292,3 +292,11 @@ class _DripTrace:
         steps = self.dir / "steps"
         count = len(steps.read_text().splitlines()) if steps.exists() else 0
         (self.dir / "closed").write_text(f"{self.ended} after {count} steps")
+
+
+class Slow(twinserve.Model):
+    """Takes half a second per predict call: a model slower than a 100 ms deadline."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        time.sleep(0.5)  # the model's own compute time
+        return list(batch)
