@@ -345,16 +345,9 @@ PARITY = [
     *CASES,
     Case("v2-trailing-slash", "server_metadata", "GET", "/v2/", 404),
 ]
-PARITY_MARKS = {
-    "v2-trailing-slash": pytest.mark.xfail(
-        strict=True, reason="GET /v2/ is 404 in sync but a 307 redirect to /v2 in async and hybrid"
-    ),
-}
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, id=c.id, marks=PARITY_MARKS.get(c.id, ())) for c in PARITY]
-)  # fmt: skip
+@pytest.mark.parametrize("case", PARITY, ids=lambda case: case.id)
 def test_same_answer_everywhere(apps: dict[str, Client], case: Case) -> None:
     answers = {arch: case.send(app) for arch, app in apps.items()}
     statuses = {arch: a.status for arch, a in answers.items()}
@@ -420,13 +413,9 @@ def test_rate_limit(arch: str) -> None:
         assert int(second.headers["retry-after"]) >= 1
 
 
-DEADLINE_XFAIL = pytest.mark.xfail(
-    strict=True, reason="with --timeout-ms 100 and a 500 ms model, sync answers 200 after 500 ms (async: 504)"
-)
-
-
-@pytest.mark.parametrize("arch", [pytest.param("sync", marks=DEADLINE_XFAIL), "async"])
+@pytest.mark.parametrize("arch", SETTINGS_ARCHS)
 def test_default_deadline(arch: str) -> None:
+    """504 at the deadline in every architecture, also while predict runs (sync used to answer 200 after it)."""
     with served(arch, [model_path("Slow")], timeout_ms=100) as app:
         late = app.request("POST", "/v1/models/slow:predict", json={"instances": [1]})
         assert late.status == 504, late.text
