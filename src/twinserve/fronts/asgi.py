@@ -1,10 +1,17 @@
-"""The async front: a FastAPI app; one event loop serves every connection, model work is awaited (S9, S10).
+"""The async front: a plain ASGI app; one event loop serves every connection, model work is awaited (S9, S10).
 
-The routes are plain Starlette endpoints over the shared `Service`: FastAPI's per-request dependency and
-validation machinery would only duplicate what the codec already does in one pass. `/docs` and
-`/openapi.json` come from the shared route table, built from each model's own schemas.
+Every request, HTTP or WebSocket, goes through one dispatcher compiled from the shared route table
+(fronts/dispatch.py) to a plain endpoint over the shared `Service`; the lifespan loads the models. No web
+framework runs per request: Starlette's `Request`, `Response` and `WebSocket` only read and write ASGI messages.
+FastAPI is not used: its per-request dependency and validation machinery duplicated what the codec already does
+in one pass, and its router was routed around on the hot path. `/docs` and `/openapi.json` come from the shared
+route table, built from each model's own schemas.
 
-`:stream` answers with Server-Sent Events written straight to ASGI (`_EventStream`): one step is computed at a
+A request whose client leaves while it waits is never computed: the server tells (`DISCONNECT_EXTENSION`, which
+twinserve's own httptools protocol publishes) or, under another ASGI server, a watcher task awaiting
+`http.disconnect` does.
+
+`:stream` answers with Server-Sent Events written straight to ASGI (`AsgiEventStream`): one step is computed at a
 time, only while the client is there; when uvicorn reports `http.disconnect` the step in progress is cancelled
 (an async generator stops at its await; a step on a thread or in a model worker finishes) and the generator is
 closed.
@@ -13,59 +20,40 @@ closed.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from fastapi import FastAPI
-from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import Headers as StarletteHeaders
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
-from twinserve import __version__
 from twinserve.core.admission import TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import (
-    ClientDisconnected,
-    ClientError,
-    MethodNotAllowed,
-    NotFound,
-    RequestTimeout,
-    TwinserveError,
-    UpgradeRequired,
-)
+from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
 from twinserve.fronts.contract import Reply, Service
+from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, client_left, step_or_none
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.observability.metrics import mark_process_dead
 from twinserve.protocol.v2 import HEADER_LENGTH
 
-__all__ = ["create_asgi_app"]
+__all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 
 logger = logging.getLogger("twinserve.asgi")
 
 T = TypeVar("T")
 
-
-class _ModelNameConvertor(Convertor[str]):
-    regex = MODEL_NAME_PATTERN
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-register_url_convertor("model", _ModelNameConvertor())
+#: The ASGI scope extension in which a server tells whether a request's client has gone:
+#: `scope["extensions"][DISCONNECT_EXTENSION] = {"disconnected": <a callable returning bool, no argument>}`.
+#: twinserve's httptools protocol (servers/httptools.py) publishes it; without it a watcher task is the fallback.
+DISCONNECT_EXTENSION = "twinserve.disconnect"
 
 
 def _respond(reply: Reply, request_id: str) -> Response:
@@ -108,15 +96,15 @@ def _content_length(request: Request) -> int | None:
 
 
 def _disconnect_flag(request: Request) -> Callable[[], bool] | None:
-    """uvicorn's per-request `disconnected` flag, read without a task; None under another server.
+    """The server's own answer to "has this request's client gone?" (`DISCONNECT_EXTENSION`), read without a
+    task; None under a server that does not publish it.
 
-    Polling the flag when a batch is formed is ~10% cheaper per request (measured) than a watcher task awaiting
+    Polling it when a batch is formed is ~10% cheaper per request (measured) than a watcher task awaiting
     `http.disconnect`, and enough to keep a departed client's request from being computed.
     """
-    cycle = getattr(request.receive, "__self__", None)
-    if cycle is None or not isinstance(getattr(cycle, "disconnected", None), bool):
-        return None
-    return lambda: bool(cycle.disconnected)
+    extensions = request.scope.get("extensions")
+    published = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+    return None if published is None else published["disconnected"]
 
 
 async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
@@ -153,89 +141,124 @@ async def _predict(request: Request, runtime: ModelRuntime, instances: list[Any]
     return await _unless_disconnected(request, runtime.apredict(instances, deadline))
 
 
-def _v2_path_params(middle: str) -> dict[str, str] | None:
-    """`{model}` or `{model}/versions/{version}` (the part of a V2 infer path between its prefix and suffix)."""
-    parts = middle.split("/")
-    if len(parts) == 3 and parts[1] == "versions":
-        model, version = parts[0], parts[2]
-        return {"model": model, "version": version} if model and version and ":" not in model else None
-    return {"model": middle} if len(parts) == 1 and middle and ":" not in middle else None
-
-
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class _PredictFastPath:
-    """`POST /v1/models/{name}:predict` and `POST /v2/models/{name}[/versions/{v}]/infer` straight to their
-    handlers; everything else through the FastAPI app.
-
-    Profiling showed FastAPI's middleware stack and router costing more per predict than the handler itself; the
-    handler and its error rendering are the same either way. V1 is matched first, so V2 costs it nothing.
-    """
-
-    prefix, suffix = "/v1/models/", ":predict"
-    v2_prefix, v2_suffix = "/v2/models/", "/infer"
-
-    def __init__(self, app: FastAPI, predict: Handler, infer: Handler) -> None:
-        self.app = app
-        self.predict = predict
-        self.infer = infer
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith(self.prefix) and path.endswith(self.suffix):
-                name = path[len(self.prefix) : -len(self.suffix)]
-                if name and "/" not in name and ":" not in name:
-                    scope["path_params"] = {"model": name}
-                    response = await self.predict(Request(scope, receive, send))
-                    await response(scope, receive, send)
-                    return
-            elif path.startswith(self.v2_prefix) and path.endswith(self.v2_suffix):
-                params = _v2_path_params(path[len(self.v2_prefix) : -len(self.v2_suffix)])
-                if params is not None:
-                    scope["path_params"] = params
-                    response = await self.infer(Request(scope, receive, send))
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-
 Endpoint = Callable[[Request, Exchange], Awaitable[Reply | StreamStart]]
 
 
+WebSocketEndpoint = Callable[[WebSocket], Awaitable[None]]
+
+
+class _Target:
+    """What a route dispatches to: its HTTP handler and, on the WebSocket route, its socket endpoint."""
+
+    __slots__ = ("handle", "socket")
+
+    def __init__(self, handle: Handler, socket: WebSocketEndpoint | None = None) -> None:
+        self.handle, self.socket = handle, socket
+
+
 def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASGIApp:
-    """A FastAPI app serving the shared route table over `service`; models load in its lifespan.
+    """The ASGI app serving the shared route table over `service`; models load in its lifespan.
 
     Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown.
     """
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        for runtime in service.runtimes.values():
-            await runtime.aload()
-        yield
-        for runtime in service.runtimes.values():
-            await runtime.aclose()
-        mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
-        if service.tracer is not None:
-            service.tracer.shutdown()
-
-    # /openapi.json and /docs come from the shared route table, so both architectures document the same API.
     if sockets is None:
         sockets = OpenSockets()
-    app = FastAPI(
-        title="twinserve",
-        version=__version__,
-        lifespan=lifespan,
-        openapi_url=None,
-        docs_url=None,
-        redoc_url=None,
-        **_without_fastapi_tracing(),
+    endpoints = _endpoints(service)
+    socket = websocket_endpoint(service, sockets)
+    dispatcher = Dispatcher(
+        (
+            route,
+            _Target(
+                _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path)),
+                socket if route.name == "websocket" else None,
+            ),
+        )
+        for route in ROUTES
     )
-    # No automatic slash redirects: `/v2/` answers 404 as in the sync front, and no Location is ever built from
-    # the client's Host header before authentication.
-    app.router.redirect_slashes = False
+    app = _AsgiFront(service, dispatcher)
+    return app if service.cors is None else _Cors(app, service)
+
+
+class _AsgiFront:
+    """The lifespan (models load at startup, close at shutdown), then every request through the dispatcher."""
+
+    def __init__(self, service: Service, dispatcher: Dispatcher[_Target]) -> None:
+        self.service = service
+        self.match = dispatcher.match
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            try:
+                target, scope["path_params"] = self.match(scope["method"], _route_path(scope))
+            except ROUTE_ERRORS as exc:
+                await self._no_route(scope, receive, send, exc)
+                return
+            response = await target.handle(Request(scope, receive, send))
+            await response(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            target, params = self.match("GET", _route_path(scope))
+        except ROUTE_ERRORS:
+            target, params = None, {}
+        if target is None or target.socket is None:  # refused as a router refuses it: close before accept
+            await send({"type": "websocket.close", "code": 1000, "reason": ""})
+            return
+        scope["path_params"] = params
+        await target.socket(WebSocket(scope, receive, send))
+
+    async def _no_route(self, scope: Scope, receive: Receive, send: Send, error: TwinserveError) -> None:
+        """404 or 405, unless API keys are on and none was presented: then 401, as on a known path (no probing
+        for routes without a key)."""
+        request = Request(scope, receive, send)
+        path, headers = scope["path"], request.headers
+        exchange = self.service.open(
+            "unknown", request.method, path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+        )
+        reply = exchange.fail(_refusal(exchange, request) or error)
+        exchange.close()
+        await _respond(reply, exchange.request_id)(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """ASGI's lifespan protocol; a failure is reported with its traceback (the server logs it and exits)."""
+        service = self.service
+        started = False
+        await receive()  # lifespan.startup
+        try:
+            for runtime in service.runtimes.values():
+                await runtime.aload()
+            await send({"type": "lifespan.startup.complete"})
+            started = True
+            await receive()  # lifespan.shutdown
+            for runtime in service.runtimes.values():
+                await runtime.aclose()
+            mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
+            if service.tracer is not None:
+                service.tracer.shutdown()
+        except BaseException:
+            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
+            await send({"type": failed, "message": traceback.format_exc()})
+            raise
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the routes are matched against: the scope's, less the `root_path` a server mounts the app at."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :]
+    return path
+
+
+def _endpoints(service: Service) -> dict[str, Endpoint]:
+    """Each route's endpoint, by route name."""
 
     async def infer(request: Request, exchange: Exchange) -> Reply:
         """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
@@ -268,29 +291,12 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
             raise
         return StreamStart(runtime, steps, first, len(instances))
 
-    async def list_models(request: Request, exchange: Exchange) -> Reply:
-        return service.list_models()
+    def plain(handler: Callable[[], Reply]) -> Endpoint:
+        async def endpoint(request: Request, exchange: Exchange) -> Reply:
+            return handler()
 
-    async def model_metadata(request: Request, exchange: Exchange) -> Reply:
-        return service.model_metadata(request.path_params["model"])
-
-    async def live(request: Request, exchange: Exchange) -> Reply:
-        return service.live()
-
-    async def ready(request: Request, exchange: Exchange) -> Reply:
-        return service.ready()
-
-    async def openapi(request: Request, exchange: Exchange) -> Reply:
-        return service.openapi()
-
-    async def docs(request: Request, exchange: Exchange) -> Reply:
-        return service.docs()
-
-    async def metrics_(request: Request, exchange: Exchange) -> Reply:
-        return service.metrics()
-
-    async def server_metadata(request: Request, exchange: Exchange) -> Reply:
-        return service.server_metadata()
+        endpoint.__name__ = handler.__name__
+        return endpoint
 
     def model_route(handler: Callable[[str, str | None], Reply]) -> Endpoint:
         async def endpoint(request: Request, exchange: Exchange) -> Reply:
@@ -298,6 +304,9 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
 
         endpoint.__name__ = handler.__name__
         return endpoint
+
+    async def model_metadata(request: Request, exchange: Exchange) -> Reply:
+        return service.model_metadata(request.path_params["model"])
 
     async def websocket(request: Request, exchange: Exchange) -> Reply:
         raise UpgradeRequired(
@@ -308,57 +317,24 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
     async def model_stats(request: Request, exchange: Exchange) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
-    endpoints: dict[str, Endpoint] = {
-        "list_models": list_models,
+    return {
+        "list_models": plain(service.list_models),
         "model_metadata": model_metadata,
         "predict": infer,
         "stream": stream,
         "websocket": websocket,
-        "live": live,
-        "ready": ready,
-        "server_metadata": server_metadata,
+        "live": plain(service.live),
+        "ready": plain(service.ready),
+        "server_metadata": plain(service.server_metadata),
         "v2_model_metadata": model_route(service.v2_model_metadata),
         "model_ready": model_route(service.model_ready),
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": model_stats,
-        "openapi": openapi,
-        "docs": docs,
-        "metrics": metrics_,
+        "openapi": plain(service.openapi),
+        "docs": plain(service.docs),
+        "metrics": plain(service.metrics),
     }
-    for route in ROUTES:
-        path = route.path.replace("{model}", "{model:model}").replace("{version}", "{version:model}")
-        handler = _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path))
-        app.router.add_route(path, handler, methods=[route.method], name=route.name)
-        if route.name == "websocket":
-            app.router.add_websocket_route(path, websocket_endpoint(service, sockets), name=route.name)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        path = request.scope["path"]
-        exchange = service.open(
-            "unknown", request.method, path, request.headers, request.headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
-        )
-        error: TwinserveError
-        # With API keys on, an unknown path is 401 like a known one: no probing for routes without a key.
-        refusal = _refusal(exchange, request)
-        if refusal is not None:
-            error = refusal
-        elif exc.status_code == 404:
-            error = NotFound(f"no route for {request.method} {request.url.path}")
-        elif exc.status_code == 405:
-            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
-            error.headers.update(exc.headers or {})
-        else:
-            error = ClientError(str(exc.detail))
-            error.status = exc.status_code  # type: ignore[misc]
-        reply = exchange.fail(error)
-        exchange.close()
-        return _respond(reply, exchange.request_id)
-
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    served = _PredictFastPath(app, _handled(service, "predict", infer), _handled(service, "infer", infer, v2=True))
-    return served if service.cors is None else _Cors(served, service)
 
 
 def _refusal(exchange: Exchange, request: Request) -> TwinserveError | None:
@@ -370,7 +346,7 @@ def _refusal(exchange: Exchange, request: Request) -> TwinserveError | None:
 
 
 class _Cors:
-    """The shared CORS policy (fronts/cors.py) around the whole app, fast path included: preflights answered
+    """The shared CORS policy (fronts/cors.py) around the whole app: preflights answered
     here, before authentication; the policy's headers added to every other response."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
@@ -410,14 +386,6 @@ class _Cors:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
-
-
-def _without_fastapi_tracing() -> dict[str, Any]:
-    """FastAPI with native telemetry (0.165 here) makes request spans of its own once a tracer provider is set:
-    twinserve makes the one span per request, the same in both fronts (predict never passes through FastAPI)."""
-    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
-        return {"telemetry": {"tracing": False}}
-    return {}
 
 
 def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) -> Handler:

@@ -1,7 +1,8 @@
 """uvicorn's httptools protocol, guarded: limits on a request's head (414, 431) and on how long it may take.
 
 Both are what gunicorn's parser and twinserve's gunicorn workers enforce for the sync architecture, so the same
-abusive client meets the same answer in every architecture.
+abusive client meets the same answer in every architecture. The protocol also publishes, as an ASGI extension,
+whether each request's client has gone (`DISCONNECT_EXTENSION`), so the front never reads uvicorn's private state.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from twinserve.config import Config
 from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
+from twinserve.fronts.asgi import DISCONNECT_EXTENSION
 from twinserve.fronts.contract import raw_error_response
 
 __all__ = ["CONFIG_ENV", "GuardedHttpToolsProtocol"]
@@ -34,7 +36,8 @@ def _config() -> Config:
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the request-line and header limits gunicorn enforces (414, 431), and a
-    bound on how long a request's head may take to arrive.
+    bound on how long a request's head may take to arrive; each request's scope says whether its client has gone
+    (`DISCONNECT_EXTENSION`: the cycle's own flag, set when the connection is lost).
 
     llhttp sets no limit of its own, and httptools buffers a header until it is complete, so without these a
     client could send one header without end. The bytes of a request's head are therefore bounded as they arrive:
@@ -99,6 +102,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._cancel_head_timer()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # this request's cycle (not an upgrade's)
+            # The app's task, created above, first runs on the loop's next turn: the scope is complete by then.
+            extensions = cast(dict[str, Any], self.scope).setdefault("extensions", {})
+            extensions[DISCONNECT_EXTENSION] = {"disconnected": functools.partial(getattr, cycle, "disconnected")}
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -1,0 +1,167 @@
+"""The async front's own parts, in-process: the dispatcher compiled from the route table, and how the front learns
+that a client has gone (the extension twinserve's httptools protocol publishes, or a watcher task without it)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.requests import Request
+from uvicorn.server import ServerState
+
+from twinserve.config import load_config
+from twinserve.errors import ClientDisconnected, MethodNotAllowed, NotFound
+from twinserve.fronts import asgi
+from twinserve.fronts.asgi import DISCONNECT_EXTENSION
+from twinserve.fronts.dispatch import Dispatcher
+from twinserve.fronts.routes import ROUTES, Route
+from twinserve.servers import httptools
+from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
+
+TABLE = Dispatcher((route, route) for route in ROUTES)
+
+
+def _example(path: str) -> str:
+    return path.replace("{model}", "iris").replace("{version}", "1")
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda r: f"{r.method} {r.path}")
+def test_every_route_is_found_with_its_parameters(route: Route) -> None:
+    found, params = TABLE.match(route.method, _example(route.path))
+    assert found.name == route.name
+    assert params == {
+        name: value for name, value in (("model", "iris"), ("version", "1")) if f"{{{name}}}" in route.path
+    }
+
+
+def test_a_fixed_path_comes_before_the_template_it_also_matches() -> None:
+    assert TABLE.match("GET", "/v2/models/stats")[0].path == "/v2/models/stats"
+    found, params = TABLE.match("GET", "/v2/models/stats/stats")
+    assert (found.path, params) == ("/v2/models/{model}/stats", {"model": "stats"})
+
+
+@pytest.mark.parametrize("path", ["/v2/", "/docs/", "/v1/models/", "/v1/models//ws", "/v2/models/a:b/infer"])
+def test_no_route_is_404_and_no_slash_is_added_or_removed(path: str) -> None:
+    with pytest.raises(NotFound) as raised:
+        TABLE.match("GET", path)
+    assert raised.value.message == f"no route for GET {path}"
+
+
+def test_another_method_is_405_naming_the_allowed_ones() -> None:
+    with pytest.raises(MethodNotAllowed) as raised:
+        TABLE.match("GET", "/v1/models/iris:predict")
+    assert raised.value.message == "GET is not allowed on /v1/models/iris:predict"
+    assert raised.value.headers == {"Allow": "POST"}
+    with pytest.raises(MethodNotAllowed) as raised:
+        TABLE.match("POST", "/v2/health/live")
+    assert raised.value.headers == {"Allow": "GET, HEAD"}
+    assert TABLE.match("HEAD", "/v2/health/live")[0].name == "live"
+
+
+def test_the_hot_routes_are_tried_first_but_never_ahead_of_one_that_matches_the_same_paths() -> None:
+    disjoint = Dispatcher(
+        [(Route("meta", "GET", "/m/{model}"), "meta"), (Route("predict", "POST", "/m/{model}:p"), "p")]
+    )
+    assert [t.entry.target for t in disjoint._templates] == ["p", "meta"]
+    shadowing = Dispatcher([(Route("meta", "GET", "/m/{model}"), "meta"), (Route("predict", "GET", "/m/{model}"), "p")])
+    assert [t.entry.target for t in shadowing._templates] == ["meta", "p"]
+    assert shadowing.match("GET", "/m/x") == ("meta", {"model": "x"})
+
+
+# -- disconnect --------------------------------------------------------------------------------------------------
+
+
+class _Transport:
+    """Just enough of an asyncio transport for a protocol fed by hand."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+def test_the_httptools_protocol_publishes_each_requests_disconnect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONFIG_ENV, load_config().model_dump_json())
+    httptools._config.cache_clear()
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        gone = scope["extensions"][DISCONNECT_EXTENSION]["disconnected"]
+        seen.append(gone())
+        assert (await receive())["type"] == "http.request"
+        seen.append(((await receive())["type"], gone()))
+
+    async def serve() -> None:
+        config = uvicorn.Config(
+            app, http=GuardedHttpToolsProtocol, lifespan="off", log_config=None, proxy_headers=False
+        )
+        protocol = GuardedHttpToolsProtocol(config, ServerState(), {})
+        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+        await asyncio.sleep(0.01)
+        assert seen == [False]
+        protocol.connection_lost(None)
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
+
+    try:
+        asyncio.run(serve())
+    finally:
+        httptools._config.cache_clear()
+    assert seen == [False, ("http.disconnect", True)]
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.gone: list[Any] = []
+
+    async def apredict(self, instances: list[Any], deadline: float | None = None, gone: Any = None) -> list[Any]:
+        self.gone.append(gone)
+        if gone is None:
+            await asyncio.Event().wait()  # queued until the client leaves
+        return ["computed"]
+
+
+def _request(extensions: dict[str, Any] | None) -> Request:
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    if extensions is not None:
+        scope["extensions"] = extensions
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+def test_the_front_polls_the_servers_disconnect_extension() -> None:
+    runtime = _Runtime()
+
+    def disconnected() -> bool:
+        return False
+
+    request = _request({DISCONNECT_EXTENSION: {"disconnected": disconnected}})
+    assert asyncio.run(asgi._predict(request, runtime, [1], None)) == ["computed"]  # type: ignore[arg-type]
+    assert runtime.gone == [disconnected]
+
+
+def test_without_the_extension_a_watcher_task_sees_the_client_leave() -> None:
+    runtime = _Runtime()
+    with pytest.raises(ClientDisconnected):
+        asyncio.run(asgi._predict(_request({}), runtime, [1], None))  # type: ignore[arg-type]
+    assert runtime.gone == [None]
