@@ -63,7 +63,7 @@ class Config(BaseSettings):
         description="Model import strings, `pkg.mod:Class` or `path/file.py:Class`.",
     )
     arch: Architecture = Field(
-        "sync", description="sync: Flask/gunicorn; async: FastAPI/uvicorn; hybrid: async + a model-process pool."
+        "sync", description="sync: Flask/gunicorn; async: ASGI/uvicorn; hybrid: async + a model-process pool."
     )
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind (0: any free port).")

@@ -1,4 +1,4 @@
-"""The async architecture's server: the FastAPI front under uvicorn with uvloop and httptools (S11)."""
+"""The async architecture's server: the ASGI front under uvicorn with uvloop and httptools (S11)."""
 
 from __future__ import annotations
 
