@@ -300,3 +300,34 @@ class Slow(twinserve.Model):
     def predict(self, batch: list[Any]) -> list[Any]:
         time.sleep(0.5)  # the model's own compute time
         return list(batch)
+
+
+#: What a model's exception may carry that no client should read: a credential, a host, a path.
+SECRET = "postgres://admin:sk-live-4242@db.internal/prod from /srv/app/secret_config.py"
+
+
+class Leaky(twinserve.Model):
+    """Raises with a secret in its text on "secret"; with its batch's inputs in the text on "convert"; streams on
+    `:stream` (the error after its first step); each stage its own instance: "pre-secret" raises in preprocess."""
+
+    isolate_failures = False  # a shared batch fails as a whole: the case where one client's input could leak
+
+    def preprocess(self, instance: str) -> str:
+        if instance == "pre-secret":
+            raise RuntimeError(f"cannot reach {SECRET}")
+        return instance
+
+    def predict(self, batch: list[str]) -> list[str]:
+        if "secret" in batch:
+            raise RuntimeError(f"cannot reach {SECRET}")
+        if any(instance.startswith("A-") for instance in batch):
+            raise ValueError(f"could not convert string to float: {batch!r}")
+        return [instance.upper() for instance in batch]
+
+
+class LeakyStream(twinserve.Model):
+    """A stream whose second step raises with a secret in its text."""
+
+    def predict(self, batch: list[str]) -> Iterator[list[str]]:
+        yield [instance.upper() for instance in batch]
+        raise RuntimeError(f"cannot reach {SECRET}")

@@ -132,6 +132,11 @@ class Config(BaseSettings):
         "in the file; prefer skops, ONNX or safetensors).",
     )
     debug: bool = Field(False, description="Serve every request in one foreground thread so breakpoint()/pdb work.")
+    expose_errors: bool = Field(
+        False,
+        description="Answer a model's exception text to the client whose request alone raised it (off: clients get "
+        "the error code, the model and the request id; the log has the text). On with --debug.",
+    )
     max_body_bytes: int = Field(16 * MiB, ge=1, description="Largest request body accepted (else 413).")
     ws_max_pending: int = Field(
         64,
@@ -263,6 +268,10 @@ class Config(BaseSettings):
     @property
     def effective_ws_max_message_bytes(self) -> int:
         return self.max_body_bytes if self.ws_max_message_bytes is None else self.ws_max_message_bytes
+
+    @property
+    def effective_expose_errors(self) -> bool:
+        return self.expose_errors or self.debug
 
     @property
     def effective_workers(self) -> int:

@@ -44,6 +44,7 @@ Fronts never choose a status themselves: they raise (or catch) one of these and 
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 __all__ = [
@@ -91,17 +92,39 @@ __all__ = [
 
 
 class TwinserveError(Exception):
-    """Base of every error twinserve raises on purpose."""
+    """Base of every error twinserve raises on purpose.
+
+    `message` is what the client reads. `private` is what only the server log holds: a model's exception text,
+    which may carry secrets (a connection string) or, in a shared batch, another client's input. It reaches a
+    client only with `--expose-errors`, and then only the client whose request was computed alone
+    (`fronts/exchange.py`).
+    """
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal"
     headers: dict[str, str]
 
-    def __init__(self, message: str, *, details: Any = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+        private: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
         self.headers = headers or {}
+        self.private = private
+
+    def exposed(self) -> TwinserveError:
+        """This error with its private text in the message (`--expose-errors`); itself when it has none."""
+        if self.private is None:
+            return self
+        error = copy.copy(self)
+        error.message, error.private = f"{self.message}: {self.private}", None
+        return error
 
 
 class ConfigError(TwinserveError):
@@ -342,12 +365,12 @@ def internal_error(exc: BaseException) -> TwinserveError:
     return TwinserveError(f"internal error: {type(exc).__name__}")
 
 
-def error_from_code(code: str, message: str) -> TwinserveError:
-    """Rebuild an error sent as (code, message) across a process boundary."""
+def error_from_code(code: str, message: str, private: str | None = None) -> TwinserveError:
+    """Rebuild an error sent as (code, message, private text) across a process boundary."""
     for cls in _descendants(TwinserveError):
         if cls.code == code:
-            return cls(message)
-    return ModelFailed(message)
+            return cls(message, private=private)
+    return ModelFailed(message, private=private)
 
 
 def error_payload(error: TwinserveError, request_id: str) -> dict[str, Any]:

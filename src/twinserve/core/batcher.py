@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from twinserve.core.isolation import Isolated, Outcome, abisect, bisect, isolatable, split_outputs
-from twinserve.errors import ClientDisconnected, DeadlineExceeded, QueueFull, TwinserveError
+from twinserve.errors import ClientDisconnected, DeadlineExceeded, QueueFull, TwinserveError, internal_error
 from twinserve.observability.context import RequestContext, computing, current_request
 from twinserve.observability.tracing import BatchTrace
 
@@ -348,7 +348,8 @@ class AsyncBatcher:
         except TwinserveError as exc:
             self._fail(batch.requests, exc)
         except Exception as exc:  # the executor should have wrapped it; never leave a waiter hanging
-            self._fail(batch.requests, TwinserveError(f"internal error: {type(exc).__name__}: {exc}"))
+            logger.exception("batch of %d request(s) failed unexpectedly", len(batch.requests))
+            self._fail(batch.requests, internal_error(exc))
         else:
             for request, outcome in zip(batch.requests, outcomes, strict=True):
                 if isinstance(outcome, TwinserveError):
@@ -456,7 +457,11 @@ class ThreadBatcher:
             with computing(ids, batch.trace):
                 outcomes = self._outcomes(batch)
         except Exception as exc:
-            error = exc if isinstance(exc, TwinserveError) else TwinserveError(f"internal error: {exc}")
+            if isinstance(exc, TwinserveError):
+                error = exc
+            else:
+                logger.exception("batch of %d request(s) failed unexpectedly", len(batch.requests))
+                error = internal_error(exc)
             for request in batch.requests:
                 if not request.waiter.done():
                     request.waiter.set_exception(error)

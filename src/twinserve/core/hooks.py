@@ -18,14 +18,19 @@ logger = logging.getLogger("twinserve.runtime")
 
 @contextmanager
 def model_code(model: str, stage: str) -> Iterator[None]:
-    """Turn anything the model's own code raises into a ModelFailed (500), keeping deliberate errors."""
+    """Turn anything the model's own code raises into a ModelFailed (500), keeping deliberate errors.
+
+    The exception's text goes to the log (with the ids of the requests being served) and into the error's
+    private part, never into the message a client reads: it may hold a secret, or another client's input."""
     try:
         yield
     except TwinserveError:
         raise
     except Exception as exc:
         logger.exception("model %r raised in %s", model, stage)
-        raise ModelFailed(f"model {model!r} raised in {stage}: {type(exc).__name__}: {exc}") from exc
+        raise ModelFailed(
+            f"model {model!r} raised in {stage}; the server log has the details", private=f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def call_blocking(hook: Hook, *args: Any) -> Any:

@@ -56,6 +56,7 @@ class BatchReply:
     outputs: list[Any] | None = None
     error_code: str | None = None
     error_message: str | None = None
+    error_private: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class StepReply:
     done: bool = False
     error_code: str | None = None
     error_message: str | None = None
+    error_private: str | None = None
 
 
 def _worker_main(target: str, config_json: str, conn: Connection) -> None:
@@ -120,7 +122,7 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
                 outputs = call_blocking(spec.predict, message.instances)
             reply = BatchReply(outputs=list(outputs) if not isinstance(outputs, list) else outputs)
         except TwinserveError as exc:
-            reply = BatchReply(error_code=exc.code, error_message=exc.message)
+            reply = BatchReply(error_code=exc.code, error_message=exc.message, error_private=exc.private)
         except Exception as exc:  # list() of a non-iterable, say
             reply = BatchReply(error_code="output_mismatch", error_message=f"predict returned {exc}")
         conn.send(reply)
@@ -136,7 +138,7 @@ def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool
             steps: GeneratorSteps | None = GeneratorSteps(spec.stream, start.instances, spec.name)
     except TwinserveError as exc:
         steps = None
-        failure = StepReply(done=True, error_code=exc.code, error_message=exc.message)
+        failure = StepReply(done=True, error_code=exc.code, error_message=exc.message, error_private=exc.private)
     while True:
         try:
             message = conn.recv()
@@ -156,7 +158,7 @@ def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool
             reply = StepReply(done=True)
         except TwinserveError as exc:
             _close_quietly(steps, start.request_ids)  # a bad step leaves the generator suspended
-            reply = StepReply(done=True, error_code=exc.code, error_message=exc.message)
+            reply = StepReply(done=True, error_code=exc.code, error_message=exc.message, error_private=exc.private)
         conn.send(reply)
         if reply.done:
             return True
@@ -210,7 +212,7 @@ class ProcessPool:
         reply = self._exchange(worker, PredictBatch(request_ids(), instances), "this batch")
         self._idle.put(worker)
         if reply.error_code is not None:
-            raise error_from_code(reply.error_code, reply.error_message or "")
+            raise error_from_code(reply.error_code, reply.error_message or "", reply.error_private)
         return reply.outputs or []
 
     def stream(self, instances: list[Any], deadline: float | None) -> WorkerStream:
@@ -368,7 +370,7 @@ class WorkerStream:
             return reply.chunks or []
         self._release()
         if reply.error_code is not None:
-            raise error_from_code(reply.error_code, reply.error_message or "")
+            raise error_from_code(reply.error_code, reply.error_message or "", reply.error_private)
         raise StopIteration
 
     def _release(self) -> None:

@@ -140,6 +140,8 @@ class Service:
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
+        #: Whether a model's exception text may reach the client (`--expose-errors`, `--debug`).
+        self.expose_errors = config.effective_expose_errors
         self.limiter = rate_limiter(config)
         #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
         self.auth = authenticator(config)

@@ -164,11 +164,23 @@ class Exchange:
         """Record `exc` as the outcome and return it as a TwinserveError (logged when unexpected)."""
         if isinstance(exc, TwinserveError):
             error = exc
+            if error.private is not None and self.service.expose_errors and self._alone():
+                error = error.exposed()
         else:
             logger.exception("unhandled error on %s %s", self.context.method, self.context.path, exc_info=exc)
             error = internal_error(exc)
         self.status, self.error_code, self._answered = error.status, error.code, True
         return error
+
+    def _alone(self) -> bool:
+        """Whether the request was computed in a batch of its own (or failed before batching): only then may a
+        model's exception text reach it, since in a shared batch the text may quote another client's input."""
+        batch = self.context.batch_size
+        return batch is None or batch == self._count
+
+    def counted(self, instances: int) -> None:
+        """Note how many instances the request holds, when the front decoded it itself (a WebSocket message)."""
+        self._count = instances
 
     def fail(self, exc: BaseException) -> Reply:
         """The error reply for `exc`: its status, code and body, the same in every front."""

@@ -202,12 +202,14 @@ class _Socket:
                 if isinstance(data, str):
                     text = self.codec.decode_text(data)
                     message_id, exchange = text.id, self._open(text.id, received)
+                    exchange.counted(len(text.instances))
                     self._admit(exchange)
                     outputs = await self.runtime.apredict(text.instances, exchange.deadline, self._gone)
                     reply = self.codec.encode_text(message_id, outputs, len(text.instances))
                 else:
                     framed = self.codec.decode_binary(data)
                     message_id, exchange = framed.id, self._open(framed.id, received)
+                    exchange.counted(len(framed.request.instances))
                     self._admit(exchange)
                     deadline = self.service.v2_deadline(exchange.deadline, framed.request.timeout_us)
                     outputs = await self.runtime.apredict(framed.request.instances, deadline, self._gone)
