@@ -7,6 +7,7 @@ codec, the batcher and the model together. To compare two checkouts (before/afte
 `src/` with `--src`; each runs in its own subprocess, alternating, and the medians and their ratio are printed.
 
     python benchmarks/request_cpu.py [--src OLD/src --src NEW/src] [--requests 3000] [--rounds 5]
+        [--model tests/models.py:Echo --body '{"instances": [1]}']   # the front's own cost, a trivial model
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ BODY = json.dumps(
 ).encode()
 
 
-async def _measure(requests: int, concurrency: int) -> float:
+async def _measure(requests: int, concurrency: int, model: str, body: bytes) -> float:
     """Microseconds of CPU per answered request, in this process."""
     from twinserve.config import load_config
     from twinserve.core.runtime import load_runtimes
     from twinserve.fronts.asgi import create_asgi_app
     from twinserve.fronts.contract import Service
 
-    config = load_config(arch="async", access_log=False)
-    app = create_asgi_app(Service(load_runtimes(config), config))
+    config = load_config(arch="async", access_log=False, models=[model])
+    runtimes = load_runtimes(config)
+    name = next(iter(runtimes))
+    path = f"/v1/models/{name}:predict"
+    app = create_asgi_app(Service(runtimes, config))
     started: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     lifespan = asyncio.ensure_future(
         app({"type": "lifespan", "asgi": {"version": "3.0"}}, _lifespan_receive(), started.put)
@@ -49,7 +53,7 @@ async def _measure(requests: int, concurrency: int) -> float:
             nonlocal sent
             if not sent:
                 sent = True
-                return {"type": "http.request", "body": BODY, "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             await never.wait()  # the client never leaves
             return {"type": "http.disconnect"}
 
@@ -66,11 +70,11 @@ async def _measure(requests: int, concurrency: int) -> float:
             "http_version": "1.1",
             "method": "POST",
             "scheme": "http",
-            "path": "/v1/models/iris:predict",
-            "raw_path": b"/v1/models/iris:predict",
+            "path": path,
+            "raw_path": path.encode(),
             "query_string": b"",
             "root_path": "",
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
         }
@@ -108,12 +112,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", default="twinserve.examples.tabular:Classifier", help="import string")
+    parser.add_argument("--body", default=BODY.decode(), help="the request body (JSON)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         import uvloop
 
-        print(uvloop.run(_measure(args.requests, args.concurrency)))
+        print(uvloop.run(_measure(args.requests, args.concurrency, args.model, args.body.encode())))
         return
     sources = args.src or [os.path.join(os.path.dirname(__file__), "..", "src")]
     figures: dict[str, list[float]] = {src: [] for src in sources}
@@ -121,7 +127,7 @@ def main() -> None:
         for src in sources:  # alternating, so drift on a noisy machine hits every checkout alike
             done = subprocess.run(
                 [sys.executable, __file__, "--child", "--requests", str(args.requests),
-                 "--concurrency", str(args.concurrency)],
+                 "--concurrency", str(args.concurrency), "--model", args.model, "--body", args.body],
                 env={**os.environ, "PYTHONPATH": os.path.abspath(src)},
                 capture_output=True, text=True, check=True,
             )  # fmt: skip

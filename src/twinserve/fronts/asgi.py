@@ -270,7 +270,8 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             content_length=_content_length(request),
             timeout_header=headers.get(TIMEOUT_HEADER),
         )
-        instances = exchange.decode(await _read_body(request, service), headers.get(HEADER_LENGTH))
+        header_length = headers.get(HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
+        instances = exchange.decode(await _read_body(request, service), header_length)
         return exchange.encode(await _predict(request, runtime, instances, exchange.deadline))
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:

@@ -11,7 +11,6 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from http import HTTPStatus
 from typing import Any
@@ -31,7 +30,7 @@ from twinserve.errors import (
 )
 from twinserve.fronts.auth import authenticator
 from twinserve.fronts.cors import cors_policy
-from twinserve.fronts.exchange import Exchange
+from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
@@ -47,7 +46,7 @@ from twinserve.observability.metrics import (
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
-from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, error_body, server_metadata, statistics
+from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
 
 __all__ = [
     "JSON",
@@ -94,27 +93,11 @@ def _open_paths(config: Config) -> frozenset[str]:
     return frozenset(route.path for route in ROUTES if route.name in names)
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A complete response: status, JSON body bytes, extra headers."""
-
-    status: int
-    body: bytes
-    headers: Mapping[str, str] | None = None
-    content_type: str = JSON  # "" for a response without a body (204)
-
-
 def request_id_from(header: str | None) -> str:
     """Echo a client's request id when it is safe to put in headers and logs, else make one."""
     if header and _CLIENT_ID.match(header):
         return header
     return f"{_ID_PREFIX}{next(_ids):016x}"
-
-
-def error_reply(error: TwinserveError, request_id: str, v2: bool = False) -> Reply:
-    """The error as a response: twinserve's body, or the Open Inference Protocol's `{"error": "message"}`."""
-    body = error_body(error) if v2 else dumps(error_payload(error, request_id))
-    return Reply(error.status, body, error.headers or None)
 
 
 def raw_error_response(error: TwinserveError) -> bytes:
@@ -135,6 +118,8 @@ class Service:
 
     def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config, tracer: Tracer | None = None) -> None:
         self.runtimes = dict(runtimes)
+        #: Requests (and WebSocket messages) between their exchange's open and close.
+        self.in_flight = metrics().in_flight
         #: Each model's protocol codecs: the core's runtimes take and return instances only.
         self.codecs = {name: ModelCodecs.of(runtime.spec, config) for name, runtime in self.runtimes.items()}
         self.config = config

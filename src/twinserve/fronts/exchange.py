@@ -22,22 +22,42 @@ A front only moves bytes and blocks or awaits; a stream's exchange stays open un
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from twinserve.errors import ClientDisconnected, TwinserveError, internal_error
-from twinserve.observability.metrics import metrics
+from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error
+from twinserve.fronts.routes import JSON
+from twinserve.protocol.v1 import dumps
+from twinserve.protocol.v2 import error_body
 
 if TYPE_CHECKING:
     from twinserve.core.runtime import ModelRuntime
-    from twinserve.fronts.contract import Reply, Service
+    from twinserve.fronts.contract import Service
     from twinserve.observability.context import RequestContext
     from twinserve.observability.tracing import Headers
     from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
 
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "Reply", "error_reply"]
 
 logger = logging.getLogger("twinserve.exchange")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A complete response: status, JSON body bytes, extra headers."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] | None = None
+    content_type: str = JSON  # "" for a response without a body (204)
+
+
+def error_reply(error: TwinserveError, request_id: str, v2: bool = False) -> Reply:
+    """The error as a response: twinserve's body, or the Open Inference Protocol's `{"error": "message"}`."""
+    body = error_body(error) if v2 else dumps(error_payload(error, request_id))
+    return Reply(error.status, body, error.headers or None)
 
 
 class Exchange:
@@ -78,7 +98,7 @@ class Exchange:
         self._count = 0
         self._answered = False
         self._open = True
-        metrics().in_flight.inc()
+        service.in_flight.inc()
 
     @property
     def request_id(self) -> str:
@@ -127,8 +147,6 @@ class Exchange:
 
     def encode(self, outputs: Any) -> Reply:
         """The 200 reply carrying `outputs`, in the protocol the request came in."""
-        from twinserve.fronts.contract import Reply
-
         runtime = self._runtime()
         if self._inference is not None:
             return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
@@ -184,8 +202,6 @@ class Exchange:
 
     def fail(self, exc: BaseException) -> Reply:
         """The error reply for `exc`: its status, code and body, the same in every front."""
-        from twinserve.fronts.contract import error_reply
-
         return error_reply(self.failed(exc), self.request_id, self.v2)
 
     def succeeded(self) -> None:
@@ -200,4 +216,4 @@ class Exchange:
         try:
             self.service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
         finally:
-            metrics().in_flight.dec()
+            self.service.in_flight.dec()
