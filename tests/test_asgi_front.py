@@ -101,10 +101,12 @@ def test_the_httptools_protocol_publishes_each_requests_disconnect(monkeypatch: 
     monkeypatch.setenv(CONFIG_ENV, load_config().model_dump_json())
     httptools._config.cache_clear()
     seen: list[Any] = []
+    started = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         gone = scope["extensions"][DISCONNECT_EXTENSION]["disconnected"]
         seen.append(gone())
+        started.set()
         assert (await receive())["type"] == "http.request"
         seen.append(((await receive())["type"], gone()))
 
@@ -115,7 +117,7 @@ def test_the_httptools_protocol_publishes_each_requests_disconnect(monkeypatch: 
         protocol = GuardedHttpToolsProtocol(config, ServerState(), {})
         protocol.connection_made(_Transport())  # type: ignore[arg-type]
         protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(started.wait(), 5)  # the app's task has run up to its first receive
         assert seen == [False]
         protocol.connection_lost(None)
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
