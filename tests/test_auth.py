@@ -20,7 +20,7 @@ from twinserve.cli import build_parser
 from twinserve.config import load_config
 from twinserve.errors import ConfigError, CorsRejected, RateLimited, Unauthorized
 from twinserve.fronts import auth as auth_module
-from twinserve.fronts.auth import Authenticator, KeyRing, credentials_from, key_id
+from twinserve.fronts.auth import KeyRing, credentials_from, key_id
 from twinserve.fronts.contract import Service
 from twinserve.fronts.cors import ALLOWED_HEADERS, CorsPolicy
 
@@ -71,7 +71,7 @@ def test_every_key_is_compared_whatever_matches(presented: str, monkeypatch: pyt
 
 
 def test_authenticator_refuses_with_a_challenge_and_limits_each_key() -> None:
-    auth = Authenticator(["one-key", "two-key"], rate_per_key=2)
+    auth = Service({}, load_config(workers=1, api_keys="one-key,two-key", rate_limit_per_key=2))
     with pytest.raises(Unauthorized) as missing:
         auth.authenticate(httpx.Headers({}))
     assert missing.value.headers["WWW-Authenticate"] == 'Bearer realm="twinserve"'

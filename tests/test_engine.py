@@ -151,6 +151,19 @@ def test_rate_limit_is_429_with_retry_after(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_rate_limit_holds_for_the_whole_server_not_per_worker(arch: str) -> None:
+    """`--rate-limit 0.01 --rate-burst 5` on two worker processes admits exactly 5 of a burst of 12, whichever
+    worker takes each, and the 429 names the rate the user set (not a per-process share)."""
+    flags = ("--workers", "2", "--rate-limit", "0.01", "--rate-burst", "5")
+    with Server([model_path("Echo")], arch, *flags) as server:
+        answers = [predict(server, "echo", [i], headers={"connection": "close"}) for i in range(12)]
+        assert [a.status_code for a in answers].count(200) == 5
+        limited = [a for a in answers if a.status_code == 429]
+        assert len(limited) == 7
+        assert all("rate limit of 0.01 requests/s exceeded" in a.json()["error"]["message"] for a in limited)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_cache_answers_repeats_without_computing(arch: str) -> None:
     with Server([model_path("BatchRecorder")], arch, "--workers", "1", "--cache-size", "100") as server:
         first = predict(server, "batchrecorder", ["a", {"k": 1, "j": 2}]).json()["predictions"]

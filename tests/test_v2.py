@@ -65,13 +65,13 @@ def assert_triton_error(call: Any, status: str, fragment: str) -> None:
 
 def test_timeout_parameter_is_a_deadline_capped_like_the_header() -> None:
     service = Service({}, load_config(max_timeout_ms=1000))
-    assert service.v2_deadline(None, None) is None
+    assert service.admission.tighten(None, None) is None
     start = time.monotonic()
-    own = service.v2_deadline(None, 250_000)
+    own = service.admission.tighten(None, 250_000)
     assert own is not None and start + 0.25 <= own <= time.monotonic() + 0.25
-    capped = service.v2_deadline(None, 10**9)
+    capped = service.admission.tighten(None, 10**9)
     assert capped is not None and capped <= time.monotonic() + 1.0
-    assert service.v2_deadline(start + 0.01, 250_000) == start + 0.01  # the header's, when earlier
+    assert service.admission.tighten(start + 0.01, 250_000) == start + 0.01  # the header's, when earlier
 
 
 # -- metadata and health ---------------------------------------------------------------------------------------

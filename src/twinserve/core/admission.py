@@ -1,23 +1,117 @@
-"""Admission control besides the queue bound: request deadlines and rate limits.
+"""Admission control, in one place: queue bounds, rate limits and deadlines.
 
-The queue bound (`--max-queue`, 503) lives in `BatchQueue.put`, where the queue is. Deadlines come from the
-configured default and the client's `X-Request-Timeout-Ms`, capped by `--max-timeout-ms` (504 past them). The
-rate limit is a token bucket per server process (429 with Retry-After).
+`Admission` holds every rule a request meets before it is computed; the fronts ask it through the exchange
+(`fronts/exchange.py`), the batcher and the model-worker pool ask its `QueueBound`. The rules are pure
+decisions over state and a clock reading passed in (`QueueBound.check`, `Rate.take`), so they are unit-tested
+directly; the state lives in slots that are per process or shared by every process of the server.
+
+- **Queue bounds** (`--max-queue`, 503 `queue_full` with Retry-After): the instances waiting in a model's batch
+  queue, the requests waiting for a request thread (the sync front's backlog), the streams waiting for a model
+  worker. Priority lanes and per-model bounds are further `QueueBound`s.
+- **Rate limits** (429 `rate_limited` with Retry-After): a token bucket for the whole server (`--rate-limit`,
+  `--rate-burst`) and one per API key (`--rate-limit-per-key`). They are exact across the server's worker
+  processes: the buckets live in shared slots (`core/shared.py`) that the starting process made. Without them
+  (a server embedded some other way) each process takes an even share of the rate.
+- **Deadlines** (504 `deadline_exceeded`): the configured default or the client's `X-Request-Timeout-Ms`, capped
+  by `--max-timeout-ms`, tightened by a V2 request's own `timeout` parameter.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from twinserve.config import Config
-from twinserve.errors import ClientError, RateLimited
+from twinserve.core import shared
+from twinserve.core.shared import LocalSlots, Slots
+from twinserve.errors import ClientError, QueueFull, RateLimited
 
-__all__ = ["TIMEOUT_HEADER", "TokenBucket", "deadline_from", "rate_limiter"]
+__all__ = [
+    "TIMEOUT_HEADER",
+    "Admission",
+    "QueueBound",
+    "Rate",
+    "TokenBucket",
+    "deadline_from",
+    "rate_limiter",
+    "shared_slot_count",
+]
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+_RETRY_SOON = {"Retry-After": "1"}
+
+
+@dataclass(frozen=True)
+class QueueBound:
+    """At most `limit` waiting at once (instances, requests or streams: the caller counts)."""
+
+    limit: int
+
+    def check(self, waiting: int, incoming: int, holds: str) -> None:
+        """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound; `holds` says what waits,
+        for the message ("the queue holds 12 instances")."""
+        if waiting + incoming > self.limit:
+            raise QueueFull(f"{holds} (--max-queue {self.limit}); retry shortly", headers=_RETRY_SOON)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A token bucket's rule: `per_second` tokens on average, at most `burst` at once, one per request."""
+
+    per_second: float
+    burst: float
+
+    def take(self, tokens: float, updated: float, now: float) -> tuple[float, float]:
+        """The bucket's tokens after refilling from `updated` to `now` and taking one request's token, and the
+        seconds until a token is available (0.0: taken). A bucket never updated (`updated == 0`) is full."""
+        tokens = self.burst if updated == 0.0 else min(self.burst, tokens + (now - updated) * self.per_second)
+        if tokens >= 1:
+            return tokens - 1, 0.0
+        return tokens, (1 - tokens) / self.per_second
+
+
+class TokenBucket:
+    """A `Rate` over two slots (tokens, last update) of `slots`: this process's own, or the server's shared ones.
+    Thread-safe (and process-safe over shared slots)."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        clock: Callable[[], float] = time.monotonic,
+        slots: Slots | None = None,
+        index: int = 0,
+    ) -> None:
+        self.rule = Rate(rate, burst)
+        self._clock = clock
+        self._slots = slots if slots is not None else LocalSlots(2)
+        self._at = 2 * index
+        #: Requests this process refused.
+        self.rejected = 0
+
+    @property
+    def rate(self) -> float:
+        return self.rule.per_second
+
+    @property
+    def burst(self) -> float:
+        return self.rule.burst
+
+    def acquire(self) -> None:
+        """Take one token, or raise RateLimited (429) with the seconds until one is available."""
+        at = self._at
+        with self._slots.locked() as values:
+            now = self._clock()
+            values[at], wait = self.rule.take(values[at], values[at + 1], now)
+            values[at + 1] = now
+        if wait:
+            self.rejected += 1
+            raise RateLimited(
+                f"rate limit of {self.rate:g} requests/s exceeded; retry in {wait:.2f} s",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
 
 
 def deadline_from(header: str | None, config: Config) -> float | None:
@@ -37,39 +131,71 @@ def deadline_from(header: str | None, config: Config) -> float | None:
     return time.monotonic() + timeout_ms / 1000
 
 
-class TokenBucket:
-    """Rate limiting: `rate` requests per second on average, bursts up to `burst`. Thread-safe."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._updated = clock()
-        self._lock = threading.Lock()
-        self.rejected = 0
-
-    def acquire(self) -> None:
-        """Take one token, or raise RateLimited (429) with the seconds until one is available."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
-            self._updated = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            self.rejected += 1
-            wait = (1 - self._tokens) / self.rate
-        raise RateLimited(
-            f"rate limit of {self.rate:g} requests/s exceeded; retry in {wait:.2f} s",
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
+def shared_slot_count(config: Config, keys: int) -> int:
+    """How many slots the server's rate limits share over `keys` API keys (0: none): two per bucket, the
+    server-wide one first, then one per key."""
+    buckets = int(config.rate_limit is not None)
+    if config.rate_limit_per_key is not None:
+        buckets += keys
+    return 2 * buckets
 
 
-def rate_limiter(config: Config) -> TokenBucket | None:
-    """The per-process bucket: the configured global rate is split evenly over the server processes."""
+def rate_limiter(config: Config, slots: Slots | None = None, index: int = 0) -> TokenBucket | None:
+    """The server-wide bucket over shared `slots`, or without them this process's even share of the rate."""
     if config.rate_limit is None:
         return None
-    workers = config.effective_workers
     burst = config.rate_burst if config.rate_burst is not None else max(1, math.ceil(config.rate_limit))
-    return TokenBucket(config.rate_limit / workers, max(1, math.ceil(burst / workers)))
+    return _bucket(config.rate_limit, burst, config, slots, index)
+
+
+def _bucket(rate: float, burst: float, config: Config, slots: Slots | None, index: int) -> TokenBucket:
+    if slots is not None:
+        return TokenBucket(rate, max(1, burst), slots=slots, index=index)
+    workers = config.effective_workers
+    return TokenBucket(rate / workers, max(1, math.ceil(burst / workers)))
+
+
+class Admission:
+    """Every admission rule for the models one server process serves (see the module docstring)."""
+
+    def __init__(self, config: Config, key_ids: Sequence[str] = (), slots: Slots | None = None) -> None:
+        self.config = config
+        #: Requests waiting for a request thread (the sync front), and streams waiting for a model worker.
+        self.backlog = QueueBound(config.max_queue)
+        ids = sorted(set(key_ids))  # every process numbers the keys' slots alike
+        count = shared_slot_count(config, len(ids))
+        if slots is None and count and config.effective_workers > 1:
+            slots = shared.attach(count)
+        self.limiter = rate_limiter(config, slots, 0)
+        first = int(self.limiter is not None)
+        self._keys: dict[str, TokenBucket] = {}
+        if config.rate_limit_per_key is not None:
+            rate = config.rate_limit_per_key
+            burst = max(1, math.ceil(rate))
+            self._keys = {kid: _bucket(rate, burst, config, slots, first + i) for i, kid in enumerate(ids)}
+
+    def shed(self, backlog: int) -> None:
+        """503 when more requests wait for a request thread than the queue bound allows."""
+        self.backlog.check(backlog, 0, f"{backlog} requests are waiting for a request thread")
+
+    def rate(self) -> None:
+        """Take one request from the server-wide rate limit (429 past it)."""
+        if self.limiter is not None:
+            self.limiter.acquire()
+
+    def charge(self, key_id: str) -> None:
+        """Take one request from the rate limit of API key `key_id`, if it has one (429 past it)."""
+        bucket = self._keys.get(key_id)
+        if bucket is not None:
+            bucket.acquire()
+
+    def deadline(self, header: str | None) -> float | None:
+        """The request's deadline from its `X-Request-Timeout-Ms` (or the default); None for none."""
+        return deadline_from(header, self.config)
+
+    def tighten(self, deadline: float | None, timeout_us: int | None) -> float | None:
+        """The earlier of `deadline` and a V2 request's own `timeout` parameter (capped like the header)."""
+        if timeout_us is None:
+            return deadline
+        own = time.monotonic() + min(timeout_us / 1e6, self.config.max_timeout_ms / 1000)
+        return own if deadline is None else min(deadline, own)

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from twinserve.core.admission import QueueBound
 from twinserve.core.isolation import Isolated, Outcome, abisect, bisect, isolatable, split_outputs
 from twinserve.errors import ClientDisconnected, DeadlineExceeded, QueueFull, TwinserveError, internal_error
 from twinserve.observability.context import RequestContext, computing, current_request
@@ -168,6 +169,7 @@ class BatchQueue(Generic[W]):
         self.max_batch_size = max_batch_size
         self.max_delay = max_delay
         self.max_queue = max_queue
+        self.bound = QueueBound(max_queue)
         self.max_in_flight = max_in_flight
         self._queue: deque[Pending[W]] = deque()
         self.queued_instances = 0
@@ -178,11 +180,7 @@ class BatchQueue(Generic[W]):
 
     def put(self, request: Pending[W]) -> None:
         """Admit a request, or raise QueueFull (503) if its instances would overflow the queue bound."""
-        if self.queued_instances + request.size > self.max_queue:
-            raise QueueFull(
-                f"the queue holds {self.queued_instances} instances (--max-queue {self.max_queue}); retry shortly",
-                headers={"Retry-After": "1"},
-            )
+        self.bound.check(self.queued_instances, request.size, f"the queue holds {self.queued_instances} instances")
         self._queue.append(request)
         self.queued_instances += request.size
 

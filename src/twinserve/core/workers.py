@@ -28,7 +28,8 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from twinserve.config import Config
-from twinserve.errors import DeadlineExceeded, ModelNotReady, QueueFull, TwinserveError, WorkerDied, error_from_code
+from twinserve.core.admission import QueueBound
+from twinserve.errors import DeadlineExceeded, ModelNotReady, TwinserveError, WorkerDied, error_from_code
 from twinserve.observability.context import computing, request_ids
 
 if TYPE_CHECKING:
@@ -188,6 +189,7 @@ class ProcessPool:
     def __init__(self, target: str, config: Config, size: int) -> None:
         self.target = target
         self.config = config
+        self._bound = QueueBound(config.max_queue)
         self.size = size
         self._context = multiprocessing.get_context("spawn")  # never fork a process that runs an event loop
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -218,11 +220,8 @@ class ProcessPool:
     def stream(self, instances: list[Any], deadline: float | None) -> WorkerStream:
         """A stream of `instances` on the next idle worker; refused (503) while too many streams wait for one."""
         with self._lock:
-            if self._streams_waiting + len(instances) > self.config.max_queue:
-                raise QueueFull(
-                    f"{self._streams_waiting} streamed instances already wait for a model worker (--max-queue)",
-                    headers={"Retry-After": "1"},
-                )
+            waiting = self._streams_waiting
+            self._bound.check(waiting, len(instances), f"{waiting} streamed instances already wait for a model worker")
             self._streams_waiting += len(instances)
         return WorkerStream(self, instances, deadline, request_ids())
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 from collections.abc import Iterable
 
 from twinserve.config import Config
-from twinserve.core.admission import TokenBucket
 from twinserve.errors import Unauthorized
 from twinserve.observability.tracing import Headers
 
@@ -70,18 +68,14 @@ class KeyRing:
 
 
 class Authenticator:
-    """Who a request is: a key id, or Unauthorized (401); then that key's rate limit (429), if one is set."""
+    """Who a request is: a key id, or Unauthorized (401). Each key's rate limit is admission's
+    (`core/admission.py`), charged by the service once the key is known."""
 
-    def __init__(self, keys: Iterable[str], rate_per_key: float | None = None, workers: int = 1) -> None:
+    def __init__(self, keys: Iterable[str]) -> None:
         self.keys = KeyRing(keys)
-        self._buckets: dict[str, TokenBucket] = {}
-        if rate_per_key is not None:
-            # Like the global limit, a key's rate is split evenly over the server processes that share it.
-            burst = max(1, math.ceil(math.ceil(rate_per_key) / workers))
-            self._buckets = {kid: TokenBucket(rate_per_key / workers, burst) for kid in self.keys.ids}
 
     def authenticate(self, headers: Headers) -> str:
-        """The id of the key `headers` present. Raises Unauthorized (missing or unknown key) or RateLimited."""
+        """The id of the key `headers` present. Raises Unauthorized (missing or unknown key)."""
         presented = credentials_from(headers)
         if presented is None:
             raise Unauthorized(
@@ -91,18 +85,11 @@ class Authenticator:
         kid = self.keys.match(presented)
         if kid is None:
             raise Unauthorized("the API key is not valid", headers={"WWW-Authenticate": _INVALID})
-        self.charge(kid)
         return kid
-
-    def charge(self, kid: str) -> None:
-        """Take one request from key `kid`'s rate limit (each message on an authenticated WebSocket, say)."""
-        bucket = self._buckets.get(kid)
-        if bucket is not None:
-            bucket.acquire()
 
 
 def authenticator(config: Config) -> Authenticator | None:
     """The configured authenticator, or None when no API key is set (then nothing is checked)."""
     if not config.auth_enabled:
         return None
-    return Authenticator(config.all_api_keys(), config.rate_limit_per_key, config.effective_workers)
+    return Authenticator(config.all_api_keys())

@@ -16,14 +16,13 @@ from http import HTTPStatus
 from typing import Any
 
 from twinserve.config import Config
-from twinserve.core.admission import deadline_from, rate_limiter
+from twinserve.core.admission import Admission
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ModelNotFound,
     ModelNotReady,
     NotStreaming,
     PayloadTooLarge,
-    QueueFull,
     TwinserveError,
     UnsupportedMediaType,
     error_payload,
@@ -127,16 +126,14 @@ class Service:
         self.max_body_bytes = config.max_body_bytes
         #: Whether a model's exception text may reach the client (`--expose-errors`, `--debug`).
         self.expose_errors = config.effective_expose_errors
-        self.limiter = rate_limiter(config)
         #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
         self.auth = authenticator(config)
+        #: Every admission rule: rate limits (server-wide and per key), the backlog bound, deadlines.
+        self.admission = Admission(config, self.auth.keys.ids if self.auth is not None else ())
         self.cors = cors_policy(config)
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._access_log = request_logger() if config.access_log else None
-
-    def deadline(self, timeout_header: str | None) -> float | None:
-        return deadline_from(timeout_header, self.config)
 
     # -- metadata and health -----------------------------------------------------------------------------
     def list_models(self) -> Reply:
@@ -168,7 +165,11 @@ class Service:
     def authenticate(self, headers: Headers) -> str | None:
         """The id of the API key `headers` present (None when authentication is off), for HTTP requests and
         WebSocket handshakes alike. Raises Unauthorized (401) or, past the key's rate limit, RateLimited (429)."""
-        return None if self.auth is None else self.auth.authenticate(headers)
+        if self.auth is None:
+            return None
+        kid = self.auth.authenticate(headers)
+        self.admission.charge(kid)
+        return kid
 
     def requires_auth(self, path: str) -> bool:
         """Whether a request for `path` must present a key (probes and, unless configured, scrapes need none)."""
@@ -286,21 +287,10 @@ class Service:
             raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
         return runtime
 
-    def shed(self, backlog: int) -> None:
-        """503 when more requests wait for a request thread than the queue bound allows (the sync front's
-        backlog, see SheddingThreadWorker)."""
-        bound = self.config.max_queue
-        if backlog > bound:
-            raise QueueFull(
-                f"{backlog} requests are waiting for a request thread (--max-queue {bound}); retry shortly",
-                headers={"Retry-After": "1"},
-            )
-
     def admit(self, runtime: ModelRuntime, endpoint: str, content_type: str | None, content_length: int | None) -> None:
         """Checks that need only the request line and headers, done before the body is read: the rate limit,
         the media type (V2 bodies may also be binary), the declared size, readiness."""
-        if self.limiter is not None:
-            self.limiter.acquire()
+        self.admission.rate()
         if content_type:
             media_type = content_type.split(";", 1)[0].strip().lower()
             accepted, expected = (_V2_TYPE, f"{JSON} or {BINARY}") if endpoint == "infer" else (_JSON_TYPE, JSON)
@@ -321,12 +311,6 @@ class Service:
         if not runtime.ready:
             raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
         return runtime
-
-    def charge(self, key_id: str) -> None:
-        """Charge one request to the rate limit of the API key `key_id` (a WebSocket message, after its
-        handshake authenticated): RateLimited (429) past it."""
-        if self.auth is not None:
-            self.auth.charge(key_id)
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
@@ -367,13 +351,6 @@ class Service:
         totals = inference_totals(INFERENCE_ENDPOINTS)
         stats = [statistics(r.name, r.spec.version, totals.get(r.name, InferenceTotals())) for r in runtimes]
         return Reply(200, dumps({"model_stats": stats}))
-
-    def v2_deadline(self, deadline: float | None, timeout_us: int | None) -> float | None:
-        """The earlier of `deadline` (the header's, or the default) and the request's own `timeout` parameter."""
-        if timeout_us is None:
-            return deadline
-        own = time.monotonic() + min(timeout_us / 1e6, self.config.max_timeout_ms / 1000)
-        return own if deadline is None else min(deadline, own)
 
     def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
         body, header_length = self.codecs[runtime.name].v2.encode(request, outputs)

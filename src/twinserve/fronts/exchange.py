@@ -125,11 +125,11 @@ class Exchange:
         """Admit the request from its head alone; the body is read only after this returns."""
         service = self.service
         if backlog is not None:
-            service.shed(backlog)  # before the rate limit: a shed request takes no token
+            service.admission.shed(backlog)  # before the rate limit: a shed request takes no token
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
         service.admit(runtime, self.endpoint, content_type, content_length)
-        self.deadline = service.deadline(timeout_header)
+        self.deadline = service.admission.deadline(timeout_header)
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ class Exchange:
         codecs = self.codecs
         if self.endpoint == "infer":
             inference = self._inference = codecs.v2.decode(body, header_length)
-            self.deadline = self.service.v2_deadline(self.deadline, inference.timeout_us)
+            self.deadline = self.service.admission.tighten(self.deadline, inference.timeout_us)
             instances = inference.instances
         else:
             instances = codecs.v1.decode(body)

@@ -183,7 +183,7 @@ class _Socket:
     def _admit(self, exchange: Exchange) -> None:
         """A message is admitted like an HTTP request, and charged to the API key its handshake presented."""
         if self.key_id is not None:
-            self.service.charge(self.key_id)
+            self.service.admission.charge(self.key_id)
         exchange.admit(self.runtime.name, timeout_header=self.timeout_header)
 
     async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
@@ -211,7 +211,7 @@ class _Socket:
                     message_id, exchange = framed.id, self._open(framed.id, received)
                     exchange.counted(len(framed.request.instances))
                     self._admit(exchange)
-                    deadline = self.service.v2_deadline(exchange.deadline, framed.request.timeout_us)
+                    deadline = self.service.admission.tighten(exchange.deadline, framed.request.timeout_us)
                     outputs = await self.runtime.apredict(framed.request.instances, deadline, self._gone)
                     reply = self.codec.encode_binary(framed.request, outputs)
             except MessageError as exc:

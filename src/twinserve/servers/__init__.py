@@ -73,4 +73,16 @@ def serve(config: Config) -> None:
     check_tracing(config)
     for target in config.models:
         import_model(target)
+    _share_admission_state(config)
     _runner(config.arch)(config)
+
+
+def _share_admission_state(config: Config) -> None:
+    """Make the slots the worker processes' rate limits share, so that a limit holds for the whole server."""
+    from twinserve.core import shared
+    from twinserve.core.admission import shared_slot_count
+
+    keys = len(set(config.all_api_keys())) if config.auth_enabled else 0
+    count = shared_slot_count(config, keys)
+    if count and config.effective_workers > 1:
+        shared.create(count)
