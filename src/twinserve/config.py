@@ -104,6 +104,16 @@ class Config(BaseSettings):
     max_queue: int = Field(
         1024, ge=1, description="Most instances waiting for a model worker; past it requests get 503 + Retry-After."
     )
+    priority_levels: int = Field(
+        3,
+        ge=1,
+        le=10,
+        description="Priority levels a request may ask for with X-Priority or V2 parameters.priority (1 is the "
+        "highest); level p may fill (levels - p + 1) / levels of --max-queue, so the lowest is refused first.",
+    )
+    default_priority: int = Field(
+        1, ge=1, description="The level of a request that names none (1: the whole queue is open to it)."
+    )
     timeout_ms: int | None = Field(
         None, ge=1, description="Default deadline per request (504 past it; a queued request is not computed)."
     )
@@ -231,6 +241,10 @@ class Config(BaseSettings):
                 raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
             for key in keys:
                 _check_key(key)
+        if self.default_priority > self.priority_levels:
+            raise ValueError(
+                f"--default-priority {self.default_priority} is past --priority-levels {self.priority_levels}"
+            )
         if self.rate_limit_per_key is not None and not self.auth_enabled:
             raise ValueError("--rate-limit-per-key needs API keys (--api-key or --api-key-file)")
         if "*" in self.cors_origins and (self.cors_allow_credentials or len(self.cors_origins) > 1):

@@ -37,6 +37,7 @@
         ├── WebSocketUnsupported        501 websocket_unsupported (the sync architecture)
         ├── DependencyUnavailable       503 dependency_unavailable (Retry-After; a store the model needs is down)
         └── DeadlineExceeded            504 deadline_exceeded
+            └── DeadlineUnmeetable      504 deadline_unmeetable (refused at once: the queue ahead outlasts it)
 
 Fronts never choose a status themselves: they raise (or catch) one of these and render it with
 `error_payload`, so every architecture answers the same status and body for the same fault.
@@ -53,6 +54,7 @@ __all__ = [
     "ConfigError",
     "CorsRejected",
     "DeadlineExceeded",
+    "DeadlineUnmeetable",
     "DependencyUnavailable",
     "HeadersTooLarge",
     "InvalidTensor",
@@ -354,6 +356,13 @@ class DeadlineExceeded(ServerError):
 
     status = 504
     code = "deadline_exceeded"
+
+
+class DeadlineUnmeetable(DeadlineExceeded):
+    """Refused on arrival: the work queued ahead of the request would take longer than its deadline leaves, so
+    waiting could only end in `deadline_exceeded` (the estimate is the measured batch time x the batches ahead)."""
+
+    code = "deadline_unmeetable"
 
 
 def _descendants(cls: type[TwinserveError]) -> list[type[TwinserveError]]:

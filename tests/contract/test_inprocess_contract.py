@@ -416,6 +416,31 @@ def test_rate_limit(arch: str) -> None:
         assert int(second.headers["retry-after"]) >= 1
 
 
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_priority_header_and_parameter(arch: str) -> None:
+    """`X-Priority` (and V2's `parameters.priority`, Triton's) name a level from 1, the highest, to
+    `--priority-levels`; any other value is a 400 with the same body in every architecture."""
+    with served(arch, [model_path("Echo")]) as app:
+        for level in ("1", "2", "3"):
+            ok = app.request("POST", "/v1/models/echo:predict", json={"instances": [1]}, headers={"X-Priority": level})
+            assert ok.status == 200 and ok.json() == {"predictions": [1]}, ok.text
+        for bad in ("0", "4", "urgent"):
+            refused = app.request(
+                "POST", "/v1/models/echo:predict", json={"instances": [1]}, headers={"X-Priority": bad}
+            )
+            assert refused.status == 400, refused.text
+            assert (
+                "X-Priority must be a whole number from 1 (the highest) to 3"
+                in error(refused, "bad_request")["message"]
+            )
+        tensor = {"name": "input", "shape": [1], "datatype": "BYTES", "data": ["1"]}  # JSON text, per instance
+        for level, status in ((2, 200), (7, 400), ("high", 400)):
+            body = {"inputs": [tensor], "parameters": {"priority": level}}
+            answer = app.request("POST", "/v2/models/echo/infer", json=body)
+            assert answer.status == status, answer.text
+        v2_error(answer, "parameters.priority must be a whole number")
+
+
 @pytest.mark.parametrize("arch", SETTINGS_ARCHS)
 def test_default_deadline(arch: str) -> None:
     """504 at the deadline in every architecture, also while predict runs (sync used to answer 200 after it)."""

@@ -100,7 +100,7 @@ def test_expired_and_cancelled_requests_are_removed_before_compute() -> None:
     q.put(pending(1, at=0.0, deadline=0.005, tag="late"))
     q.put(pending(1, at=0.0, tag="gone"))
     q.put(pending(1, at=0.0, deadline=1.0, tag="ok"))
-    q._queue[1].cancelled = True
+    q._lanes[0][1].cancelled = True
     assert q.wake_at() == pytest.approx(0.005)
     early = q.take(now=0.006)
     assert early is not None

@@ -29,6 +29,7 @@ from twinserve.core.shared import LocalSlots, Slots
 from twinserve.errors import ClientError, QueueFull, RateLimited
 
 __all__ = [
+    "PRIORITY_HEADER",
     "TIMEOUT_HEADER",
     "Admission",
     "QueueBound",
@@ -40,20 +41,30 @@ __all__ = [
 ]
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+PRIORITY_HEADER = "X-Priority"
 _RETRY_SOON = {"Retry-After": "1"}
 
 
 @dataclass(frozen=True)
 class QueueBound:
-    """At most `limit` waiting at once (instances, requests or streams: the caller counts)."""
+    """At most `limit` waiting at once (instances, requests or streams: the caller counts), of which priority
+    level p of `levels` may fill only its share, (levels - p + 1) / levels: the lowest level is refused first, and
+    the highest (1) may fill the whole queue."""
 
     limit: int
+    levels: int = 1
 
-    def check(self, waiting: int, incoming: int, holds: str) -> None:
-        """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound; `holds` says what waits,
-        for the message ("the queue holds 12 instances")."""
-        if waiting + incoming > self.limit:
-            raise QueueFull(f"{holds} (--max-queue {self.limit}); retry shortly", headers=_RETRY_SOON)
+    def limit_for(self, priority: int) -> int:
+        level = min(max(priority, 1), self.levels)
+        return max(1, self.limit * (self.levels - level + 1) // self.levels)
+
+    def check(self, waiting: int, incoming: int, holds: str, priority: int = 1) -> None:
+        """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound of `priority`'s level;
+        `holds` says what waits, for the message ("the queue holds 12 instances")."""
+        limit = self.limit_for(priority)
+        if waiting + incoming > limit:
+            share = "" if limit == self.limit else f", {limit} of it for priority {priority}"
+            raise QueueFull(f"{holds} (--max-queue {self.limit}{share}); retry shortly", headers=_RETRY_SOON)
 
 
 @dataclass(frozen=True)
@@ -161,7 +172,7 @@ class Admission:
     def __init__(self, config: Config, key_ids: Sequence[str] = (), slots: Slots | None = None) -> None:
         self.config = config
         #: Requests waiting for a request thread (the sync front), and streams waiting for a model worker.
-        self.backlog = QueueBound(config.max_queue)
+        self.backlog = QueueBound(config.max_queue, config.priority_levels)
         ids = sorted(set(key_ids))  # every process numbers the keys' slots alike
         count = shared_slot_count(config, len(ids))
         if slots is None and count and config.effective_workers > 1:
@@ -174,9 +185,23 @@ class Admission:
             burst = max(1, math.ceil(rate))
             self._keys = {kid: _bucket(rate, burst, config, slots, first + i) for i, kid in enumerate(ids)}
 
-    def shed(self, backlog: int) -> None:
-        """503 when more requests wait for a request thread than the queue bound allows."""
-        self.backlog.check(backlog, 0, f"{backlog} requests are waiting for a request thread")
+    def shed(self, backlog: int, priority: int = 1) -> None:
+        """503 when more requests wait for a request thread than the queue bound allows `priority`."""
+        self.backlog.check(backlog, 0, f"{backlog} requests are waiting for a request thread", priority)
+
+    def priority(self, value: str | int | None, source: str = PRIORITY_HEADER) -> int:
+        """The priority level a request asks for (`X-Priority`, or V2 `parameters.priority`): a whole number
+        from 1 (the highest) to `--priority-levels`; none means `--default-priority`. 400 otherwise."""
+        if value is None:
+            return self.config.default_priority
+        levels = self.config.priority_levels
+        try:
+            level = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value).strip())
+        except ValueError:
+            level = 0
+        if not 1 <= level <= levels:
+            raise ClientError(f"{source} must be a whole number from 1 (the highest) to {levels}, got {value!r}")
+        return level
 
     def rate(self) -> None:
         """Take one request from the server-wide rate limit (429 past it)."""

@@ -1,12 +1,6 @@
-"""Dynamic batching: a pure policy over a queue, driven by an asyncio driver or a thread driver.
+"""Dynamic batching: the pure policy over a queue (`core/batch_queue.py`), driven by an asyncio or a thread driver.
 
-`BatchQueue` decides what to flush and when, from the queue and a clock reading passed in; it never sleeps,
-locks or touches a future, so its decisions are unit-tested directly. A batch is flushed when it is full
-(`max_batch_size` instances), when its oldest request has waited `max_delay` seconds, and only while fewer than
-`max_in_flight` batches are computing; with `max_delay=0` requests go out as soon as a slot is free and batches
-form by themselves while the model is busy. A request's instances stay together, in order. Expired and
-cancelled requests are taken out before compute.
-
+`BatchQueue` decides what to flush, when, and what to admit, from the queue and a clock reading passed in.
 `AsyncBatcher` (async and hybrid fronts) and `ThreadBatcher` (the sync front, opt-in) own the waiting: they put
 requests in, sleep until `next_flush_at`, run batches on an `Executor`, split results back, and resolve every
 waiter in all cases (result, model error, worker death, deadline), so nothing hangs. When the model fails a batch
@@ -22,93 +16,18 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from twinserve.core.admission import QueueBound
-from twinserve.core.isolation import Isolated, Outcome, abisect, bisect, isolatable, split_outputs
+from twinserve.core.batch_queue import Batch, BatchQueue, Pending
+from twinserve.core.isolation import Isolated, Outcome, abisect, bisect, split_outputs
 from twinserve.errors import ClientDisconnected, DeadlineExceeded, QueueFull, TwinserveError, internal_error
-from twinserve.observability.context import RequestContext, computing, current_request
-from twinserve.observability.tracing import BatchTrace
+from twinserve.observability.context import computing
 
 __all__ = ["AsyncBatcher", "Batch", "BatchQueue", "BatchStats", "Pending", "ThreadBatcher", "deadline_passed"]
 
 logger = logging.getLogger("twinserve.batcher")
-
-W = TypeVar("W")  # the driver's waiter: an asyncio.Future or a concurrent.futures.Future
-
-
-@dataclass(eq=False)
-class Pending(Generic[W]):
-    """One request waiting in the queue."""
-
-    instances: list[Any]
-    enqueued_at: float
-    deadline: float | None
-    waiter: W
-    cancelled: bool = False
-    #: Polled before compute: True once the client has gone (an ASGI server's disconnect flag, say).
-    gone: Callable[[], bool] | None = None
-    #: The request this belongs to (for its id in model logs, and its batch size and queue wait in the request log).
-    context: RequestContext | None = field(default_factory=current_request)
-
-    def abandoned(self) -> bool:
-        return self.cancelled or (self.gone is not None and self.gone())
-
-    @property
-    def size(self) -> int:
-        return len(self.instances)
-
-
-@dataclass
-class Batch(Generic[W]):
-    """What `BatchQueue.take` hands a driver: requests to compute together, and requests to fail as expired."""
-
-    requests: list[Pending[W]] = field(default_factory=list)
-    expired: list[Pending[W]] = field(default_factory=list)
-    dropped: list[Pending[W]] = field(default_factory=list)  # cancelled while queued
-    #: The traced requests' queue_wait and predict spans, made by `started` (None when tracing is off).
-    trace: BatchTrace | None = None
-
-    @property
-    def size(self) -> int:
-        return sum(r.size for r in self.requests)
-
-    def instances(self) -> list[Any]:
-        return [i for r in self.requests for i in r.instances]
-
-    def sizes(self) -> list[int]:
-        return [r.size for r in self.requests]
-
-    def abandoned(self, index: int) -> bool:
-        """Whether nobody waits for request `index` any more (its client left, or its deadline passed)."""
-        request = self.requests[index]
-        return request.abandoned() or (request.deadline is not None and request.deadline <= time.monotonic())
-
-    def isolates(self, error: BaseException, max_reruns: int) -> bool:
-        """Whether a failure of this whole batch is worth bisecting (see `twinserve.core.isolation`)."""
-        return max_reruns > 0 and len(self.requests) > 1 and isolatable(error)
-
-    def started(self, now: float) -> list[str]:
-        """Note each request's batch size and queue wait; return their ids, for the model code's context."""
-        size, ids = self.size, []
-        traced: list[RequestContext] | None = None
-        for request in self.requests:
-            context = request.context
-            if context is not None:
-                context.batch_size = size
-                context.queue_wait_s = now - request.enqueued_at
-                ids.append(context.request_id)
-                if context.trace is not None:
-                    if traced is None:
-                        traced = []
-                    traced.append(context)
-        if traced is not None:
-            self.trace = BatchTrace(traced, ids, size)
-        return ids
-
 
 #: Told of every computed batch: its size, each request's queue wait, compute seconds, instances still queued.
 BatchObserver = Callable[[int, list[float], float, int], None]
@@ -160,104 +79,6 @@ def _request_id(request: Pending[Any]) -> str:
     return request.context.request_id if request.context is not None else "(no id)"
 
 
-class BatchQueue(Generic[W]):
-    """The batching and admission policy. Not thread-safe: each driver serialises access itself."""
-
-    def __init__(self, max_batch_size: int, max_delay: float, max_queue: int, max_in_flight: int) -> None:
-        if max_batch_size < 1 or max_delay < 0 or max_queue < 1 or max_in_flight < 1:
-            raise ValueError("batch size, queue and in-flight bounds must be >= 1 and the delay >= 0")
-        self.max_batch_size = max_batch_size
-        self.max_delay = max_delay
-        self.max_queue = max_queue
-        self.bound = QueueBound(max_queue)
-        self.max_in_flight = max_in_flight
-        self._queue: deque[Pending[W]] = deque()
-        self.queued_instances = 0
-        self.in_flight = 0
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def put(self, request: Pending[W]) -> None:
-        """Admit a request, or raise QueueFull (503) if its instances would overflow the queue bound."""
-        self.bound.check(self.queued_instances, request.size, f"the queue holds {self.queued_instances} instances")
-        self._queue.append(request)
-        self.queued_instances += request.size
-
-    def next_flush_at(self) -> float | None:
-        """When the oldest queued request's delay runs out (None if nothing is queued)."""
-        if not self._queue:
-            return None
-        return self._queue[0].enqueued_at + self.max_delay
-
-    def next_deadline(self) -> float | None:
-        deadlines = [r.deadline for r in self._queue if r.deadline is not None]
-        return min(deadlines) if deadlines else None
-
-    def wake_at(self) -> float | None:
-        """When a driver must call `take` again if no request arrives and no batch finishes before then."""
-        times = [self.next_deadline()]
-        if self.in_flight < self.max_in_flight:
-            times.append(self.next_flush_at())
-        pending = [t for t in times if t is not None]
-        return min(pending) if pending else None
-
-    def take(self, now: float) -> Batch[W] | None:
-        """The next batch to compute now, if any; expired and cancelled requests come out with it.
-
-        Returns None when nothing is to be done yet (wait until `next_flush_at` or a new request).
-        """
-        outcome: Batch[W] = Batch()
-        self._drop_dead(now, outcome)
-        if self._queue and self.in_flight < self.max_in_flight:
-            ready = self.queued_instances >= self.max_batch_size or now >= self._queue[0].enqueued_at + self.max_delay
-            if ready:
-                while self._queue:
-                    head = self._queue[0]
-                    # A request larger than a batch goes alone; otherwise never split one across batches.
-                    if outcome.requests and outcome.size + head.size > self.max_batch_size:
-                        break
-                    self._pop()
-                    outcome.requests.append(head)
-                    if outcome.size >= self.max_batch_size:
-                        break
-        if outcome.requests:
-            self.in_flight += 1
-        if outcome.requests or outcome.expired or outcome.dropped:
-            return outcome
-        return None
-
-    def done(self) -> None:
-        """A batch handed out by `take` has finished computing."""
-        self.in_flight -= 1
-
-    def drain(self) -> list[Pending[W]]:
-        """Everything still queued (for shutdown)."""
-        requests = list(self._queue)
-        self._queue.clear()
-        self.queued_instances = 0
-        return requests
-
-    def _pop(self) -> Pending[W]:
-        request = self._queue.popleft()
-        self.queued_instances -= request.size
-        return request
-
-    def _drop_dead(self, now: float, outcome: Batch[W]) -> None:
-        if not any(r.abandoned() or (r.deadline is not None and r.deadline <= now) for r in self._queue):
-            return
-        alive: deque[Pending[W]] = deque()
-        for request in self._queue:
-            if request.abandoned():
-                outcome.dropped.append(request)
-            elif request.deadline is not None and request.deadline <= now:
-                outcome.expired.append(request)
-            else:
-                alive.append(request)
-        self._queue = alive
-        self.queued_instances = sum(r.size for r in alive)
-
-
 def _gone_error() -> ClientDisconnected:
     return ClientDisconnected("the client closed the connection while the request was queued")
 
@@ -297,7 +118,7 @@ class AsyncBatcher:
         request = Pending(instances, time.monotonic(), deadline, waiter, gone=gone)
         try:
             self.queue.put(request)
-        except QueueFull:
+        except (QueueFull, DeadlineExceeded):
             self.stats.rejected += 1
             raise
         self._wake.set()
@@ -355,8 +176,9 @@ class AsyncBatcher:
                 elif not request.waiter.done():
                     request.waiter.set_result(outcome)
         finally:
-            self.queue.done()
-            self.stats.record(batch, started, time.monotonic(), self.queue.queued_instances)
+            finished = time.monotonic()
+            self.queue.done(finished - started)
+            self.stats.record(batch, started, finished, self.queue.queued_instances)
             self._wake.set()
             self._fail(batch.requests, TwinserveError("batch ended without a result"))
 
@@ -413,7 +235,7 @@ class ThreadBatcher:
         with self._cond:
             try:
                 self.queue.put(request)
-            except QueueFull:
+            except (QueueFull, DeadlineExceeded):
                 self.stats.rejected += 1
                 raise
             self._cond.notify()
@@ -472,9 +294,10 @@ class ThreadBatcher:
                 else:
                     request.waiter.set_result(outcome)
         finally:
+            finished = time.monotonic()
             with self._cond:
-                self.queue.done()
-                self.stats.record(batch, started, time.monotonic(), self.queue.queued_instances)
+                self.queue.done(finished - started)
+                self.stats.record(batch, started, finished, self.queue.queued_instances)
                 self._cond.notify()
 
     def _outcomes(self, batch: Batch[concurrent.futures.Future[list[Any]]]) -> list[Outcome]:

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from twinserve.config import Config
-from twinserve.core.batcher import AsyncBatcher, BatchQueue, BatchStats, ThreadBatcher, deadline_passed
+from twinserve.core.batch_queue import BatchQueue
+from twinserve.core.batcher import AsyncBatcher, BatchStats, ThreadBatcher, deadline_passed
 from twinserve.core.bridge import run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
@@ -98,9 +99,9 @@ class ModelRuntime:
         return batcher.stats if batcher is not None else None
 
     def _new_queue(self, max_in_flight: int) -> BatchQueue[Any]:
-        return BatchQueue(
-            self.max_batch_size, self.config.max_batch_delay_ms / 1000, self.config.max_queue, max_in_flight
-        )
+        config = self.config
+        delay = config.max_batch_delay_ms / 1000
+        return BatchQueue(self.max_batch_size, delay, config.max_queue, max_in_flight, config.priority_levels)
 
     def _new_executor(self) -> Executor:
         return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config))

@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
 from twinserve.fronts.contract import Reply, Service
@@ -269,6 +269,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
             timeout_header=headers.get(TIMEOUT_HEADER),
+            priority_header=headers.get(PRIORITY_HEADER),
         )
         header_length = headers.get(HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
         instances = exchange.decode(await _read_body(request, service), header_length)
@@ -281,6 +282,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
             timeout_header=headers.get(TIMEOUT_HEADER),
+            priority_header=headers.get(PRIORITY_HEADER),
         )
         instances = exchange.decode(await _read_body(request, service))
         steps = await runtime.astream(instances, exchange.deadline)

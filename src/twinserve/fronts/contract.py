@@ -242,6 +242,7 @@ class Service:
                 error=error_code,
                 latency_ms=round(seconds * 1000, 3),
                 batch_size=context.batch_size,
+                priority=context.priority,
                 queue_wait_ms=None if context.queue_wait_s is None else round(context.queue_wait_s * 1000, 3),
             )
         close_request()

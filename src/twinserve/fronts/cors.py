@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from twinserve.config import Config
-from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.errors import CorsRejected
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.protocol.v2 import HEADER_LENGTH
@@ -25,6 +25,7 @@ ALLOWED_HEADERS = (
     "X-API-Key",
     REQUEST_ID_HEADER,
     TIMEOUT_HEADER,
+    PRIORITY_HEADER,
     HEADER_LENGTH,
     "traceparent",
     "tracestate",

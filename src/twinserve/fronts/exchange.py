@@ -120,16 +120,19 @@ class Exchange:
         content_type: str | None = None,
         content_length: int | None = None,
         timeout_header: str | None = None,
+        priority_header: str | None = None,
         backlog: int | None = None,
     ) -> ModelRuntime:
         """Admit the request from its head alone; the body is read only after this returns."""
         service = self.service
+        admission = service.admission
+        priority = self.context.priority = admission.priority(priority_header)
         if backlog is not None:
-            service.admission.shed(backlog)  # before the rate limit: a shed request takes no token
+            admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
         service.admit(runtime, self.endpoint, content_type, content_length)
-        self.deadline = service.admission.deadline(timeout_header)
+        self.deadline = admission.deadline(timeout_header)
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------
@@ -138,7 +141,10 @@ class Exchange:
         codecs = self.codecs
         if self.endpoint == "infer":
             inference = self._inference = codecs.v2.decode(body, header_length)
-            self.deadline = self.service.admission.tighten(self.deadline, inference.timeout_us)
+            admission = self.service.admission
+            self.deadline = admission.tighten(self.deadline, inference.timeout_us)
+            if inference.priority is not None:
+                self.context.priority = admission.priority(inference.priority, "parameters.priority")
             instances = inference.instances
         else:
             instances = codecs.v1.decode(body)

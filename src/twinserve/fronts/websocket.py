@@ -34,7 +34,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
-from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ClientDisconnected,
@@ -109,6 +109,7 @@ class _Socket:
         self.path: str = websocket.scope["path"]
         # The handshake's deadline header applies to each message.
         self.timeout_header = websocket.headers.get(TIMEOUT_HEADER)
+        self.priority_header = websocket.headers.get(PRIORITY_HEADER)
         self.max_pending = service.config.ws_max_pending
         self.max_bytes = service.config.effective_ws_max_message_bytes
         self.pending: set[asyncio.Task[None]] = set()
@@ -184,7 +185,7 @@ class _Socket:
         """A message is admitted like an HTTP request, and charged to the API key its handshake presented."""
         if self.key_id is not None:
             self.service.admission.charge(self.key_id)
-        exchange.admit(self.runtime.name, timeout_header=self.timeout_header)
+        exchange.admit(self.runtime.name, timeout_header=self.timeout_header, priority_header=self.priority_header)
 
     async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
         """Decode one message, predict, send the answer (or the error); its exchange counts it like a request."""

@@ -14,7 +14,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
-from twinserve.core.admission import TIMEOUT_HEADER
+from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ClientError,
@@ -101,6 +101,7 @@ def create_wsgi_app(service: Service) -> Flask:
             content_type=request.content_type,
             content_length=request.content_length,
             timeout_header=request.headers.get(TIMEOUT_HEADER),
+            priority_header=request.headers.get(PRIORITY_HEADER),
             backlog=request.environ.get(BACKLOG_ENVIRON),
         )
 

@@ -38,6 +38,8 @@ class RequestContext:
     started: float = field(default_factory=time.perf_counter)
     batch_size: int | None = None
     queue_wait_s: float | None = None
+    #: Its priority level, 1 the highest (`X-Priority`, V2 `parameters.priority`, else `--default-priority`).
+    priority: int = 1
     #: Its spans, when tracing is on.
     trace: RequestTrace | None = None
 

@@ -54,6 +54,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 REJECTION_REASONS = {
     "queue_full": "queue_full",
     "deadline_exceeded": "deadline",
+    "deadline_unmeetable": "deadline_unmeetable",
     "rate_limited": "rate_limit",
     "payload_too_large": "body_too_large",
     "too_many_instances": "body_too_large",

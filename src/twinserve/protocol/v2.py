@@ -91,6 +91,8 @@ class InferenceRequest:
     outputs: tuple[RequestedOutput, ...]
     #: Triton's `parameters.timeout`, in microseconds.
     timeout_us: int | None = None
+    #: Triton's `parameters.priority`, as sent (admission checks it against `--priority-levels`).
+    priority: Any = None
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -221,7 +223,7 @@ class V2Codec:
             except ValidationError as exc:
                 message, details = _validation_message(exc)
                 raise ValidationFailed(message, details=details) from None
-        return InferenceRequest(instances, request_id, requested, timeout)
+        return InferenceRequest(instances, request_id, requested, timeout, parameters.get("priority"))
 
     def _arrays(self, inputs: Any, binary: memoryview) -> dict[str, np.ndarray[Any, Any]]:
         """Every input tensor, checked against the model's and decoded from its JSON data or binary data."""
