@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.hardening.harness import HERE
-from tests.serving import Server
+from tests.serving import Server, sample, scrape
 
 LEDGER = f"{HERE / 'models.py'}:Ledger"
 #: One batch of at most two requests at a time (50 ms each, see models.py): the queue ahead is easy to reason about.
@@ -70,3 +70,9 @@ def test_the_lowest_priority_is_refused_first_when_the_queue_fills(arch: str, tm
             else:
                 assert answer.json()["error"]["code"] == "queue_full" and answer.headers["retry-after"] == "1"
         assert served[1] > served[3], served  # arrival order is the scheduler's: only the extremes are certain
+        samples = scrape(server)
+        for level in (1, 2, 3):
+            labels = {"model": "ledger", "priority": str(level)}
+            assert sample(samples, "twinserve_priority_requests_total", **labels, outcome="ok") == served[level]
+            refused = sample(samples, "twinserve_priority_requests_total", **labels, outcome="refused")
+            assert refused == 12 - served[level]

@@ -133,6 +133,7 @@ class Service:
         self.cors = cors_policy(config)
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
+        self._levels: dict[tuple[str, int, str], Any] = {}
         self._access_log = request_logger() if config.access_log else None
 
     # -- metadata and health -----------------------------------------------------------------------------
@@ -261,8 +262,18 @@ class Service:
         if counter is None:
             counter = counters[status] = metrics().requests.labels(model, endpoint, str(status))
         counter.inc()
-        if error_code in REJECTION_REASONS:
-            metrics().rejected.labels(model, REJECTION_REASONS[error_code]).inc()
+        reason = REJECTION_REASONS.get(error_code) if error_code is not None else None
+        refused = reason is not None
+        if reason is not None:
+            metrics().rejected.labels(model, reason).inc()
+        if model:
+            outcome = "ok" if status < 300 else "refused" if refused else "error"
+            level = self._levels.get((model, context.priority, outcome))
+            if level is None:
+                level = self._levels[(model, context.priority, outcome)] = metrics().by_priority.labels(
+                    model, str(context.priority), outcome
+                )
+            level.inc()
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')

@@ -99,6 +99,12 @@ class _Metrics:
         self.rejected = Counter(
             "twinserve_rejected_requests_total", "Requests refused by admission control.", ["model", "reason"]
         )
+        self.by_priority = Counter(
+            "twinserve_priority_requests_total",
+            "Requests for a model by priority level (1 is the highest) and outcome: ok (2xx), refused (by admission "
+            "control), error (any other status).",
+            ["model", "priority", "outcome"],
+        )
         self.in_flight = Gauge(
             "twinserve_in_flight_requests", "Requests being handled now.", multiprocess_mode="livesum"
         )
