@@ -8,7 +8,7 @@
     │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
-    │   ├── MalformedHttp               400 malformed_http (not HTTP/1.1: request line, header, framing, chunks)
+    │   ├── MalformedHttp               400 malformed_http (answered by the HTTP server)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
@@ -174,9 +174,11 @@ class MalformedRequest(ClientError):
 
 
 class MalformedHttp(ClientError):
-    """Refused by the HTTP server while it parses: a request line, header or body framing (Content-Length,
-    Transfer-Encoding, a chunk) that is not valid HTTP/1.1. The connection is closed after the answer: where the
-    next request would start is unknown."""
+    """Refused by the HTTP server while it parses, before or while the body is read; the connection closes.
+
+    A request line, header or body framing (Content-Length, Transfer-Encoding, a chunk) that is not valid
+    HTTP/1.1: where the next request on the connection would start is unknown, so there is none.
+    """
 
     status = 400
     code = "malformed_http"

@@ -37,7 +37,17 @@ from gunicorn.http.errors import (
 
 from twinserve.errors import ClientError, HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
 
-__all__ = ["BodyInput", "DeadlineSocket", "Reading", "parse_error", "reading", "socket_class"]
+__all__ = [
+    "BodyInput",
+    "DeadlineSocket",
+    "Reading",
+    "adopt",
+    "done_reading",
+    "parse_error",
+    "read_from_now",
+    "reading",
+    "socket_class",
+]
 
 logger = logging.getLogger("twinserve.gunicorn")
 
@@ -85,6 +95,7 @@ def read_from_now(timeout: float, *, head: bool) -> None:
 
 
 def done_reading() -> None:
+    """This thread's request is over: its reads are bounded by the pause timeout alone again."""
     _now.reading = None
 
 
@@ -143,13 +154,16 @@ class BodyInput:
         self._body = body
 
     def read(self, size: int | None = None) -> bytes:
-        return _translated(self._body.read, size)
+        data: bytes = _translated(self._body.read, size)
+        return data
 
     def readline(self, size: int | None = None) -> bytes:
-        return _translated(self._body.readline, size)
+        line: bytes = _translated(self._body.readline, size)
+        return line
 
     def readlines(self, size: int | None = None) -> list[bytes]:
-        return _translated(self._body.readlines, size)
+        lines: list[bytes] = _translated(self._body.readlines, size)
+        return lines
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.readline, b"")
@@ -159,9 +173,7 @@ def _translated(read: Callable[[int | None], T], size: int | None) -> T:
     try:
         return read(size)
     except NoMoreData:
-        raise ClientError(
-            "the request body ended before its last chunk", headers={"Connection": "close"}
-        ) from None
+        raise ClientError("the request body ended before its last chunk", headers={"Connection": "close"}) from None
     except ParseException as exc:
         error = parse_error(exc)
         if error is None:
