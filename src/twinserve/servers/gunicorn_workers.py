@@ -25,6 +25,8 @@ __all__ = ["WORKER_CLASSES", "WORKER_CONNECTIONS", "SheddingThreadWorker", "Sync
 #: Connections a gthread worker holds open at most (gunicorn's default), unless the queue bound needs more.
 WORKER_CONNECTIONS = 1000
 
+WsgiApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
+
 
 class _TwinserveReads:
     """What both worker classes add to gunicorn's: the read deadlines and `wsgi.input` of gunicorn_reads.py, the
@@ -52,19 +54,17 @@ class _TwinserveReads:
             client.sendall(raw_error_response(error))
 
 
-WsgiApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
-
-
 def _closing_on_request(start_response: Any) -> Any:
     """`start_response`, closing the connection after a response whose headers ask for it (a 408, a 400 for bad
     framing: the rest of the connection cannot be trusted)."""
-    response = getattr(start_response, "__self__", None)  # gunicorn's Response, which owns keep-alive
+    # gunicorn's Response, which owns keep-alive; its force_close is public, how start_response reaches it is not.
+    force_close = getattr(getattr(start_response, "__self__", None), "force_close", None)
 
     def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-        if response is not None and any(
+        if force_close is not None and any(
             name.lower() == "connection" and value.lower() == "close" for name, value in headers
         ):
-            response.force_close()
+            force_close()
         return start_response(status, headers, exc_info)
 
     return start
