@@ -228,3 +228,22 @@ def test_malformed_request_after_a_good_one_on_the_same_connection(arch: str, we
     )
     assert response.status == 400 and json.loads(body)["error"]["code"] == "malformed_http", body
     assert closed
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_broken_chunk_the_app_never_reads_gets_one_answer(arch: str, well_behaved: dict[str, Server]) -> None:
+    """No route reads the body: the answer is the route's (sync) or the parser's (async, which parses as bytes
+    arrive), never both, and the connection closes, since where the next request would start is unknown."""
+    raw = head("/nowhere", Transfer_Encoding="chunked") + b"-5\r\nhello\r\n0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", well_behaved[arch].port), timeout=5 * READ_TIMEOUT_S) as conn:
+        conn.sendall(raw)
+        received = b""
+        try:
+            while data := conn.recv(65536):
+                received += data
+        except ConnectionResetError:
+            pass
+    response_head, _, body = received.partition(b"\r\n\r\n")
+    assert response_head.split(b" ", 2)[1] in (b"400", b"404"), received[:300]
+    error = json.loads(body)["error"]  # one JSON document, nothing after it
+    assert error["code"] in ("malformed_http", "not_found"), error

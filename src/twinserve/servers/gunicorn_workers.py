@@ -50,6 +50,10 @@ class _TwinserveReads:
             super().handle_error(req, client, addr, exc)  # type: ignore[misc]
             return
         self.log.debug("refused a request: %s (%s)", error.message, exc)  # type: ignore[attr-defined]
+        if req is not None:
+            # The head was parsed, so this came from draining a body the app did not read, after its answer: a
+            # second response would be read as the next request's. The connection just closes.
+            return
         with contextlib.suppress(OSError):
             client.sendall(raw_error_response(error))
 
