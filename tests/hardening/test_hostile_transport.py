@@ -7,6 +7,7 @@ HTTP server's parser refuses gets twinserve's JSON error body with the right sta
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import select
@@ -247,3 +248,13 @@ def test_a_broken_chunk_the_app_never_reads_gets_one_answer(arch: str, well_beha
     assert response_head.split(b" ", 2)[1] in (b"400", b"404"), received[:300]
     error = json.loads(body)["error"]  # one JSON document, nothing after it
     assert error["code"] in ("malformed_http", "not_found"), error
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_silent_connection_is_closed_at_the_read_timeout(arch: str, well_behaved: dict[str, Server]) -> None:
+    with socket.create_connection(("127.0.0.1", well_behaved[arch].port), timeout=5 * READ_TIMEOUT_S) as conn:
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            assert conn.recv(1024) == b""  # closed, without an answer: there is no request to answer
+        waited = time.monotonic() - started
+    assert READ_TIMEOUT_S * 0.9 <= waited <= 2 * READ_TIMEOUT_S  # its deadline, not gthread's 5 s wait + keep-alive

@@ -25,6 +25,9 @@ __all__ = ["WORKER_CLASSES", "WORKER_CONNECTIONS", "SheddingThreadWorker", "Sync
 #: Connections a gthread worker holds open at most (gunicorn's default), unless the queue bound needs more.
 WORKER_CONNECTIONS = 1000
 
+#: How long gthread lets a new connection hold a request thread before its first byte.
+DATA_WAIT_S: float = gthread.DEFAULT_WORKER_DATA_TIMEOUT
+
 WsgiApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
 
 
@@ -117,6 +120,11 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
         # From when a thread takes the connection up: a new one's first bytes, a kept-alive one's next request.
         read_from_now(self._read_timeout, head=True)
         try:
+            # gthread gives a new connection's first byte 5 s of a thread, then parks it in its poller; a shorter
+            # read timeout closes a silent connection sooner, as it does a late head.
+            silent = not conn.initialized and not conn.data_ready and self._read_timeout < DATA_WAIT_S
+            if silent and not conn.wait_for_data(self._read_timeout):
+                return False
             return super().handle(conn)
         finally:
             done_reading()
