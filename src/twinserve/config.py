@@ -163,8 +163,8 @@ class Config(BaseSettings):
         30.0,
         gt=0,
         le=3600,
-        description="Seconds a client may pause while sending a request (slow bodies get 408; slow headers, a closed "
-        "connection).",
+        description="Seconds a client may take to send a request's head, and again its body, each in total however "
+        "steadily it trickles (a slow body gets 408; a slow head, a closed connection).",
     )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(

@@ -8,6 +8,7 @@
     │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
+    │   ├── MalformedHttp               400 malformed_http (answered by the HTTP server)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
@@ -58,6 +59,7 @@ __all__ = [
     "DependencyUnavailable",
     "HeadersTooLarge",
     "InvalidTensor",
+    "MalformedHttp",
     "MalformedRequest",
     "MethodNotAllowed",
     "MissingExtra",
@@ -171,6 +173,22 @@ class ClientError(TwinserveError):
 class MalformedRequest(ClientError):
     status = 400
     code = "malformed_json"
+
+
+class MalformedHttp(ClientError):
+    """Refused by the HTTP server while it parses, before or while the body is read; the connection closes.
+
+    A request line, header or body framing (Content-Length, Transfer-Encoding, a chunk) that is not valid
+    HTTP/1.1: where the next request on the connection would start is unknown, so there is none.
+    """
+
+    status = 400
+    code = "malformed_http"
+
+    DEFAULT = "the request is not valid HTTP/1.1 (its request line, a header or the body's framing)"
+
+    def __init__(self, message: str = DEFAULT, *, private: str | None = None) -> None:
+        super().__init__(message, headers={"Connection": "close"}, private=private)
 
 
 class InvalidTensor(ClientError):

@@ -1,86 +1,104 @@
-"""gunicorn worker classes for the sync architecture: load shedding, slow-client bounds, JSON limit errors."""
+"""gunicorn worker classes for the sync architecture: load shedding, read deadlines, JSON parser errors."""
 
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.workers import gthread, sync
 
-from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
+from twinserve.servers.gunicorn_reads import (
+    BodyInput,
+    adopt,
+    done_reading,
+    parse_error,
+    read_from_now,
+    socket_class,
+)
 
 __all__ = ["WORKER_CLASSES", "WORKER_CONNECTIONS", "SheddingThreadWorker", "SyncWorker"]
 
 #: Connections a gthread worker holds open at most (gunicorn's default), unless the queue bound needs more.
 WORKER_CONNECTIONS = 1000
 
+#: How long gthread lets a new connection hold a request thread before its first byte.
+DATA_WAIT_S: float = gthread.DEFAULT_WORKER_DATA_TIMEOUT
 
-class _JsonLimitErrors:
-    """gunicorn answers a request line or header past its limits with 414/431 and a text body before the app
-    sees the request; these workers send the same statuses with twinserve's JSON error body instead."""
+WsgiApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
+
+
+class _TwinserveReads:
+    """What both worker classes add to gunicorn's: the read deadlines and `wsgi.input` of gunicorn_reads.py, the
+    JSON error body for every request gunicorn's parser refuses (gunicorn answers with its own HTML page), and
+    an application's `Connection: close` honoured (gunicorn drops it as a hop-by-hop header)."""
+
+    def init_reads(self) -> None:
+        self._read_timeout = self.app.twinserve_config.read_timeout_s  # type: ignore[attr-defined]
+        self._socket_class = socket_class(self._read_timeout)
+
+    def wrap_wsgi(self, app: WsgiApp) -> WsgiApp:
+        def with_reads(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            environ["wsgi.input"] = BodyInput(environ["wsgi.input"])
+            return app(environ, _closing_on_request(start_response))
+
+        return with_reads
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
-        error = _limit_error(exc)
+        error = parse_error(exc)
         if error is None:
             super().handle_error(req, client, addr, exc)  # type: ignore[misc]
             return
-        self.log.debug("refused a request: %s", error.message)  # type: ignore[attr-defined]
+        self.log.debug("refused a request: %s (%s)", error.message, exc)  # type: ignore[attr-defined]
+        if req is not None:
+            # The head was parsed, so this came from draining a body the app did not read, after its answer: a
+            # second response would be read as the next request's. The connection just closes.
+            return
         with contextlib.suppress(OSError):
             client.sendall(raw_error_response(error))
 
 
-def _limit_error(exc: BaseException) -> TwinserveError | None:
-    if isinstance(exc, LimitRequestLine):
-        return UriTooLong()
-    if isinstance(exc, LimitRequestHeaders):
-        return HeadersTooLarge()
-    return None
+def _closing_on_request(start_response: Any) -> Any:
+    """`start_response`, closing the connection after a response whose headers ask for it (a 408, a 400 for bad
+    framing: the rest of the connection cannot be trusted)."""
+    # gunicorn's Response, which owns keep-alive; its force_close is public, how start_response reaches it is not.
+    force_close = getattr(getattr(start_response, "__self__", None), "force_close", None)
+
+    def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        if force_close is not None and any(
+            name.lower() == "connection" and value.lower() == "close" for name, value in headers
+        ):
+            force_close()
+        return start_response(status, headers, exc_info)
+
+    return start
 
 
-class _TimedSocket(socket.socket):
-    """A connection whose blocking reads and writes give up after `read_timeout` seconds (TimeoutError).
-
-    gthread switches each connection between non-blocking (in its poller) and blocking (in a request thread) with
-    `setblocking`, which would clear a plain `settimeout`; here blocking means blocking with a bound, so a client
-    that stalls mid-headers or mid-body (slowloris) cannot hold a request thread forever.
-    """
-
-    __slots__ = ()
-    read_timeout: float = 30.0
-
-    def setblocking(self, flag: bool) -> None:
-        self.settimeout(type(self).read_timeout if flag else 0.0)
-
-
-class SheddingThreadWorker(_JsonLimitErrors, gthread.ThreadWorker):  # type: ignore[misc]
-    """gunicorn's gthread worker, plus load shedding, a read timeout and JSON bodies for its limit errors.
+class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: ignore[misc]
+    """gunicorn's gthread worker, plus load shedding, read deadlines and JSON bodies for its parser errors.
 
     gthread queues every readable connection for its request threads without bound, so under overload requests
     wait longer and longer and clients time out instead of being told to retry. Here each request learns, when a
     thread takes it up, how many requests are still waiting for a thread behind it; the front answers 503 +
     Retry-After when that exceeds `--max-queue`, the same bound the batch queue applies in the other architectures.
+
+    gthread reads a request's body in the request thread, and cannot hand a thread a request whose body is
+    already in; the read deadlines (gunicorn_reads.py) bound how long a slow client holds that thread instead.
     """
 
     def init_process(self) -> None:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
-        self._read_timeout = read_timeout = self.app.twinserve_config.read_timeout_s
-        self._socket_class = type("TimedSocket", (_TimedSocket,), {"__slots__": (), "read_timeout": read_timeout})
-        #: Connections whose request head is being read, and when it must have arrived by.
-        self._heads: dict[Any, float] = {}
+        self.init_reads()
         super().init_process()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        app: Callable[[dict[str, Any], Any], Iterable[bytes]] = self.wsgi  # type: ignore[has-type]
+        app: WsgiApp = self.wrap_wsgi(self.wsgi)  # type: ignore[has-type]
         local = self._local
 
         def with_backlog(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -90,8 +108,7 @@ class SheddingThreadWorker(_JsonLimitErrors, gthread.ThreadWorker):  # type: ign
         self.wsgi = with_backlog
 
     def enqueue_req(self, conn: Any) -> None:
-        if type(conn.sock) is socket.socket:
-            conn.sock.__class__ = self._socket_class  # same layout: only setblocking changes
+        adopt(conn.sock, self._socket_class)
         with self._waiting_lock:
             self._waiting += 1
         super().enqueue_req(conn)
@@ -100,33 +117,46 @@ class SheddingThreadWorker(_JsonLimitErrors, gthread.ThreadWorker):  # type: ign
         with self._waiting_lock:
             self._waiting -= 1
             self._local.backlog = self._waiting
-        self._heads[conn] = time.monotonic() + self._read_timeout
+        # From when a thread takes the connection up: a new one's first bytes, a kept-alive one's next request.
+        read_from_now(self._read_timeout, head=True)
         try:
+            # gthread gives a new connection's first byte 5 s of a thread, then parks it in its poller; a shorter
+            # read timeout closes a silent connection sooner, as it does a late head.
+            silent = not conn.initialized and not conn.data_ready and self._read_timeout < DATA_WAIT_S
+            if silent and not conn.wait_for_data(self._read_timeout):
+                return False
             return super().handle(conn)
         finally:
-            self._heads.pop(conn, None)
+            done_reading()
 
     def handle_request(self, req: Any, conn: Any) -> Any:
-        self._heads.pop(conn, None)  # the head is in; the body is bounded per read by the socket timeout
+        read_from_now(self._read_timeout, head=False)  # the head is in: the body's own deadline starts
         return super().handle_request(req, conn)
 
-    def murder_keepalived(self, force: bool = False) -> None:
-        """gthread's once-a-second housekeeping, plus: cut off a head that a client sends too slowly (slowloris).
 
-        The socket timeout only bounds each pause, and a byte a second never pauses long; shutting the socket down
-        wakes the request thread from its read, and gthread closes the connection.
-        """
-        super().murder_keepalived(force)
-        now = time.monotonic()
-        for conn, deadline in list(self._heads.items()):
-            if now > deadline:
-                self._heads.pop(conn, None)
-                with contextlib.suppress(OSError):
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+class SyncWorker(_TwinserveReads, sync.SyncWorker):  # type: ignore[misc]
+    """gunicorn's sync worker (one request at a time), with read deadlines and JSON bodies for its parser errors."""
 
+    def init_process(self) -> None:
+        self.init_reads()
+        super().init_process()
 
-class SyncWorker(_JsonLimitErrors, sync.SyncWorker):  # type: ignore[misc]
-    """gunicorn's sync worker (one request at a time) with JSON bodies for its limit errors."""
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.wsgi = self.wrap_wsgi(self.wsgi)  # type: ignore[has-type]
+
+    def handle(self, listener: Any, client: Any, addr: Any) -> None:
+        adopt(client, self._socket_class)
+        client.setblocking(True)  # again, now that blocking means bounded
+        read_from_now(self._read_timeout, head=True)
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            done_reading()
+
+    def handle_request(self, listener: Any, req: Any, client: Any, addr: Any) -> None:
+        read_from_now(self._read_timeout, head=False)
+        super().handle_request(listener, req, client, addr)
 
 
 WORKER_CLASSES = {"gthread": SheddingThreadWorker, "sync": SyncWorker}

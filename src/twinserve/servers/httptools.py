@@ -1,6 +1,7 @@
-"""uvicorn's httptools protocol, guarded: limits on a request's head (414, 431) and on how long it may take.
+"""uvicorn's httptools protocol, guarded: limits on a request's head (414, 431) and on how long it may take, and
+twinserve's JSON error body for every request its parser refuses (400 `malformed_http`).
 
-Both are what gunicorn's parser and twinserve's gunicorn workers enforce for the sync architecture, so the same
+All are what gunicorn's parser and twinserve's gunicorn workers enforce for the sync architecture, so the same
 abusive client meets the same answer in every architecture. The protocol also publishes, as an ASGI extension,
 whether each request's client has gone (`DISCONNECT_EXTENSION`), so the front never reads uvicorn's private state.
 """
@@ -15,7 +16,7 @@ from typing import Any, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from twinserve.config import Config
-from twinserve.errors import HeadersTooLarge, TwinserveError, UriTooLong
+from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
 from twinserve.fronts.asgi import DISCONNECT_EXTENSION
 from twinserve.fronts.contract import raw_error_response
 
@@ -44,7 +45,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     the whole head may not exceed the request line plus the header fields allowed, each at its longest.
     uvicorn times out idle kept-alive connections but not a client that sends its request line and headers a byte
     at a time (slowloris): such a connection is closed after `--read-timeout-s`. A slow body is the front's to
-    bound (it answers 408).
+    bound (it answers 408). Anything else llhttp cannot parse (a request line, a header, conflicting
+    Content-Length and Transfer-Encoding, a bad chunk) gets 400 `malformed_http` instead of uvicorn's plain text.
     """
 
     _head_timer: asyncio.TimerHandle | None = None
@@ -114,15 +116,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers any parser error, ours included, with this 400; a refusal gets its own status.
-        if self._refusal is None:
-            super().send_400_response(msg)
-        else:
-            self._refuse(self._refusal)
+        self._refuse(self._refusal or MalformedHttp())
 
     def _refuse(self, error: TwinserveError) -> None:
-        if not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        # A body can turn out malformed after the app has begun its answer (one that did not wait for the body):
+        # a second response on the wire would be taken for the next one's, so the connection just closes.
+        if self._in_head or self.cycle is None or not self.cycle.response_started:
             self.transport.write(raw_error_response(error))
-            self.transport.close()
+        self.transport.close()
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
