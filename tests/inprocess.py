@@ -205,7 +205,7 @@ class AsyncClient:
         self.lifespan = _Lifespan(self.app)
         await self.lifespan.startup()
         transport = httpx.ASGITransport(app=self.app)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=REQUEST_TIMEOUT)
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=REQUEST_TIMEOUT)
 
     def _call(self, work: Coroutine[Any, Any, T], timeout: float = REQUEST_TIMEOUT) -> T:
         return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)

@@ -19,6 +19,7 @@ from twinserve.errors import ConfigError
 __all__ = [
     "DEFAULT_MODEL",
     "MAX_REQUEST_LINE",
+    "MIN_API_KEY_LENGTH",
     "Architecture",
     "Config",
     "ExecutorName",
@@ -35,6 +36,9 @@ MiB = 1024 * 1024
 CommaList = Annotated[list[str], NoDecode]
 #: gunicorn refuses request lines longer than this whatever it is told; both servers share the bound.
 MAX_REQUEST_LINE = 8190
+#: Shorter API keys are refused at start-up (unless --allow-short-api-keys): 16 random characters from the
+#: visible ASCII set is about 100 bits, out of reach of any guessing the auth-failure lockout lets through.
+MIN_API_KEY_LENGTH = 16
 
 
 def read_key_file(path: Path) -> list[str]:
@@ -183,6 +187,23 @@ class Config(BaseSettings):
     rate_limit_per_key: float | None = Field(
         None, gt=0, description="Requests per second each API key may make (429 + Retry-After past it)."
     )
+    allow_short_api_keys: bool = Field(
+        False,
+        description=f"Accept API keys shorter than {MIN_API_KEY_LENGTH} characters (with a warning at start-up; "
+        "off: refused, since short keys can be guessed).",
+    )
+    auth_failures_per_minute: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description="Wrong API keys one client address may send in a minute; then every request from it gets 429 "
+        "+ Retry-After for a minute, a correct key included (0: no lockout). Per server process, split over them.",
+    )
+    allowed_hosts: CommaList = Field(
+        default_factory=list,
+        description="Host header values served (`api.example`, `.example` for its subdomains, `*` for any); others "
+        "get 400 (default: what --host implies: localhost, 127.0.0.1 and ::1 on loopback, any host on 0.0.0.0).",
+    )
     cors_origins: CommaList = Field(
         default_factory=list,
         description="Origins browsers may call from (`https://app.example`, or `*` without credentials; none: "
@@ -208,7 +229,7 @@ class Config(BaseSettings):
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
 
-    @field_validator("api_keys", "cors_origins", mode="before")
+    @field_validator("api_keys", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         items = [value] if isinstance(value, str) else value
@@ -231,6 +252,14 @@ class Config(BaseSettings):
                 raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
             for key in keys:
                 _check_key(key)
+        if not self.allow_short_api_keys and self.auth_enabled:
+            short = sum(len(key) < MIN_API_KEY_LENGTH for key in self.all_api_keys())
+            if short:
+                # Neither the key nor its length is named: the message may reach a log others read.
+                raise ValueError(
+                    f"{short} API key(s) shorter than {MIN_API_KEY_LENGTH} characters: use longer random keys "
+                    "(python -c 'import secrets; print(secrets.token_urlsafe(24))') or --allow-short-api-keys"
+                )
         if self.rate_limit_per_key is not None and not self.auth_enabled:
             raise ValueError("--rate-limit-per-key needs API keys (--api-key or --api-key-file)")
         if "*" in self.cors_origins and (self.cors_allow_credentials or len(self.cors_origins) > 1):

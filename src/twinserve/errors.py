@@ -8,6 +8,7 @@
     │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
+    │   ├── HostNotAllowed              400 host_not_allowed (a Host header outside --allowed-hosts)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
@@ -55,6 +56,7 @@ __all__ = [
     "DeadlineExceeded",
     "DependencyUnavailable",
     "HeadersTooLarge",
+    "HostNotAllowed",
     "InvalidTensor",
     "MalformedRequest",
     "MethodNotAllowed",
@@ -183,6 +185,13 @@ class NotStreaming(ClientError):
 
     status = 400
     code = "not_streaming"
+
+
+class HostNotAllowed(ClientError):
+    """The request's Host names a host the server does not answer to (DNS rebinding; `--allowed-hosts`)."""
+
+    status = 400
+    code = "host_not_allowed"
 
 
 class Unauthorized(ClientError):

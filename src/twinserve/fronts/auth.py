@@ -4,18 +4,24 @@ Keys are compared in constant time: the presented key and every configured key a
 digests, and the presented digest is compared with *every* key's, without stopping at a match, so neither the
 position of a matching key nor the length of a wrong guess shows in the timing. Keys never reach a log line or
 an error message; a key is named by its id, the first 8 hex digits of its SHA-256.
+
+Guessing is bounded per client address (`core/lockout.py`, `--auth-failures-per-minute`): past the limit of
+wrong keys, the address gets 429 + Retry-After for a minute before any key is compared. Only a wrong key counts;
+a missing one guesses nothing. Failures are logged in aggregate, one line a minute at most, never one per guess.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 from collections.abc import Iterable
 
-from twinserve.config import Config
+from twinserve.config import MIN_API_KEY_LENGTH, Config
 from twinserve.core.admission import TokenBucket
-from twinserve.errors import Unauthorized
+from twinserve.core.lockout import FailureLockout
+from twinserve.errors import RateLimited, Unauthorized
 from twinserve.observability.tracing import Headers
 
 __all__ = ["API_KEY_HEADER", "Authenticator", "KeyRing", "authenticator", "credentials_from", "key_id"]
@@ -24,6 +30,10 @@ API_KEY_HEADER = "X-API-Key"
 #: RFC 6750: a challenge on every 401, with `invalid_token` when a key was presented and refused.
 _CHALLENGE = 'Bearer realm="twinserve"'
 _INVALID = 'Bearer realm="twinserve", error="invalid_token"'
+#: The lockout's window: `--auth-failures-per-minute` failures within it lock an address out for as long.
+LOCKOUT_WINDOW_S = 60.0
+
+logger = logging.getLogger("twinserve.auth")
 
 
 def _digest(key: str) -> bytes:
@@ -72,16 +82,37 @@ class KeyRing:
 class Authenticator:
     """Who a request is: a key id, or Unauthorized (401); then that key's rate limit (429), if one is set."""
 
-    def __init__(self, keys: Iterable[str], rate_per_key: float | None = None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        keys: Iterable[str],
+        rate_per_key: float | None = None,
+        workers: int = 1,
+        *,
+        lockout: FailureLockout | None = None,
+    ) -> None:
         self.keys = KeyRing(keys)
         self._buckets: dict[str, TokenBucket] = {}
         if rate_per_key is not None:
             # Like the global limit, a key's rate is split evenly over the server processes that share it.
             burst = max(1, math.ceil(math.ceil(rate_per_key) / workers))
             self._buckets = {kid: TokenBucket(rate_per_key / workers, burst) for kid in self.keys.ids}
+        #: Wrong keys per client address (None: unbounded guessing, `--auth-failures-per-minute 0`).
+        self.lockout = lockout
 
-    def authenticate(self, headers: Headers) -> str:
-        """The id of the key `headers` present. Raises Unauthorized (missing or unknown key) or RateLimited."""
+    def authenticate(self, headers: Headers, client: str | None = None) -> str:
+        """The id of the key `headers` present, for a request from address `client` (None: unknown, then never
+        locked out). Raises Unauthorized (missing or unknown key) or RateLimited (the key's rate, or `client`
+        locked out after too many wrong keys)."""
+        lockout = self.lockout
+        if lockout is not None and client is not None:
+            remaining = lockout.locked(client)
+            if remaining is not None:
+                self._log_failures(lockout)
+                raise RateLimited(
+                    "too many wrong API keys from this address: every request from it is refused for a while "
+                    "(--auth-failures-per-minute)",
+                    headers={"Retry-After": str(max(1, math.ceil(remaining)))},
+                )
         presented = credentials_from(headers)
         if presented is None:
             raise Unauthorized(
@@ -90,9 +121,29 @@ class Authenticator:
             )
         kid = self.keys.match(presented)
         if kid is None:
+            if lockout is not None and client is not None:
+                lockout.failed(client)
+                self._log_failures(lockout)
             raise Unauthorized("the API key is not valid", headers={"WWW-Authenticate": _INVALID})
+        if lockout is not None:
+            self._log_failures(lockout)  # what an interval that ended quietly left unreported
         self.charge(kid)
         return kid
+
+    @staticmethod
+    def _log_failures(lockout: FailureLockout) -> None:
+        report = lockout.report()
+        if report is not None:
+            logger.warning(
+                "authentication failures: %d wrong API key(s) from %d address(es) in %.0f s; %d address(es) "
+                "locked out, %d request(s) refused while locked out; most: %s",
+                report.failures,
+                report.addresses,
+                report.seconds,
+                report.locked_out,
+                report.refused,
+                ", ".join(f"{address} ({count})" for address, count in report.top) or "-",
+            )
 
     def charge(self, kid: str) -> None:
         """Take one request from key `kid`'s rate limit (each message on an authenticated WebSocket, say)."""
@@ -105,4 +156,17 @@ def authenticator(config: Config) -> Authenticator | None:
     """The configured authenticator, or None when no API key is set (then nothing is checked)."""
     if not config.auth_enabled:
         return None
-    return Authenticator(config.all_api_keys(), config.rate_limit_per_key, config.effective_workers)
+    keys = config.all_api_keys()
+    short = sum(len(key) < MIN_API_KEY_LENGTH for key in keys)
+    if short:  # only with --allow-short-api-keys: Config refuses them otherwise
+        logger.warning(
+            "%d API key(s) shorter than %d characters accepted (--allow-short-api-keys): they can be guessed",
+            short,
+            MIN_API_KEY_LENGTH,
+        )
+    lockout = None
+    if config.auth_failures_per_minute:
+        # Split over the server processes, as the rate limits are: connections spread over them.
+        limit = max(1, math.ceil(config.auth_failures_per_minute / config.effective_workers))
+        lockout = FailureLockout(limit, LOCKOUT_WINDOW_S)
+    return Authenticator(keys, config.rate_limit_per_key, config.effective_workers, lockout=lockout)

@@ -187,10 +187,12 @@ def create_wsgi_app(service: Service) -> Flask:
     @app.before_request
     def _start() -> Response | None:
         exchange = _exchange()
+        if service.checks_host:
+            service.check_host(request.headers.get("host"))
         if service.cors is not None and service.is_preflight(request.method, request.headers):
             exchange.endpoint = "preflight"
             return _respond(exchange.reply(service.preflight(request.headers)))
-        exchange.authenticate(request.headers)
+        exchange.authenticate(request.headers, request.remote_addr)  # REMOTE_ADDR: gunicorn's peer address
         return None
 
     @app.after_request
