@@ -375,7 +375,10 @@ def test_the_front_enforces_the_message_limit_itself_and_refuses_unknown_models(
             with pytest.raises(WebSocketDisconnect) as closed:
                 websocket.receive_text()
             assert closed.value.code == 1009
-        with pytest.raises(WebSocketDenialResponse) as denied, client.websocket_connect("ws://localhost/v1/models/nope/ws"):
+        with (
+            pytest.raises(WebSocketDenialResponse) as denied,
+            client.websocket_connect("ws://localhost/v1/models/nope/ws"),
+        ):
             pass
         assert denied.value.status_code == 404
         assert denied.value.json()["error"]["code"] == "model_not_found"

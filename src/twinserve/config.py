@@ -7,6 +7,7 @@ leaves unset. Cross-field rules live in `Config` too, so invalid settings fail b
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -199,6 +200,11 @@ class Config(BaseSettings):
         description="Wrong API keys one client address may send in a minute; then every request from it gets 429 "
         "+ Retry-After for a minute, a correct key included (0: no lockout). Per server process, split over them.",
     )
+    forwarded_allow_ips: CommaList = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="Proxies (addresses, networks like 10.0.0.0/8, or `*`) whose X-Forwarded-For names the client "
+        "address the auth-failure lockout counts (others: the connection's peer).",
+    )
     allowed_hosts: CommaList = Field(
         default_factory=list,
         description="Host header values served (`api.example`, `.example` for its subdomains, `*` for any); others "
@@ -229,7 +235,7 @@ class Config(BaseSettings):
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
 
-    @field_validator("api_keys", "cors_origins", "allowed_hosts", mode="before")
+    @field_validator("api_keys", "cors_origins", "allowed_hosts", "forwarded_allow_ips", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         items = [value] if isinstance(value, str) else value
@@ -243,6 +249,18 @@ class Config(BaseSettings):
         for key in keys:
             _check_key(key)
         return keys
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_proxies(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is neither an IP address, a network (10.0.0.0/8) nor '*'") from None
+        return entries
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:

@@ -30,6 +30,7 @@ from twinserve.config import MIN_API_KEY_LENGTH, load_config
 from twinserve.core.lockout import FailureLockout
 from twinserve.errors import ConfigError, RateLimited, Unauthorized
 from twinserve.fronts.auth import Authenticator, authenticator
+from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.hosts import HostPolicy, host_of, host_policy
 
 KEY = "hostile-access-key-0123456789"
@@ -162,6 +163,22 @@ def test_short_key_refused_by_the_command_line() -> None:
         server.start()
 
 
+# -- the client's address behind proxies, pure ------------------------------------------------------------------
+def test_forwarded_for_is_read_only_from_trusted_proxies() -> None:
+    forwarded = ForwardedFor(["127.0.0.1", "::1", "10.0.0.0/8"])
+    assert forwarded.client("203.0.113.9", "198.51.100.1") == "203.0.113.9"  # an untrusted peer's header: ignored
+    assert forwarded.client("127.0.0.1", None) == "127.0.0.1"
+    assert forwarded.client("127.0.0.1", "198.51.100.1") == "198.51.100.1"
+    # The rightmost hop that is not a trusted proxy: what the client wrote further left proves nothing.
+    assert forwarded.client("10.1.1.1", "6.6.6.6, 198.51.100.1, 10.2.2.2") == "198.51.100.1"
+    assert forwarded.client("::1", "10.2.2.2, 10.3.3.3") == "10.2.2.2"  # all trusted: the first
+    assert forwarded.client("127.0.0.1", " , ") == "127.0.0.1"
+    assert ForwardedFor([]).client("127.0.0.1", "198.51.100.1") == "127.0.0.1"
+    assert ForwardedFor(["*"]).client("203.0.113.9", "198.51.100.1") == "198.51.100.1"
+    with pytest.raises(ConfigError, match=r"--forwarded-allow-ips: .*'proxy\.example' is neither"):
+        load_config(forwarded_allow_ips=["proxy.example"])
+
+
 # -- allowed hosts and WebSocket origins, pure ---------------------------------------------------------------
 @pytest.mark.parametrize(
     ("header", "host"),
@@ -255,6 +272,18 @@ def test_lockout_in_process(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_lockout_behind_a_trusted_proxy_counts_each_client(arch: str) -> None:
+    """The in-process clients connect from 127.0.0.1, a trusted proxy by default: X-Forwarded-For names the client."""
+    with served(arch, [ECHO], api_keys=[KEY], auth_failures_per_minute=LIMIT, workers=1) as app:
+        guesser, other = {"X-Forwarded-For": "198.51.100.7"}, {"X-Forwarded-For": "198.51.100.8"}
+        for _ in range(LIMIT):
+            _error(app.request("POST", PREDICT, json=BODY, headers={**WRONG, **guesser}), 401, "unauthorized")
+        _error(app.request("POST", PREDICT, json=BODY, headers={**RIGHT, **guesser}), 429, "rate_limited")
+        assert app.request("POST", PREDICT, json=BODY, headers={**RIGHT, **other}).status == 200
+        assert app.request("POST", PREDICT, json=BODY, headers=RIGHT).status == 200  # the proxy itself
+
+
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
 def test_foreign_host_is_400_everywhere(arch: str) -> None:
     with served(arch, [ECHO], cors_origins=["https://app.example"]) as app:
         for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example"):
@@ -330,6 +359,18 @@ def test_wrong_keys_lock_the_address_out_on_a_real_server(guarded: dict[str, Ser
         assert neighbour.post(PREDICT, json=BODY, headers=RIGHT).json() == {"predictions": [1]}
     server.wait_for_output("authentication failures: 1 wrong API key(s) from 1 address(es)")
     assert server.output().count("authentication failures") == 1  # one line for the minute, not one per failure
+
+
+def test_a_trusted_proxy_forwards_the_client_address_on_a_real_server(guarded: dict[str, Server], arch: str) -> None:
+    """From 127.0.0.1 (trusted by default, by uvicorn as by twinserve), X-Forwarded-For names the client."""
+    server = guarded[arch]
+    with _client(server, "127.0.0.1") as proxy:
+        guesser, other = {"X-Forwarded-For": "198.51.100.7"}, {"X-Forwarded-For": "198.51.100.8"}
+        for _ in range(LIMIT):
+            assert proxy.post(PREDICT, json=BODY, headers={**WRONG, **guesser}).status_code == 401
+        assert proxy.post(PREDICT, json=BODY, headers={**RIGHT, **guesser}).status_code == 429
+        assert proxy.post(PREDICT, json=BODY, headers={**RIGHT, **other}).status_code == 200
+        assert proxy.post(PREDICT, json=BODY, headers=RIGHT).status_code == 200
 
 
 def _handshake(server: Server, headers: dict[str, str], source: str = "127.0.0.1") -> tuple[int, bytes]:

@@ -29,6 +29,7 @@ from twinserve.errors import (
     error_payload,
 )
 from twinserve.fronts.auth import authenticator
+from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
@@ -131,6 +132,7 @@ class Service:
         self.limiter = rate_limiter(config)
         #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
         self.auth = authenticator(config)
+        self.forwarded = ForwardedFor(config.forwarded_allow_ips)
         self.cors = cors_policy(config)
         self.hosts = host_policy(config)
         #: False when any Host is served (bound to 0.0.0.0, or `--allowed-hosts '*'`): the fronts skip the check.
@@ -180,11 +182,17 @@ class Service:
         one `--cors-origins` allows, or one on a named allowed host (cross-site WebSocket hijacking)."""
         return (self.cors is not None and self.cors.allows(origin)) or self.hosts.allows_origin(origin, host)
 
-    def authenticate(self, headers: Headers, client: str | None = None) -> str | None:
+    def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
         """The id of the API key `headers` present (None when authentication is off), for HTTP requests and
-        WebSocket handshakes alike, from the client address `client` (None: unknown). Raises Unauthorized (401)
-        or RateLimited (429): past the key's rate limit, or with `client` locked out after too many wrong keys."""
-        return None if self.auth is None else self.auth.authenticate(headers, client)
+        WebSocket handshakes alike, from a connection whose peer is `peer` (None: unknown). Raises Unauthorized
+        (401) or RateLimited (429): past the key's rate limit, or with the client's address (`peer`, or the one a
+        trusted proxy forwarded) locked out after too many wrong keys."""
+        if self.auth is None:
+            return None
+        client = None
+        if self.auth.lockout is not None and peer is not None:
+            client = self.forwarded.client(peer, headers.get("x-forwarded-for"))
+        return self.auth.authenticate(headers, client)
 
     def requires_auth(self, path: str) -> bool:
         """Whether a request for `path` must present a key (probes and, unless configured, scrapes need none)."""

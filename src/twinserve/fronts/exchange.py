@@ -106,13 +106,13 @@ class Exchange:
         return self.context.request_id
 
     # -- before the body ---------------------------------------------------------------------------------
-    def authenticate(self, headers: Headers, client: str | None = None) -> str | None:
-        """The id of the API key presented, when this path needs one (None otherwise, or with keys off), by a
-        client at address `client` (the peer's; None: unknown). Raises Unauthorized (401), or RateLimited (429)
-        past the key's own limit or with the address locked out after too many wrong keys."""
+    def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
+        """The id of the API key presented, when this path needs one (None otherwise, or with keys off), on a
+        connection from `peer` (None: unknown). Raises Unauthorized (401), or RateLimited (429) past the key's
+        own limit or with the client's address locked out after too many wrong keys."""
         if not self.service.requires_auth(self.context.path):
             return None
-        return self.service.authenticate(headers, client)
+        return self.service.authenticate(headers, peer)
 
     def admit(
         self,
