@@ -8,7 +8,7 @@
     │   └── UntrustedModelFile          (it would run code, or rebuild types nobody trusted)
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
-    │   ├── HostNotAllowed              400 host_not_allowed (a Host header outside --allowed-hosts)
+    │   ├── HostNotAllowed              400 host_not_allowed (--allowed-hosts)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
@@ -188,7 +188,7 @@ class NotStreaming(ClientError):
 
 
 class HostNotAllowed(ClientError):
-    """The request's Host names a host the server does not answer to (DNS rebinding; `--allowed-hosts`)."""
+    """The request's Host names a host the server does not answer to: a DNS-rebinding page, say."""
 
     status = 400
     code = "host_not_allowed"
