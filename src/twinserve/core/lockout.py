@@ -85,6 +85,8 @@ class FailureLockout:
 
     def locked(self, address: str) -> float | None:
         """Seconds until `address` may try again, or None when it is not locked out (a refusal is counted)."""
+        if address not in self._addresses:  # read without the lock: most requests come from addresses never wrong
+            return None
         with self._lock:
             entry = self._addresses.get(address)
             if entry is None:
