@@ -271,6 +271,45 @@ def test_lockout_in_process(arch: str) -> None:
         assert app.request("GET", "/v2/health/ready").status == 200  # probes need no key, so no lockout
 
 
+#: Headers whose presence and value must not depend on the architecture.
+COMPARED_HEADERS = ("retry-after", "www-authenticate", "access-control-allow-origin", "vary", "content-type")
+
+
+def _comparable(answer: Answer) -> tuple[int, dict[str, str], Any]:
+    body = answer.json()
+    if isinstance(body.get("error"), dict):
+        body["error"].pop("request_id", None)
+    headers = {name: answer.headers[name] for name in COMPARED_HEADERS if name in answer.headers}
+    return answer.status, headers, body
+
+
+def test_same_answers_in_every_architecture() -> None:
+    """One sequence of hostile requests, the same status, headers and body (less the request id) everywhere."""
+    origin = {"Origin": "https://app.example"}
+    sequence: list[tuple[str, str, dict[str, str], Any]] = [
+        ("POST", PREDICT, {"Host": "evil.example", **RIGHT}, BODY),
+        ("OPTIONS", PREDICT, {"Host": "evil.example", **origin, "Access-Control-Request-Method": "POST"}, None),
+        ("GET", "/v1/models", {"Host": "evil.example"}, None),
+        ("POST", PREDICT, origin, BODY),  # no key: not counted
+        *[("POST", PREDICT, {**WRONG, **origin}, BODY)] * LIMIT,
+        ("POST", PREDICT, {**RIGHT, **origin}, BODY),  # locked out
+        ("POST", "/v2/models/echo/infer", RIGHT, {"inputs": []}),  # locked out, V2's body
+        ("GET", "/nowhere", RIGHT, None),
+        ("GET", "/v2/health/live", {}, None),
+    ]
+    answers: dict[str, list[tuple[int, dict[str, str], Any]]] = {}
+    for arch in ARCHS_IN_PROCESS:
+        settings = {"api_keys": [KEY], "auth_failures_per_minute": LIMIT, "workers": 1}
+        with served(arch, [ECHO], cors_origins=["https://app.example"], **settings) as app:
+            answers[arch] = [
+                _comparable(app.request(method, path, json=body, headers=headers))
+                for method, path, headers, body in sequence
+            ]
+    assert answers["async"] == answers["sync"] and answers["hybrid"] == answers["sync"]
+    statuses = [status for status, _, _ in answers["sync"]]
+    assert statuses == [400, 400, 400, 401, *[401] * LIMIT, 429, 429, 429, 200]
+
+
 @pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
 def test_lockout_behind_a_trusted_proxy_counts_each_client(arch: str) -> None:
     """The in-process clients connect from 127.0.0.1, a trusted proxy by default: X-Forwarded-For names the client."""
@@ -299,6 +338,11 @@ def test_foreign_host_is_400_everywhere(arch: str) -> None:
                 )
                 body = _error(answer, 400, "host_not_allowed")
                 assert body["message"] == f"host {host_of(host)!r} is not served here (--allowed-hosts)"
+                assert "access-control-allow-origin" not in answer.headers
+            # V2 routes answer with the Open Inference Protocol's body, as for every other error.
+            v2 = app.request("POST", "/v2/models/echo/infer", content=b"{}", headers={"Host": host})
+            assert v2.status == 400
+            assert v2.json() == {"error": f"host {host_of(host)!r} is not served here (--allowed-hosts)"}
         for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "LOCALHOST"):
             answer = app.request("POST", PREDICT, json=BODY, headers={"Host": host})
             assert answer.status == 200 and answer.json() == {"predictions": [1]}, (host, answer.text)
