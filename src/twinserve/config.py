@@ -250,6 +250,15 @@ class Config(BaseSettings):
             _check_key(key)
         return keys
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            # A URL where a host belongs would silently allow a host named "http": refuse it.
+            if any(c in pattern for c in "/@?#") or not all("!" <= c <= "~" for c in pattern):
+                raise ValueError(f"{pattern!r} is not a host name or address (no scheme, path or spaces)")
+        return patterns
+
     @field_validator("forwarded_allow_ips")
     @classmethod
     def _check_proxies(cls, entries: list[str]) -> list[str]:

@@ -223,6 +223,8 @@ def test_allowed_hosts_patterns() -> None:
     assert not policy.allows_host("localhost") and not policy.allows_host("evilcorp.example")
     assert not policy.allows_host("api.example.evil.example")
     assert host_policy(load_config(allowed_hosts=["*"])).allows_host("evil.example")
+    with pytest.raises(ConfigError, match=r"--allowed-hosts: .*'https://api\.example' is not a host name"):
+        load_config(allowed_hosts=["https://api.example"])
 
 
 @pytest.mark.parametrize(
