@@ -87,7 +87,10 @@ def _value_text(action: argparse.Action) -> str:
 
 def _serve_default(text: str, default: object, description: str) -> str:
     """`--help`'s default text, with `auto` kept for settings that have a computed default and `none` for off."""
-    if text == "[]" or (text == "auto" and default is None and "(default:" not in description):
+    computed = "(default:" in description  # an empty list or None that means "derived from other settings"
+    if text in ("[]", "auto") and computed:
+        return "auto"
+    if text == "[]" or (text == "auto" and default is None):
         return "none"
     if isinstance(default, int) and not isinstance(default, bool) and default >= MIB and default % MIB == 0:
         return f"{text} ({default // MIB} Mi)"

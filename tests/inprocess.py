@@ -205,7 +205,8 @@ class AsyncClient:
         self.lifespan = _Lifespan(self.app)
         await self.lifespan.startup()
         transport = httpx.ASGITransport(app=self.app)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=REQUEST_TIMEOUT)
+        # `Host: localhost`, as werkzeug's test client sends: a host the default (loopback) --allowed-hosts serve.
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=REQUEST_TIMEOUT)
 
     def _call(self, work: Coroutine[Any, Any, T], timeout: float = REQUEST_TIMEOUT) -> T:
         return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)

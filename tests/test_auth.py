@@ -71,7 +71,7 @@ def test_every_key_is_compared_whatever_matches(presented: str, monkeypatch: pyt
 
 
 def test_authenticator_refuses_with_a_challenge_and_limits_each_key() -> None:
-    auth = Service({}, load_config(workers=1, api_keys="one-key,two-key", rate_limit_per_key=2))
+    auth = Service({}, load_config(workers=1, api_keys="one-key-0123456789,two-key-0123456789", rate_limit_per_key=2))
     with pytest.raises(Unauthorized) as missing:
         auth.authenticate(httpx.Headers({}))
     assert missing.value.headers["WWW-Authenticate"] == 'Bearer realm="twinserve"'
@@ -79,25 +79,29 @@ def test_authenticator_refuses_with_a_challenge_and_limits_each_key() -> None:
         auth.authenticate(httpx.Headers({"x-api-key": "three-key"}))
     assert 'error="invalid_token"' in wrong.value.headers["WWW-Authenticate"]
     assert "three-key" not in wrong.value.message
-    one = httpx.Headers({"authorization": "Bearer one-key"})
-    assert auth.authenticate(one) == auth.authenticate(one) == key_id("one-key")
+    one = httpx.Headers({"authorization": "Bearer one-key-0123456789"})
+    assert auth.authenticate(one) == auth.authenticate(one) == key_id("one-key-0123456789")
     with pytest.raises(RateLimited) as limited:
         auth.authenticate(one)
     assert int(limited.value.headers["Retry-After"]) >= 1
-    assert auth.authenticate(httpx.Headers({"x-api-key": "two-key"})) == key_id("two-key")  # its own bucket
+    assert auth.authenticate(httpx.Headers({"x-api-key": "two-key-0123456789"})) == key_id("two-key-0123456789")  # its own bucket
 
 
 def test_keys_from_flags_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Keys of 16 characters or more: shorter ones are refused at start-up (tests/hardening/test_hostile_access.py).
+    env_a, env_b, file_a, file_b, flag_a, flag_b, flag_c = (
+        f"{name}-0123456789ab" for name in ("env-a", "env-b", "file-a", "file-b", "flag-a", "flag-b", "flag-c")
+    )
     key_file = tmp_path / "keys"
-    key_file.write_text("# rotated monthly\nfile-a\n\n  file-b  \nflag-a\n")
-    monkeypatch.setenv("TWINSERVE_API_KEYS", "env-a,env-b")
-    assert load_config().all_api_keys() == ["env-a", "env-b"]
-    assert load_config(api_key_file=str(key_file)).all_api_keys() == ["env-a", "env-b", "file-a", "file-b", "flag-a"]
+    key_file.write_text(f"# rotated monthly\n{file_a}\n\n  {file_b}  \n{flag_a}\n")
+    monkeypatch.setenv("TWINSERVE_API_KEYS", f"{env_a},{env_b}")
+    assert load_config().all_api_keys() == [env_a, env_b]
+    assert load_config(api_key_file=str(key_file)).all_api_keys() == [env_a, env_b, file_a, file_b, flag_a]
     # The flag is the same setting as the variable, so it replaces it (as every flag does); the file adds to it.
-    args = build_parser().parse_args(["serve", "--api-key", "flag-a", "--api-keys", "flag-b,flag-c"])
+    args = build_parser().parse_args(["serve", "--api-key", flag_a, "--api-keys", f"{flag_b},{flag_c}"])
     config = load_config(api_keys=args.api_keys, api_key_file=str(key_file))
-    assert config.all_api_keys() == ["flag-a", "flag-b", "flag-c", "file-a", "file-b"]
-    assert "flag-a" not in repr(config)
+    assert config.all_api_keys() == [flag_a, flag_b, flag_c, file_a, file_b]
+    assert flag_a not in repr(config)
 
 
 @pytest.mark.parametrize(
@@ -123,11 +127,11 @@ def test_empty_key_file_fails_at_start(tmp_path: Path) -> None:
 
 def test_open_paths_follow_the_flags() -> None:
     assert not Service({}, load_config()).requires_auth("/v1/models")  # no keys: nothing is checked
-    service = Service({}, load_config(api_keys=["k"]))
+    service = Service({}, load_config(api_keys=[KEY_FLAG]))
     assert [service.requires_auth(p) for p in ("/v2/health/live", "/v2/health/ready", "/metrics")] == [False] * 3
     assert service.requires_auth("/openapi.json") and service.requires_auth("/docs")
     assert service.requires_auth("/v1/models") and service.requires_auth("/anything")
-    strict = Service({}, load_config(api_keys=["k"], metrics_auth=True, public_docs=True))
+    strict = Service({}, load_config(api_keys=[KEY_FLAG], metrics_auth=True, public_docs=True))
     assert strict.requires_auth("/metrics") and not strict.requires_auth("/docs")
     assert not strict.requires_auth("/openapi.json")
 
@@ -175,6 +179,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
             "5",
             "--cors-origins",
             ORIGIN,
+            # These tests send many wrong keys from one address on purpose: the lockout that would answer them
+            # 429 has its own tests (tests/hardening/test_hostile_access.py).
+            "--auth-failures-per-minute",
+            "0",
         )
 
     with servers_per_arch(ARCHS, make) as started:

@@ -365,8 +365,9 @@ def test_the_front_enforces_the_message_limit_itself_and_refuses_unknown_models(
     """In process (no uvicorn, whose own limit closes first on a real server): the front's checks alone."""
     config = Config(arch="async", models=[model_path("Echo")], ws_max_message_bytes=64)
     app = create_asgi_app(Service(load_runtimes(config), config))
+    # localhost: TestClient's own `testserver` is not a host the default (loopback) --allowed-hosts serve.
     with TestClient(app) as client:
-        with client.websocket_connect("/v1/models/echo/ws") as websocket:
+        with client.websocket_connect("ws://localhost/v1/models/echo/ws") as websocket:
             websocket.send_text(json.dumps({"id": "a", "instances": ["x"]}))
             assert websocket.receive_json() == {"id": "a", "predictions": ["x"]}
             # 60 characters but 90 bytes: the limit is in bytes.
@@ -374,7 +375,10 @@ def test_the_front_enforces_the_message_limit_itself_and_refuses_unknown_models(
             with pytest.raises(WebSocketDisconnect) as closed:
                 websocket.receive_text()
             assert closed.value.code == 1009
-        with pytest.raises(WebSocketDenialResponse) as denied, client.websocket_connect("/v1/models/nope/ws"):
+        with (
+            pytest.raises(WebSocketDenialResponse) as denied,
+            client.websocket_connect("ws://localhost/v1/models/nope/ws"),
+        ):
             pass
         assert denied.value.status_code == 404
         assert denied.value.json()["error"]["code"] == "model_not_found"

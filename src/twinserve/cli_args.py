@@ -33,7 +33,8 @@ def default_text(name: str) -> str:
     """How the default of Config field `name` reads in `--help` and the docs."""
     field = Config.model_fields[name]
     if field.default_factory is not None:
-        return str(field.default_factory())  # type: ignore[call-arg]
+        value = field.default_factory()  # type: ignore[call-arg]
+        return ",".join(value) if isinstance(value, list) and value else str(value)
     if field.default is PydanticUndefined or field.default is None:
         return "auto"
     return str(field.default).lower() if isinstance(field.default, bool) else str(field.default)

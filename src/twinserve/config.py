@@ -7,6 +7,7 @@ leaves unset. Cross-field rules live in `Config` too, so invalid settings fail b
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +20,7 @@ from twinserve.errors import ConfigError
 __all__ = [
     "DEFAULT_MODEL",
     "MAX_REQUEST_LINE",
+    "MIN_API_KEY_LENGTH",
     "Architecture",
     "Config",
     "ExecutorName",
@@ -35,6 +37,9 @@ MiB = 1024 * 1024
 CommaList = Annotated[list[str], NoDecode]
 #: gunicorn refuses request lines longer than this whatever it is told; both servers share the bound.
 MAX_REQUEST_LINE = 8190
+#: Shorter API keys are refused at start-up (unless --allow-short-api-keys): 16 random characters from the
+#: visible ASCII set is about 100 bits, out of reach of any guessing the auth-failure lockout lets through.
+MIN_API_KEY_LENGTH = 16
 
 
 def read_key_file(path: Path) -> list[str]:
@@ -193,6 +198,28 @@ class Config(BaseSettings):
     rate_limit_per_key: float | None = Field(
         None, gt=0, description="Requests per second each API key may make (429 + Retry-After past it)."
     )
+    allow_short_api_keys: bool = Field(
+        False,
+        description=f"Accept API keys shorter than {MIN_API_KEY_LENGTH} characters (with a warning at start-up; "
+        "off: refused, since short keys can be guessed).",
+    )
+    auth_failures_per_minute: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description="Wrong API keys one client address may send in a minute; then every request from it gets 429 "
+        "+ Retry-After for a minute, a correct key included (0: no lockout). Per server process, split over them.",
+    )
+    forwarded_allow_ips: CommaList = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="Proxies (addresses, networks like 10.0.0.0/8, or `*`) whose X-Forwarded-For names the client "
+        "address the auth-failure lockout counts (others: the connection's peer).",
+    )
+    allowed_hosts: CommaList = Field(
+        default_factory=list,
+        description="Host header values served (`api.example`, `.example` for its subdomains, `*` for any); others "
+        "get 400 (default: what --host implies: localhost, 127.0.0.1 and ::1 on loopback, any host on 0.0.0.0).",
+    )
     cors_origins: CommaList = Field(
         default_factory=list,
         description="Origins browsers may call from (`https://app.example`, or `*` without credentials; none: "
@@ -218,7 +245,7 @@ class Config(BaseSettings):
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
 
-    @field_validator("api_keys", "cors_origins", mode="before")
+    @field_validator("api_keys", "cors_origins", "allowed_hosts", "forwarded_allow_ips", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         items = [value] if isinstance(value, str) else value
@@ -233,6 +260,27 @@ class Config(BaseSettings):
             _check_key(key)
         return keys
 
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            # A URL where a host belongs would silently allow a host named "http": refuse it.
+            if any(c in pattern for c in "/@?#") or not all("!" <= c <= "~" for c in pattern):
+                raise ValueError(f"{pattern!r} is not a host name or address (no scheme, path or spaces)")
+        return patterns
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_proxies(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is neither an IP address, a network (10.0.0.0/8) nor '*'") from None
+        return entries
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
         if self.api_key_file is not None:
@@ -245,6 +293,14 @@ class Config(BaseSettings):
             raise ValueError(
                 f"--default-priority {self.default_priority} is past --priority-levels {self.priority_levels}"
             )
+        if not self.allow_short_api_keys and self.auth_enabled:
+            short = sum(len(key) < MIN_API_KEY_LENGTH for key in self.all_api_keys())
+            if short:
+                # Neither the key nor its length is named: the message may reach a log others read.
+                raise ValueError(
+                    f"{short} API key(s) shorter than {MIN_API_KEY_LENGTH} characters: use longer random keys "
+                    "(python -c 'import secrets; print(secrets.token_urlsafe(24))') or --allow-short-api-keys"
+                )
         if self.rate_limit_per_key is not None and not self.auth_enabled:
             raise ValueError("--rate-limit-per-key needs API keys (--api-key or --api-key-file)")
         if "*" in self.cors_origins and (self.cors_allow_credentials or len(self.cors_origins) > 1):

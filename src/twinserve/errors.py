@@ -9,6 +9,7 @@
     ├── ClientError                     4xx
     │   ├── MalformedRequest            400 malformed_json / bad_request
     │   ├── MalformedHttp               400 malformed_http (answered by the HTTP server)
+    │   ├── HostNotAllowed              400 host_not_allowed (--allowed-hosts)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
@@ -58,6 +59,7 @@ __all__ = [
     "DeadlineUnmeetable",
     "DependencyUnavailable",
     "HeadersTooLarge",
+    "HostNotAllowed",
     "InvalidTensor",
     "MalformedHttp",
     "MalformedRequest",
@@ -203,6 +205,13 @@ class NotStreaming(ClientError):
 
     status = 400
     code = "not_streaming"
+
+
+class HostNotAllowed(ClientError):
+    """The request's Host names a host the server does not answer to: a DNS-rebinding page, say."""
+
+    status = 400
+    code = "host_not_allowed"
 
 
 class Unauthorized(ClientError):

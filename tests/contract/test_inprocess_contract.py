@@ -25,7 +25,7 @@ IN_THE_LOG = "the server log has the details"
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 VIRGINICA = {"sepal_length": 6.3, "sepal_width": 3.3, "petal_length": 6.0, "petal_width": 2.5}
 MAX_BODY = 65536
-KEY = "in-process-key"
+KEY = "in-process-key-0123456789"
 
 #: The contract suite's models (tests/conftest.py CONTRACT_MODELS) that need no Redis and never block, and a
 #: streaming one.

@@ -292,7 +292,7 @@ print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
 from twinserve.fronts.asgi import create_asgi_app
 
 config = load_config(models=["twinserve.examples.tabular:Classifier"], arch="async")
-with TestClient(create_asgi_app(Service(load_runtimes(config), config))) as client:
+with TestClient(create_asgi_app(Service(load_runtimes(config), config)), base_url="http://localhost") as client:
     assert client.post("/v1/models/iris:predict", json=body).status_code == 200
 print(sorted(m for m in sys.modules if m.startswith("opentelemetry.sdk")))
 """

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import numpy as np
 import redis
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from twinserve.errors import DependencyUnavailable, ValidationFailed
 from twinserve.model import Model
 
-__all__ = ["N_FEATURES", "EntityRequest", "FeatureLookup", "Score", "feature_key", "populate"]
+__all__ = ["N_FEATURES", "EntityRequest", "FeatureLookup", "Score", "feature_key", "populate", "redact_url"]
 
 N_FEATURES = 8
 KEY_PREFIX = "twinserve:features:"
@@ -38,14 +39,26 @@ def _store(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise DependencyUnavailable(
-            f"the feature store (redis at {_without_password(url)}) is unreachable: {exc}"
-        ) from None
+        raise DependencyUnavailable(f"the feature store (redis at {redact_url(url)}) is unreachable: {exc}") from None
 
 
-def _without_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
+def redact_url(url: str) -> str:
+    """`url` without a credential, for messages and logs: the user and password hidden (`***@host`), every query
+    value hidden (redis-py also reads `password`, `username` and TLS settings from the query: names are kept,
+    values are not), the fragment dropped. Scheme, host, port and path (the database) stay."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # a bad port or bracket: nothing of it is shown, it might be anything
+        return "<unparseable URL>"
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc = f"{netloc}:{port}"
+    if "@" in parts.netloc:
+        netloc = f"***@{netloc}"
+    query = "&".join(f"{quote(name)}=***" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
+    # Written out rather than urlunsplit, which turns `unix:///path` into `unix:/path`.
+    return f"{parts.scheme}://{netloc}{quote(parts.path)}" + (f"?{query}" if query else "")
 
 
 def feature_key(entity_id: str) -> str:

@@ -40,7 +40,7 @@ from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, is_v2
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, client_left, step_or_none
-from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
+from twinserve.fronts.websocket import OpenSockets, deny_handshake, websocket_endpoint
 from twinserve.observability.metrics import mark_process_dead
 from twinserve.protocol.v2 import HEADER_LENGTH
 
@@ -176,8 +176,11 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
         )
         for route in ROUTES
     )
-    app = _AsgiFront(service, dispatcher)
-    return app if service.cors is None else _Cors(app, service)
+    app: ASGIApp = _AsgiFront(service, dispatcher)
+    if service.cors is not None:
+        app = _Cors(app, service)
+    # Outermost: a request naming a foreign host gets nothing else, not even a preflight's answer.
+    return _TrustedHosts(app, service) if service.checks_host else app
 
 
 class _AsgiFront:
@@ -342,9 +345,55 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
 
 def _refusal(exchange: Exchange, request: Request) -> TwinserveError | None:
     try:
-        exchange.authenticate(request.headers)
+        exchange.authenticate(request.headers, _client(request.scope))
     except TwinserveError as exc:
         return exc
+    return None
+
+
+def _client(scope: Scope) -> str | None:
+    """The client's address: the peer's, or the one uvicorn took from `X-Forwarded-For` when the peer is a proxy
+    it trusts (`FORWARDED_ALLOW_IPS`)."""
+    client = scope.get("client")
+    return client[0] if client else None
+
+
+class _TrustedHosts:
+    """The allowed-hosts check (fronts/hosts.py) on every HTTP request and WebSocket handshake, before anything
+    else; only installed when the hosts are restricted."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind in ("http", "websocket"):
+            host = _host_header(scope)
+            if not self.service.hosts.allows_host(host):
+                await self._refuse(scope, receive, send, host)
+                return
+        await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, host: str | None) -> None:
+        service = self.service
+        error = service.hosts.refusal(host)
+        if scope["type"] == "websocket":
+            await deny_handshake(WebSocket(scope, receive, send), service, error)
+            return
+        path, headers = scope["path"], StarletteHeaders(scope=scope)
+        exchange = service.open(
+            "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+        )
+        reply = exchange.fail(error)
+        exchange.close()
+        await _respond(reply, exchange.request_id)(scope, receive, send)
+
+
+def _host_header(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"host":
+            return str(value.decode("latin-1"))
     return None
 
 
@@ -407,7 +456,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
             v2=v2,
         )
         try:
-            exchange.authenticate(headers)
+            exchange.authenticate(headers, _client(request.scope))
             answer = await endpoint(request, exchange)
             if isinstance(answer, StreamStart):
                 service.first_chunk(exchange.context, answer.runtime.name)

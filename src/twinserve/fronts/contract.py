@@ -28,8 +28,10 @@ from twinserve.errors import (
     error_payload,
 )
 from twinserve.fronts.auth import authenticator
+from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
+from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
@@ -130,7 +132,11 @@ class Service:
         self.auth = authenticator(config)
         #: Every admission rule: rate limits (server-wide and per key), the backlog bound, deadlines.
         self.admission = Admission(config, self.auth.keys.ids if self.auth is not None else ())
+        self.forwarded = ForwardedFor(config.forwarded_allow_ips)
         self.cors = cors_policy(config)
+        self.hosts = host_policy(config)
+        #: False when any Host is served (bound to 0.0.0.0, or `--allowed-hosts '*'`): the fronts skip the check.
+        self.checks_host = not self.hosts.any_host
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._levels: dict[tuple[str, int, str], Any] = {}
@@ -162,13 +168,29 @@ class Service:
     def metrics(self) -> Reply:
         return Reply(200, render(), content_type=CONTENT_TYPE)
 
-    # -- authentication and CORS (fronts/auth.py, fronts/cors.py) ----------------------------------------------
-    def authenticate(self, headers: Headers) -> str | None:
+    # -- allowed hosts, authentication and CORS (fronts/hosts.py, fronts/auth.py, fronts/cors.py) --------------
+    def check_host(self, host: str | None) -> None:
+        """HostNotAllowed (400) for a `Host` header outside `--allowed-hosts` (DNS rebinding), before anything
+        else is done for the request: a preflight, authentication or routing."""
+        if self.checks_host:
+            self.hosts.check_host(host)
+
+    def origin_allowed(self, origin: str, host: str | None) -> bool:
+        """Whether a page from `origin` may open a WebSocket on a request saying `Host: host`: the same origin,
+        one `--cors-origins` allows, or one on a named allowed host (cross-site WebSocket hijacking)."""
+        return (self.cors is not None and self.cors.allows(origin)) or self.hosts.allows_origin(origin, host)
+
+    def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
         """The id of the API key `headers` present (None when authentication is off), for HTTP requests and
-        WebSocket handshakes alike. Raises Unauthorized (401) or, past the key's rate limit, RateLimited (429)."""
+        WebSocket handshakes alike, from a connection whose peer is `peer` (None: unknown). Raises Unauthorized
+        (401) or RateLimited (429): past the key's rate limit, or with the client's address (`peer`, or the one a
+        trusted proxy forwarded) locked out after too many wrong keys."""
         if self.auth is None:
             return None
-        kid = self.auth.authenticate(headers)
+        client = None
+        if self.auth.lockout is not None and peer is not None:
+            client = self.forwarded.client(peer, headers.get("x-forwarded-for"))
+        kid = self.auth.authenticate(headers, client)
         self.admission.charge(kid)
         return kid
 

@@ -4,7 +4,8 @@ Every front (WSGI, ASGI, each WebSocket message) and every endpoint goes through
 order, whatever the transport:
 
 1. **open** (`Service.open`): the request id (the client's, if safe), the request context that model code and log
-   lines see, the trace, the in-flight gauge; `authenticate` when the path needs a key;
+   lines see, the trace, the in-flight gauge; the `Host` checked (`Service.check_host`, before a preflight);
+   `authenticate` when the path needs a key, from the client's address (the auth-failure lockout);
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
    type, the declared size, readiness, then the deadline;
@@ -105,12 +106,13 @@ class Exchange:
         return self.context.request_id
 
     # -- before the body ---------------------------------------------------------------------------------
-    def authenticate(self, headers: Headers) -> str | None:
-        """The id of the API key presented, when this path needs one (None otherwise, or with keys off).
-        Raises Unauthorized (401), or RateLimited (429) past the key's own limit."""
+    def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
+        """The id of the API key presented, when this path needs one (None otherwise, or with keys off), on a
+        connection from `peer` (None: unknown). Raises Unauthorized (401), or RateLimited (429) past the key's
+        own limit or with the client's address locked out after too many wrong keys."""
         if not self.service.requires_auth(self.context.path):
             return None
-        return self.service.authenticate(headers)
+        return self.service.authenticate(headers, peer)
 
     def admit(
         self,

@@ -15,9 +15,10 @@ answers stops being read. Close codes:
 - 1009: a message over `--ws-max-message-bytes`; answers still owed are dropped;
 - 1011: an internal error.
 
-A missing or wrong API key (when keys are on), an Origin outside `--cors-origins` (when CORS is on), an unknown
-model, a model still loading or a server shutting down refuse the handshake with the HTTP contract's status and
-JSON error body (401/429, 403, 404, 503), or close with 1008 under a server without ASGI's denial-response
+A foreign Host (`--allowed-hosts`), a missing or wrong API key (when keys are on), a foreign Origin (neither the
+same origin, nor one `--cors-origins` allows, nor on a named allowed host), an unknown model, a model still
+loading or a server shutting down refuse the handshake with the HTTP contract's status and JSON error body (400,
+401/429, 403, 404, 503), or close with 1008 under a server without ASGI's denial-response
 extension. Each message is charged to the handshake key's `--rate-limit-per-key`.
 A client that leaves mid-stream cancels its unanswered messages: queued ones leave the batcher unbatched.
 """
@@ -54,6 +55,7 @@ __all__ = [
     "CLOSE_POLICY",
     "CLOSE_TOO_BIG",
     "OpenSockets",
+    "deny_handshake",
     "websocket_endpoint",
 ]
 
@@ -262,7 +264,7 @@ def _size(data: str | bytes, limit: int) -> int:
     return size
 
 
-async def _deny(websocket: WebSocket, service: Service, error: TwinserveError) -> None:
+async def deny_handshake(websocket: WebSocket, service: Service, error: TwinserveError) -> None:
     """Refuse the handshake with the HTTP contract's status and body (or close 1008 without that extension)."""
     model = websocket.path_params.get("model", "")
     exchange = service.open(ENDPOINT, "WS", websocket.scope["path"], websocket.headers, None, model=model)
@@ -286,18 +288,23 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
     async def endpoint(websocket: WebSocket) -> None:
         key_id: str | None = None
         try:
-            # Browsers send no API key on a WebSocket, but always its Origin: with CORS on, a page from another
-            # origin may not open one. The key, when required, comes with the handshake.
-            origin = websocket.headers.get("origin")
-            if service.cors is not None and origin is not None and not service.cors.allows(origin):
-                raise CorsRejected(f"origin {origin!r} may not open a WebSocket here (--cors-origins)")
+            # Browsers let any page open a WebSocket anywhere, without a preflight, but always send its Origin: a
+            # page from a foreign origin may not open one (cross-site WebSocket hijacking), with or without CORS.
+            # The key, when required, comes with the handshake.
+            headers = websocket.headers
+            origin = headers.get("origin")
+            if origin is not None and not service.origin_allowed(origin, headers.get("host")):
+                raise CorsRejected(
+                    f"origin {origin[:100]!r} may not open a WebSocket here (--cors-origins, --allowed-hosts)"
+                )
             if service.requires_auth(websocket.scope["path"]):
-                key_id = service.authenticate(websocket.headers)
+                client = websocket.scope.get("client")
+                key_id = service.authenticate(headers, client[0] if client else None)
             if sockets.closing:
                 raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
             runtime = service.admit_socket(websocket.path_params["model"])
         except TwinserveError as exc:
-            await _deny(websocket, service, exc)
+            await deny_handshake(websocket, service, exc)
             return
         codec = codecs.get(runtime.name)
         if codec is None:

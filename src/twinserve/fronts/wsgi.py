@@ -18,6 +18,7 @@ from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ClientError,
+    HostNotAllowed,
     MethodNotAllowed,
     NotFound,
     RequestTimeout,
@@ -36,6 +37,7 @@ __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
 BACKLOG_ENVIRON = "twinserve.backlog"
 
 logger = logging.getLogger("twinserve.wsgi")
+_HOST_REFUSED = HostNotAllowed.code
 
 
 class _ModelNameConverter(BaseConverter):
@@ -188,17 +190,20 @@ def create_wsgi_app(service: Service) -> Flask:
     @app.before_request
     def _start() -> Response | None:
         exchange = _exchange()
+        if service.checks_host:
+            service.check_host(request.headers.get("host"))
         if service.cors is not None and service.is_preflight(request.method, request.headers):
             exchange.endpoint = "preflight"
             return _respond(exchange.reply(service.preflight(request.headers)))
-        exchange.authenticate(request.headers)
+        exchange.authenticate(request.headers, request.remote_addr)  # REMOTE_ADDR: gunicorn's peer address
         return None
 
     @app.after_request
     def _finish(response: Response) -> Response:
         exchange = _exchange()
         response.headers[REQUEST_ID_HEADER] = exchange.request_id
-        if service.cors is not None and exchange.endpoint != "preflight":
+        # A request naming a foreign host gets nothing but its 400: no CORS grant either (as from the ASGI front).
+        if service.cors is not None and exchange.endpoint != "preflight" and exchange.error_code != _HOST_REFUSED:
             response.headers.update(service.cors.response_headers(request.headers.get("origin")))
         if not g.get("streaming"):
             exchange.responded(response.status_code)
