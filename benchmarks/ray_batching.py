@@ -29,12 +29,12 @@ import threading
 import time
 from typing import Any
 
-from common import Server, example_request, require_wrk, wrk
+from common import ROOT, example_request, require_wrk, wrk
 from ray_vs_serve import RayServer
-from tests.serving import ROOT, free_port
 
 from twinserve.config import load_config
 from twinserve.deploy.ray import replica_capacity
+from twinserve.lab.servers import ServerProcess, free_port
 
 APP = "batched"
 _FIGURES = "handle figures: "
@@ -113,10 +113,12 @@ def serve_batch_app(
         ray.shutdown()
 
 
-class ServeBatchServer(Server):
+class ServeBatchServer(ServerProcess):
+    """This script's `--serve-batch-app` process on a free port (any GET on it answers 200 once deployed)."""
+
     def __init__(self, model: str, replicas: int, max_batch_size: int, wait_s: float) -> None:
-        super().__init__([model], "async")
-        self.args = [sys.executable, __file__, "--serve-batch-app", str(self.port), "--model", model]
+        port = free_port()
+        super().__init__([sys.executable, __file__, "--serve-batch-app", str(port), "--model", model], port=port)
         self.args += ["--replicas", str(replicas), "--max-batch-size", str(max_batch_size)]
         self.args += ["--max-batch-delay-ms", str(wait_s * 1000)]
 

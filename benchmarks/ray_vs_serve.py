@@ -19,13 +19,15 @@ import sys
 
 from common import Server, example_request, require_wrk, wrk
 
+from twinserve.lab.servers import ServerProcess, free_port
 
-class RayServer(Server):
+
+class RayServer(ServerProcess):
     """`twinserve ray MODEL --replicas N` as a subprocess on a local Ray bounded to this machine's CPUs."""
 
     def __init__(self, model: str, replicas: str) -> None:
-        super().__init__([model], "async")
-        self.args = [sys.executable, "-m", "twinserve", "ray", model, "--port", str(self.port)]
+        port = free_port()  # Ray's proxy binds the port it is given and does not say another
+        super().__init__([sys.executable, "-m", "twinserve", "ray", model, "--port", str(port)], port=port)
         self.args += ["--replicas", replicas]
 
 
