@@ -19,7 +19,6 @@ from tests.serving import Server, model_path, servers_per_arch
 from twinserve.cli import build_parser
 from twinserve.config import load_config
 from twinserve.errors import ConfigError, CorsRejected, RateLimited, Unauthorized
-from twinserve.fronts import auth as auth_module
 from twinserve.fronts.auth import Authenticator, KeyRing, credentials_from, key_id
 from twinserve.fronts.contract import Service
 from twinserve.fronts.cors import ALLOWED_HEADERS, CorsPolicy
@@ -63,7 +62,7 @@ def test_every_key_is_compared_whatever_matches(presented: str, monkeypatch: pyt
         compared.append((len(a), len(b)))
         return real(a, b)
 
-    monkeypatch.setattr(auth_module.hmac, "compare_digest", compare_digest)
+    monkeypatch.setattr(hmac, "compare_digest", compare_digest)  # the module auth compares with
     ring = KeyRing([f"k{i}-secret" for i in range(4)])
     ring.match(presented)
     # No early exit at a match, and equal-length digests: neither position nor length shows in the timing.

@@ -55,7 +55,8 @@ class RayServer(ServerProcess):
         """Every process this server started (Ray's own daemons and its workers descend from it)."""
         assert self.process is not None
         try:
-            return psutil.Process(self.process.pid).children(recursive=True)
+            found: list[psutil.Process] = psutil.Process(self.process.pid).children(recursive=True)
+            return found
         except psutil.NoSuchProcess:
             return []
 

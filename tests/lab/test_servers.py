@@ -98,7 +98,7 @@ def test_stop_kills_a_server_that_ignores_sigterm_and_what_it_left_behind() -> N
 def test_where_a_server_listens_is_known_once_it_said_so() -> None:
     server = TwinserveServer([TABULAR], "async")
     with pytest.raises(RuntimeError, match="start"):
-        server.url
+        _ = server.url
     assert ServerProcess(["true"], port=8123).url == "http://127.0.0.1:8123"
 
 
