@@ -165,12 +165,12 @@ class Round:
     def saturated(self) -> bool:
         """A server or a generator was busy enough that it may have set the pace."""
         keys = ("server_cpu", "gen_cpu")
-        return max(reading[key] for reading in self.readings.values() for key in keys) > BUSY_CPU_PERCENT
+        return float(max(reading[key] for reading in self.readings.values() for key in keys)) > BUSY_CPU_PERCENT
 
     @property
     def disturbed(self) -> bool:
         """Other work on the machine took enough CPU that it may have skewed one reading against another."""
-        return max(reading["other_cpu"] for reading in self.readings.values()) > OTHER_CPU_PERCENT
+        return float(max(reading["other_cpu"] for reading in self.readings.values())) > OTHER_CPU_PERCENT
 
 
 def compare(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 
 from common import Server, example_request, require_wrk, wrk
 
@@ -42,7 +43,7 @@ def main() -> None:
     require_wrk()
     levels = [int(c) for c in args.connections.split(",")]
     serve_label, ray_label = f"serve async {args.processes}w", f"ray {args.processes} replicas"
-    setups = {
+    setups: dict[str, Callable[[], ServerProcess]] = {
         serve_label: lambda: Server([args.model], "async", "--workers", args.processes),
         ray_label: lambda: RayServer(args.model, args.processes),
     }
