@@ -166,19 +166,23 @@ class ServerProcess:
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True
         )
-        deadline = started + self.ready_timeout
+        try:
+            self._wait_until_ready(self.process, started + self.ready_timeout)
+        except BaseException:  # not ready, or the caller interrupted: no server is left running either way
+            self.stop()
+            raise
+        self.startup_s = round(time.monotonic() - started, 3)
+        return self
+
+    def _wait_until_ready(self, process: subprocess.Popen[bytes], deadline: float) -> None:
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                code = self.process.returncode
-                self.stop()
-                raise ServerFailed(f"the server exited with code {code}: {self._quoted()}")
+            if process.poll() is not None:
+                raise ServerFailed(f"the server exited with code {process.returncode}: {self._quoted()}")
             if self._url is None:
                 self._url = announced_url(self.output())
             if self._url is not None and self._ready(self):
-                self.startup_s = round(time.monotonic() - started, 3)
-                return self
+                return
             time.sleep(_POLL_S)
-        self.stop()
         raise ServerFailed(f"the server was not ready after {self.ready_timeout:g} s: {self._quoted()}")
 
     def terminate(self) -> None:
