@@ -13,11 +13,13 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from twinserve.lab.servers import ServerProcess, TwinserveServer
 
-from tests.serving import Server
+__all__ = ["ROOT", "Server", "example_request", "require_wrk", "wrk"]
 
-__all__ = ["Server", "example_request", "require_wrk", "wrk"]
+ROOT = Path(__file__).resolve().parent.parent
+#: twinserve as a user starts it, on the port it binds and announces: the lab's server-process helper.
+Server = TwinserveServer
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -69,7 +71,7 @@ def wrk(
     }
 
 
-def example_request(server: Server, headers: dict[str, str] | None = None) -> tuple[str, bytes]:
+def example_request(server: ServerProcess, headers: dict[str, str] | None = None) -> tuple[str, bytes]:
     """The predict URL of the server's first model and a one-instance body from its own examples."""
     name = httpx.get(server.url + "/v1/models", headers=headers).json()["models"][0]["name"]
     meta: dict[str, Any] = httpx.get(f"{server.url}/v1/models/{name}", headers=headers).json()

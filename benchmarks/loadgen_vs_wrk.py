@@ -38,13 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 from baselines import raw_asgi
 from common import require_wrk
-from tests.serving import free_port
 
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
+from twinserve.lab.servers import ServerProcess, free_port, http_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b'{"instances": [[5.1, 3.5, 1.4, 0.2]]}'
@@ -80,27 +79,10 @@ def uvicorn(app: str, service_ms: float = 0.0) -> Iterator[tuple[str, psutil.Pro
         sys.executable, "-m", "uvicorn", "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
         "--app-dir", str(ROOT / "benchmarks"), "--port", str(port), app,
     ]  # fmt: skip
-    env = {**os.environ, SERVICE_MS_ENV: str(service_ms)}
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT
-            while True:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"uvicorn never became ready:\n{log.read().decode(errors='replace')}")
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.05)  # polling interval while waiting on readiness
-            yield f"http://127.0.0.1:{port}/predict", psutil.Process(process.pid)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+    env = {SERVICE_MS_ENV: str(service_ms)}
+    ready = http_ready("/health")
+    with ServerProcess(command, port=port, ready=ready, env=env, cwd=ROOT, ready_timeout=READY_TIMEOUT) as server:
+        yield f"{server.url}/predict", psutil.Process(server.pid)
 
 
 def _wrk_ms(output: str, percentile: str) -> float:
@@ -183,12 +165,12 @@ class Round:
     def saturated(self) -> bool:
         """A server or a generator was busy enough that it may have set the pace."""
         keys = ("server_cpu", "gen_cpu")
-        return max(reading[key] for reading in self.readings.values() for key in keys) > BUSY_CPU_PERCENT
+        return float(max(reading[key] for reading in self.readings.values() for key in keys)) > BUSY_CPU_PERCENT
 
     @property
     def disturbed(self) -> bool:
         """Other work on the machine took enough CPU that it may have skewed one reading against another."""
-        return max(reading["other_cpu"] for reading in self.readings.values()) > OTHER_CPU_PERCENT
+        return float(max(reading["other_cpu"] for reading in self.readings.values())) > OTHER_CPU_PERCENT
 
 
 def compare(

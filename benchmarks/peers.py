@@ -17,22 +17,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 from batching import ceiling
-from common import Server, example_request, require_wrk, wrk
+from common import ROOT, Server, example_request, require_wrk, wrk
 
+from twinserve.lab.servers import ServerProcess, free_port, http_ready
 from twinserve.model import ModelSpec, import_model
 from twinserve.protocol.v1 import dumps
 
-ROOT = Path(__file__).resolve().parent.parent
 MODELS = {
     "tabular": "twinserve.examples.tabular:Classifier",
     "minilm": "twinserve.examples.embed:MiniLM",
@@ -45,48 +41,15 @@ TUNED = {
 }
 
 
-class Baseline:
-    """A server that is not twinserve, as a subprocess; ready once `health` answers 200."""
+class Baseline(ServerProcess):
+    """A server that is not twinserve, as a subprocess on a free port; ready once `/health` answers 200.
+
+    Stopping it also kills what it leaves behind (LitServe's busy worker processes): they are in its session."""
 
     def __init__(self, command: list[str], port: int, env: dict[str, str]) -> None:
-        self.command, self.port = command, port
-        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> Baseline:
-        self.process = subprocess.Popen(
-            self.command, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.command} exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.command} never became ready")
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.process is not None
-        # Servers such as LitServe leave busy worker processes behind their parent: stop the whole tree.
-        tree = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.terminate()
-        _, alive = psutil.wait_procs(tree, timeout=30)
-        for process in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(alive, timeout=10)
-        self.process.wait(timeout=10)
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
+        ready = http_ready("/health")
+        env = {**env, "PYTHONPATH": str(ROOT)}
+        super().__init__(command, port=port, ready=ready, env=env, cwd=ROOT, ready_timeout=180)
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -97,12 +60,6 @@ def tree_rss_mb(pid: int) -> float:
         with contextlib.suppress(psutil.NoSuchProcess):
             total += process.memory_info().rss
     return total / 2**20
-
-
-def free_port() -> int:
-    from tests.serving import free_port as pick
-
-    return pick()
 
 
 def run_levels(url: str, body: bytes, pid: int, levels: list[int], seconds: float) -> dict[int, dict[str, float]]:
@@ -130,8 +87,7 @@ def measure(model: str, setup: dict[str, Any], body: bytes, levels: list[int], s
         arch, *flags = setup["twinserve"]
         with Server([model], arch, *flags) as server:
             url, _ = example_request(server)
-            assert server.process is not None
-            return run_levels(url, body, server.process.pid, levels, seconds)
+            return run_levels(url, body, server.pid, levels, seconds)
     port = free_port()
     with Baseline(setup["command"](port), port, setup["env"]) as baseline:
         return run_levels(f"http://127.0.0.1:{port}/predict", body, baseline.pid, levels, seconds)

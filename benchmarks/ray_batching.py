@@ -29,12 +29,12 @@ import threading
 import time
 from typing import Any
 
-from common import Server, example_request, require_wrk, wrk
+from common import ROOT, example_request, require_wrk, wrk
 from ray_vs_serve import RayServer
-from tests.serving import ROOT, free_port
 
 from twinserve.config import load_config
 from twinserve.deploy.ray import replica_capacity
+from twinserve.lab.servers import ServerProcess, free_port
 
 APP = "batched"
 _FIGURES = "handle figures: "
@@ -62,10 +62,13 @@ def _batched_deployment(model: str, replicas: int, max_batch_size: int, wait_s: 
             self.spec = ModelSpec(instance)
             if self.spec.load is not None:
                 self.spec.load.fn()
-            self.inputs: TypeAdapter[Any] = TypeAdapter(list[self.spec.input_type])
-            self.outputs: TypeAdapter[Any] = TypeAdapter(list[self.spec.output_type])
-            self.batched.set_max_batch_size(max_batch_size)
-            self.batched.set_batch_wait_timeout_s(wait_s)
+            item_in: Any = self.spec.input_type  # the model's own types, known at run time only
+            item_out: Any = self.spec.output_type
+            self.inputs: TypeAdapter[Any] = TypeAdapter(list[item_in])
+            self.outputs: TypeAdapter[Any] = TypeAdapter(list[item_out])
+            # serve.batch's wrapper has these setters; its annotations say it is the plain coroutine function
+            self.batched.set_max_batch_size(max_batch_size)  # type: ignore[attr-defined]
+            self.batched.set_batch_wait_timeout_s(wait_s)  # type: ignore[attr-defined]
 
         @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0)
         async def batched(self, instances: list[Any]) -> list[Any]:
@@ -83,7 +86,7 @@ def _batched_deployment(model: str, replicas: int, max_batch_size: int, wait_s: 
             instances = (await request.json())["instances"]
             return {"predictions": list(await asyncio.gather(*(self.batched(i) for i in instances)))}
 
-    return BatchedModel.bind()
+    return BatchedModel.bind()  # type: ignore[attr-defined]  # serve.deployment made it a Deployment
 
 
 def serve_batch_app(
@@ -113,10 +116,12 @@ def serve_batch_app(
         ray.shutdown()
 
 
-class ServeBatchServer(Server):
+class ServeBatchServer(ServerProcess):
+    """This script's `--serve-batch-app` process on a free port (any GET on it answers 200 once deployed)."""
+
     def __init__(self, model: str, replicas: int, max_batch_size: int, wait_s: float) -> None:
-        super().__init__([model], "async")
-        self.args = [sys.executable, __file__, "--serve-batch-app", str(self.port), "--model", model]
+        port = free_port()
+        super().__init__([sys.executable, __file__, "--serve-batch-app", str(port), "--model", model], port=port)
         self.args += ["--replicas", str(replicas), "--max-batch-size", str(max_batch_size)]
         self.args += ["--max-batch-delay-ms", str(wait_s * 1000)]
 
@@ -209,13 +214,13 @@ def main() -> None:
             wrk(url, body, 4, 2)  # warm-up
             for c in levels:
                 report(round_, engine, c, wrk(url, body, c, args.seconds))
-        with ServeBatchServer(args.model, args.replicas, args.max_batch_size, wait_s) as server:
-            url = server.url + path
+        with ServeBatchServer(args.model, args.replicas, args.max_batch_size, wait_s) as batched:
+            url = batched.url + path
             wrk(url, body, 4, 2)
             for c in levels:
                 report(round_, batch, c, wrk(url, body, c, args.seconds))
         instance = json.loads(body)["instances"][0]
-        for c, r in server.handle_load(instance, levels, args.seconds).items():
+        for c, r in batched.handle_load(instance, levels, args.seconds).items():
             report(round_, handle, c, r)
 
     print(f"\nmean of {args.rounds} rounds")

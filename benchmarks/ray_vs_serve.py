@@ -16,16 +16,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 
 from common import Server, example_request, require_wrk, wrk
 
+from twinserve.lab.servers import ServerProcess, free_port
 
-class RayServer(Server):
+
+class RayServer(ServerProcess):
     """`twinserve ray MODEL --replicas N` as a subprocess on a local Ray bounded to this machine's CPUs."""
 
     def __init__(self, model: str, replicas: str) -> None:
-        super().__init__([model], "async")
-        self.args = [sys.executable, "-m", "twinserve", "ray", model, "--port", str(self.port)]
+        port = free_port()  # Ray's proxy binds the port it is given and does not say another
+        super().__init__([sys.executable, "-m", "twinserve", "ray", model, "--port", str(port)], port=port)
         self.args += ["--replicas", replicas]
 
 
@@ -40,7 +43,7 @@ def main() -> None:
     require_wrk()
     levels = [int(c) for c in args.connections.split(",")]
     serve_label, ray_label = f"serve async {args.processes}w", f"ray {args.processes} replicas"
-    setups = {
+    setups: dict[str, Callable[[], ServerProcess]] = {
         serve_label: lambda: Server([args.model], "async", "--workers", args.processes),
         ray_label: lambda: RayServer(args.model, args.processes),
     }

@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 BODY = json.dumps(
@@ -39,7 +40,7 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes) -> 
     name = next(iter(runtimes))
     path = f"/v1/models/{name}:predict"
     app = create_asgi_app(Service(runtimes, config))
-    started: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    started: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
     lifespan = asyncio.ensure_future(
         app({"type": "lifespan", "asgi": {"version": "3.0"}}, _lifespan_receive(), started.put)
     )
@@ -59,7 +60,7 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes) -> 
 
         status = 0
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

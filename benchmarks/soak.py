@@ -32,7 +32,7 @@ def soak(arch: str, model: str, minutes: int, window_s: float, flags: list[str])
         url, body = example_request(server)
         capacity = run_level_sync(LoadSpec(url=url, bodies=[body], duration_s=5, warmup_s=1, concurrency=32))
         rate = LOAD_SHARE * capacity.ok / capacity.duration_s
-        windows = []
+        windows: list[dict[str, Any]] = []
         for minute in range(minutes):
             level = run_level_sync(LoadSpec(url=url, bodies=[body], duration_s=window_s, rate=rate, seed=minute))
             errors = sum(level.http_errors.values()) + sum(level.transport_errors.values())

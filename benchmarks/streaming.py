@@ -42,7 +42,7 @@ def one_stream(client: httpx.Client, url: str, body: dict[str, object], steps: i
 
 
 def measure(arch: str, steps: int, repeats: int, clients: int) -> dict[str, float]:
-    body = {"instances": [{"text": "benchmark", "max_tokens": steps}]}
+    body: dict[str, object] = {"instances": [{"text": "benchmark", "max_tokens": steps}]}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     with (
         Server([MODEL], arch, "--workers", "1", "--threads", str(clients + 2)) as server,

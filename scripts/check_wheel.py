@@ -61,8 +61,8 @@ def check_sdist(path: Path) -> list[str]:
     if len(roots) != 1:
         return [f"{path.name}: expected one top folder, found {sorted(roots)}"]
     (root,) = roots
-    needs = ("pyproject.toml", "README.md", "PKG-INFO", "src/twinserve/__init__.py", "src/twinserve/py.typed")
-    needs += ("src/twinserve/examples/tabular.py",)
+    needs: tuple[str, ...] = ("pyproject.toml", "README.md", "PKG-INFO", "src/twinserve/__init__.py")
+    needs += ("src/twinserve/py.typed", "src/twinserve/examples/tabular.py")
     return [f"{path.name}: {root}/{need} is missing" for need in needs if f"{root}/{need}" not in names]
 
 

@@ -6,17 +6,25 @@ prints what came back: `python scripts/contract_table.py` (from the repository r
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.conftest import ARCHS, CONTRACT_MODELS
-from tests.serving import RedisServer, Server
-
 from twinserve.examples.io import populate
+from twinserve.lab.servers import RedisServer, TwinserveServer
+from twinserve.servers import SERVERS
+
+ARCHS = tuple(SERVERS)
+#: The contract suite's models (tests/conftest.py CONTRACT_MODELS), named by file: nothing imports the tests.
+TEST_MODELS = Path(__file__).resolve().parent.parent / "tests" / "models.py"
+CONTRACT_MODELS = (
+    "twinserve.examples.tabular:Classifier",
+    "twinserve.examples.io:FeatureLookup",
+    *(
+        f"{TEST_MODELS}:{name}"
+        for name in ("Echo", "AsyncEcho", "Mixed", "Faulty", "Mismatch", "Gate", "WhereAmI", "Affine", "Sensors")
+    ),
+)
 
 IRIS = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 J = {"content-type": "application/json"}
@@ -61,10 +69,8 @@ CASES: list[tuple[str, str, str, dict[str, object]]] = [
 def main() -> None:
     redis = RedisServer()
     populate(redis.url, entities=10)
-    servers = {
-        arch: Server(CONTRACT_MODELS, arch, "--workers", "2", "--max-body-bytes", "65536", "--redis-url", redis.url)
-        for arch in ARCHS
-    }
+    flags = ("--workers", "2", "--max-body-bytes", "65536", "--redis-url", redis.url)
+    servers = {arch: TwinserveServer(CONTRACT_MODELS, arch, *flags) for arch in ARCHS}
     try:
         for server in servers.values():
             server.start()

@@ -19,7 +19,6 @@ from tests.serving import Server, model_path, servers_per_arch
 from twinserve.cli import build_parser
 from twinserve.config import load_config
 from twinserve.errors import ConfigError, CorsRejected, RateLimited, Unauthorized
-from twinserve.fronts import auth as auth_module
 from twinserve.fronts.auth import KeyRing, credentials_from, key_id
 from twinserve.fronts.contract import Service
 from twinserve.fronts.cors import ALLOWED_HEADERS, CorsPolicy
@@ -63,7 +62,7 @@ def test_every_key_is_compared_whatever_matches(presented: str, monkeypatch: pyt
         compared.append((len(a), len(b)))
         return real(a, b)
 
-    monkeypatch.setattr(auth_module.hmac, "compare_digest", compare_digest)
+    monkeypatch.setattr(hmac, "compare_digest", compare_digest)  # the module auth compares with
     ring = KeyRing([f"k{i}-secret" for i in range(4)])
     ring.match(presented)
     # No early exit at a match, and equal-length digests: neither position nor length shows in the timing.
@@ -84,7 +83,9 @@ def test_authenticator_refuses_with_a_challenge_and_limits_each_key() -> None:
     with pytest.raises(RateLimited) as limited:
         auth.authenticate(one)
     assert int(limited.value.headers["Retry-After"]) >= 1
-    assert auth.authenticate(httpx.Headers({"x-api-key": "two-key-0123456789"})) == key_id("two-key-0123456789")  # its own bucket
+    assert auth.authenticate(httpx.Headers({"x-api-key": "two-key-0123456789"})) == key_id(
+        "two-key-0123456789"
+    )  # its own bucket
 
 
 def test_keys_from_flags_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

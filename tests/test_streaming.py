@@ -42,7 +42,7 @@ def server(request: pytest.FixtureRequest, stream_servers: dict[str, Server]) ->
 
 def events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
     """(event name, parsed data) per Server-Sent Event, as the bytes arrive."""
-    name, data = "message", []
+    name, data = "message", list[str]()
     for line in response.iter_lines():
         if not line:
             if data:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.baselines.model import load_predictor
 from fastapi import FastAPI, Response
 from pydantic import BaseModel
+
+from .model import load_predictor
 
 app = FastAPI()
 predict = load_predictor()

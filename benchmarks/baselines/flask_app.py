@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from benchmarks.baselines.model import load_predictor
 from flask import Flask, Response, request
+
+from .model import load_predictor
 
 app = Flask(__name__)
 predict = load_predictor()

@@ -434,7 +434,8 @@ def test_priority_header_and_parameter(arch: str) -> None:
                 in error(refused, "bad_request")["message"]
             )
         tensor = {"name": "input", "shape": [1], "datatype": "BYTES", "data": ["1"]}  # JSON text, per instance
-        for level, status in ((2, 200), (7, 400), ("high", 400)):
+        levels: tuple[tuple[int | str, int], ...] = ((2, 200), (7, 400), ("high", 400))
+        for level, status in levels:
             body = {"inputs": [tensor], "parameters": {"priority": level}}
             answer = app.request("POST", "/v2/models/echo/infer", json=body)
             assert answer.status == status, answer.text

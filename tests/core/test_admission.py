@@ -113,7 +113,9 @@ def test_server_wide_rate_is_exact_across_processes(monkeypatch: pytest.MonkeyPa
 
 def test_per_key_buckets_share_the_slots_after_the_global_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SHARED_STATE_ENV, raising=False)
-    config = load_config(arch="sync", workers=2, rate_limit=100.0, rate_limit_per_key=1.0, api_keys="k-one-0123456789,k-two-0123456789")
+    config = load_config(
+        arch="sync", workers=2, rate_limit=100.0, rate_limit_per_key=1.0, api_keys="k-one-0123456789,k-two-0123456789"
+    )
     assert shared_slot_count(config, 2) == 6
     slots = LocalSlots(6)
     first, second = Admission(config, ["b", "a"], slots), Admission(config, ["a", "b"], slots)

@@ -165,7 +165,7 @@ def test_async_driver_fails_only_the_failing_batch() -> None:
             raise ModelFailed("exploded")
         return batch
 
-    async def main() -> tuple[Any, Any, Any]:
+    async def main() -> tuple[Any, ...]:
         batcher = AsyncBatcher(BatchQueue(1, 0.0, 100, 1), model)
         batcher.start()
         outcome = await asyncio.gather(

@@ -18,7 +18,7 @@ import yaml
 
 from tests.deploy.kube import SchemaError, check_crd, check_native, strict
 from tests.lab.factory import level, results, run
-from tests.serving import Server, free_port
+from tests.serving import ROOT, ServerProcess, free_port
 from twinserve import __version__
 from twinserve.cli import build_parser, main
 from twinserve.config import Config, load_config
@@ -418,10 +418,8 @@ def test_the_container_command_serves_the_probes_and_the_scaling_metric(arch: st
     plan = plan_for(arch, port=port)
     container = by_kind(docs_of(plan))["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]} | {"TMPDIR": str(tmp_path)}
-    server = Server([], arch, env=env)
+    server = ServerProcess([sys.executable, "-m", *container["command"]], port=port, env=env, cwd=ROOT)
     server.env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    server.port, server.url = port, f"http://127.0.0.1:{port}"
-    server.args = [sys.executable, "-m", *container["command"]]
     with server:
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
             assert httpx.get(server.url + container[probe]["httpGet"]["path"], timeout=10).status_code == 200

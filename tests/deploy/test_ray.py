@@ -23,7 +23,7 @@ import psutil
 import pytest
 import tritonclient.http as triton
 
-from tests.serving import Server, model_path, predict, scrape, wait_for_file
+from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape, wait_for_file
 from twinserve.cli import main
 from twinserve.config import Config
 from twinserve.deploy.ray import Scaling, replica_capacity
@@ -39,22 +39,24 @@ QUEUE = 3
 FLAGS = ("--max-batch-size", "1", "--model-workers", "1", "--max-queue", str(QUEUE))
 
 
-class RayServer(Server):
+class RayServer(ServerProcess):
     """`twinserve ray MODEL... --replicas 2` as a subprocess, bounded for a small machine."""
 
     def __init__(self, *extra: str) -> None:
         # Ray's session files and the replicas' metrics directories land here, where the test can check and remove
         # them (a short path: Ray's unix sockets live under it).
         self.tmp = Path(tempfile.mkdtemp(prefix="tsr-"))
-        super().__init__([MODEL, GATE], "async", env={"TMPDIR": str(self.tmp)})
-        self.args = [sys.executable, "-m", "twinserve", "ray", MODEL, GATE, "--port", str(self.port)]
+        port = free_port()  # Ray's proxy binds the port it is given and says no other
+        args = [sys.executable, "-m", "twinserve", "ray", MODEL, GATE, "--port", str(port)]
+        super().__init__(args, port=port, env={"TMPDIR": str(self.tmp)}, cwd=ROOT)
         self.args += ["--num-cpus", "2", *FLAGS, *extra]
 
     def tree(self) -> list[psutil.Process]:
         """Every process this server started (Ray's own daemons and its workers descend from it)."""
         assert self.process is not None
         try:
-            return psutil.Process(self.process.pid).children(recursive=True)
+            found: list[psutil.Process] = psutil.Process(self.process.pid).children(recursive=True)
+            return found
         except psutil.NoSuchProcess:
             return []
 
@@ -122,7 +124,7 @@ def async_server() -> Iterator[Server]:
         yield server
 
 
-def _replica_pids(server: Server, scrapes: int = 1) -> set[str]:
+def _replica_pids(server: ServerProcess, scrapes: int = 1) -> set[str]:
     """The pids of the replicas that answered `scrapes` scrapes (each replica exports its own memory gauge)."""
     pids: set[str] = set()
     for _ in range(scrapes):
@@ -130,7 +132,7 @@ def _replica_pids(server: Server, scrapes: int = 1) -> set[str]:
     return pids
 
 
-def _examples(server: Server) -> list[Any]:
+def _examples(server: ServerProcess) -> list[Any]:
     examples: list[Any] = httpx.get(f"{server.url}/v1/models/iris", timeout=30).json()["examples"]
     return examples
 
@@ -234,7 +236,7 @@ def test_v2_binary_tensors_through_tritonclient_equal_async(ray_server: RayServe
 
 
 # -- backpressure ----------------------------------------------------------------------------------------------
-def _flood(server: Server, gates: Path, requests: int, processes: int, exact: bool = True) -> set[bytes]:
+def _flood(server: ServerProcess, gates: Path, requests: int, processes: int, exact: bool = True) -> set[bytes]:
     """`requests` concurrent gated requests to a server of `processes` replicas or workers: once each process is
     computing one, each queues QUEUE more and rejects the rest with twinserve's 503 at once; released, every
     accepted one is answered. Returns the rejections' distinct bodies.

@@ -29,7 +29,8 @@ CLIENT_TIMEOUT_S = 30.0
 
 
 def children(pid: int) -> list[psutil.Process]:
-    return psutil.Process(pid).children(recursive=True)
+    found: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
+    return found
 
 
 def closed_loop(server: Server, model: str, concurrency: int, duration_s: float, warmup_s: float = 0.5) -> LevelResult:

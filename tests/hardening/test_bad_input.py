@@ -7,6 +7,7 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -35,7 +36,7 @@ def request(
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def v2_binary(header: dict[str, object], data: bytes, header_length: int | None = None) -> bytes:
+def v2_binary(header: Mapping[str, object], data: bytes, header_length: int | None = None) -> bytes:
     encoded = json.dumps(header).encode()
     length = len(encoded) if header_length is None else header_length
     return request(
@@ -46,8 +47,8 @@ def v2_binary(header: dict[str, object], data: bytes, header_length: int | None 
     )
 
 
-def echo(body: bytes, **kwargs: int) -> bytes:
-    return request("/v1/models/echo:predict", body, **kwargs)
+def echo(body: bytes, length: int | None = None) -> bytes:
+    return request("/v1/models/echo:predict", body, length=length)
 
 
 @dataclass(frozen=True)

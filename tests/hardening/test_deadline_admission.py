@@ -19,8 +19,18 @@ from tests.serving import Server, sample, scrape
 
 LEDGER = f"{HERE / 'models.py'}:Ledger"
 #: One batch of at most two requests at a time (50 ms each, see models.py): the queue ahead is easy to reason about.
-FLAGS = ("--workers", "1", "--threads", "32", "--model-workers", "1", "--max-batch-size", "2")
-FLAGS += ("--max-batch-delay-ms", "0")
+FLAGS = (
+    "--workers",
+    "1",
+    "--threads",
+    "32",
+    "--model-workers",
+    "1",
+    "--max-batch-size",
+    "2",
+    "--max-batch-delay-ms",
+    "0",
+)
 DEADLINE_MS = 150
 CROWD = 16
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psutil
 
@@ -24,7 +24,7 @@ from twinserve.lab import drivers
 from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
 from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
-from twinserve.lab.servers import ServerFailed, ServerProcess, request_bodies
+from twinserve.lab.servers import ServerFailed, TwinserveServer, request_bodies
 from twinserve.lab.variants import SWEEPABLE, Arch, Variant, variants
 from twinserve.lab.verdicts import verdicts
 
@@ -96,10 +96,24 @@ class _Sent:
     bodies: list[bytes] = field(default_factory=list)
 
 
+def settings_flags(settings: dict[str, Any]) -> list[str]:
+    """A variant's settings as `twinserve serve` flags (`max_batch_size=8` is `--max-batch-size 8`; None: unset)."""
+    flags: list[str] = []
+    for name, value in settings.items():
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
 def _measure(plan: BenchPlan, variant: Variant, progress: Progress, sent: _Sent) -> Run:
     slug = variant.label.replace(" ", "_").replace("=", "-")
-    server = ServerProcess(
-        plan.model, variant.arch, variant.settings, plan.out / "logs" / f"{slug}.log", plan.ready_timeout_s
+    server = TwinserveServer(
+        [plan.model],
+        variant.arch,
+        *settings_flags(variant.settings),
+        env={"TWINSERVE_LOG_FORMAT": "json"},
+        log_path=plan.out / "logs" / f"{slug}.log",
+        ready_timeout=plan.ready_timeout_s,
     )
     run = Run(label=variant.label, arch=variant.arch, settings=variant.settings, command=server.display_command())
     progress("start", variant.label, None, 0.0)

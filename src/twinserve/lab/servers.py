@@ -1,106 +1,318 @@
-"""A model server under test: `twinserve serve` started as a user would start it, watched from outside."""
+"""Servers started the way a user starts them (a command, as a subprocess) and watched from outside.
+
+The one server-process helper of the project: the lab's bench, the tests and `benchmarks/` all start their
+servers with it. A server is ready once a condition holds (its health endpoint answers 200), never after a fixed
+sleep; a server that exits or never becomes ready fails loudly with what it printed; a server is stopped by its
+PID (SIGTERM, then SIGKILL after a grace period) and whatever it left behind in its own session goes with it.
+
+twinserve binds the port itself (`--port 0`) and says which one it got in its start-up line (see
+`twinserve.servers.announce`), so there is no window between picking a free port and binding it in which another
+process can take it. Servers that cannot do that (Redis, Ray's proxy, the benchmarks' peers) get a port picked
+here with `free_port`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import httpx
 import orjson
 
-__all__ = ["ServerFailed", "ServerProcess", "free_port", "request_bodies"]
+__all__ = [
+    "READY_TIMEOUT_S",
+    "STOP_GRACE_S",
+    "RedisServer",
+    "ServerFailed",
+    "ServerProcess",
+    "TwinserveServer",
+    "announced_url",
+    "free_port",
+    "http_ready",
+    "request_bodies",
+]
+
+#: Generous: a model may take a while to load on a busy machine; a server that is ready returns much sooner.
+READY_TIMEOUT_S = 120.0
+#: How long a SIGTERM'd server may take to finish what it has in flight before it is killed.
+STOP_GRACE_S = 30.0
+#: How often the readiness condition is polled.
+_POLL_S = 0.05
+#: How much of the server's output a failure quotes (its end, where the reason is).
+_QUOTED_CHARS = 20_000
+#: twinserve's start-up line on a terminal: `twinserve: serving NAME (ARCH) on URL; ready once ...`.
+_CONSOLE_ANNOUNCE = re.compile(r"^twinserve: serving .* on (https?://\S+); ready once", re.M)
 
 
 class ServerFailed(RuntimeError):
-    """The server exited, or never became ready; the message ends with the tail of its log."""
+    """The server exited, or never became ready; the message ends with what it printed."""
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A loopback port free right now, for servers that cannot bind port 0 and say which port they got.
+
+    Another process may take it before the server binds it: prefer `--port 0` and `announced_url` where possible.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
         return port
 
 
-class ServerProcess:
-    """`python -m twinserve serve MODEL --arch ARCH ...` on a free loopback port, its output in `log_path`."""
+def announced_url(output: str) -> str | None:
+    """The address twinserve says it listens on, from its start-up line, or None if it has not said it yet.
 
-    def __init__(self, model: str, arch: str, settings: dict[str, Any], log_path: Path, ready_timeout: float) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "twinserve", "serve", model, "--arch", arch]
-        for name, value in settings.items():
-            if value is not None:
-                self.command += ["--" + name.replace("_", "-"), str(value)]
-        self.command += ["--host", "127.0.0.1", "--port", str(self.port)]
+    The line is the JSON `serving` event (logs to a file or a pipe) or the plain console line (a terminal, or
+    `--log-format console`).
+    """
+    for line in output.splitlines():
+        if line.startswith("{") and '"serving"' in line:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("event") == "serving" and isinstance(event.get("url"), str):
+                    return str(event["url"])
+    match = _CONSOLE_ANNOUNCE.search(output)
+    return match.group(1) if match else None
+
+
+def http_ready(path: str) -> Callable[[ServerProcess], bool]:
+    """The readiness condition "GET `path` answers 200"."""
+
+    def ready(server: ServerProcess) -> bool:
+        with contextlib.suppress(httpx.TransportError):
+            return httpx.get(server.url + path, timeout=2.0).status_code == 200
+        return False
+
+    return ready
+
+
+class ServerProcess:
+    """A server command as a subprocess in its own session, its output (stdout and stderr) in one log.
+
+    `port`: where the server listens when the caller chose it; None when the server binds a port of its own
+    choosing and announces it (twinserve's `--port 0`). `ready`: the condition `start` waits for (by default its
+    `/v2/health/ready` answers 200). `log_path`: where its output goes (a temporary file when None).
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        port: int | None = None,
+        ready: Callable[[ServerProcess], bool] | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log_path: Path | None = None,
+        ready_timeout: float = READY_TIMEOUT_S,
+        grace: float = STOP_GRACE_S,
+    ) -> None:
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
         self.log_path = log_path
         self.ready_timeout = ready_timeout
+        self.grace = grace
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
+        self._ready = ready if ready is not None else http_ready("/v2/health/ready")
+        self._url = None if port is None else f"http://127.0.0.1:{port}"
         self._log: IO[bytes] | None = None
+        self._kept: str | None = None  # the output of a temporary log, read before the file went away
+
+    # -- where it is --------------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """`http://host:port`: the port given, or the one the server announced (known once `start` returned)."""
+        return self._http_url()
+
+    @property
+    def port(self) -> int:
+        url = self._http_url()
+        port = httpx.URL(url).port
+        assert port is not None, url
+        return port
 
     @property
     def pid(self) -> int:
-        assert self.process is not None
+        if self.process is None:
+            raise RuntimeError("the server has not been started")
         return self.process.pid
 
-    def display_command(self) -> list[str]:
-        """The command as a user would type it."""
-        return ["twinserve", *self.command[3:]]
-
-    def start(self) -> ServerProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
+    # -- its life -----------------------------------------------------------------------------------------------
+    def start(self) -> Self:
+        """Start the server and return once it is ready; raise `ServerFailed` (after stopping it) if it exits
+        first or is not ready within `ready_timeout` seconds."""
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("wb")
+        else:
+            self._log = tempfile.NamedTemporaryFile(prefix="twinserve-server-", suffix=".log")  # noqa: SIM115
+        self._kept = None
         started = time.monotonic()
-        env = {**os.environ, "TWINSERVE_LOG_FORMAT": "json"}
+        # Its own session: a Ctrl-C meant for the caller does not reach it, and a kill can take its whole group.
         self.process = subprocess.Popen(
-            self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True
         )
-        deadline = started + self.ready_timeout
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise ServerFailed(f"the server exited with code {self.process.returncode}\n{self.log_tail()}")
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(self.url + "/v2/health/ready").status_code == 200:
-                        self.startup_s = round(time.monotonic() - started, 3)
-                        return self
-                time.sleep(0.1)
-        self.stop()
-        raise ServerFailed(f"the server was not ready after {self.ready_timeout:.0f} s\n{self.log_tail()}")
+        try:
+            self._wait_until_ready(self.process, started + self.ready_timeout)
+        except BaseException:  # not ready, or the caller interrupted: no server is left running either way
+            self.stop()
+            raise
+        self.startup_s = round(time.monotonic() - started, 3)
+        return self
 
-    def log_tail(self, lines: int = 15) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+    def _wait_until_ready(self, process: subprocess.Popen[bytes], deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ServerFailed(f"the server exited with code {process.returncode}: {self._quoted()}")
+            if self._url is None:
+                self._url = announced_url(self.output())
+            if self._url is not None and self._ready(self):
+                return
+            time.sleep(_POLL_S)
+        raise ServerFailed(f"the server was not ready after {self.ready_timeout:g} s: {self._quoted()}")
 
-    def stop(self) -> None:
-        """SIGTERM (a graceful stop), then SIGKILL to the server's own process group if it lingers."""
+    def terminate(self) -> None:
+        """SIGTERM, the graceful stop, without waiting for it (`stop` waits, and kills what lingers)."""
+        if self.process is None:
+            raise RuntimeError("the server has not been started")
+        self.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> int | None:
+        """SIGTERM, up to `grace` seconds to exit, then SIGKILL to what is left of its session; its exit code."""
         process = self.process
-        if process is not None and process.poll() is None:
+        if process is None:
+            return None
+        if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)  # its own session: only what this server started
-                process.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=self.grace)
+        # The leader if it lingered, and any worker it left behind (its session is its process group). The group
+        # id stays taken while a member lives, so this reaches only what this server started.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        self._close_log()
+        return process.returncode
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+    # -- what it printed ----------------------------------------------------------------------------------------
+    def output(self) -> str:
+        """Everything the server printed so far (also after it stopped)."""
+        if self._kept is not None:
+            return self._kept
+        if self._log is not None and not self._log.closed:
+            self._log.flush()
+        path = self.log_path if self.log_path is not None else self._log_name()
+        if path is None:
+            return ""
+        with contextlib.suppress(OSError):
+            return path.read_text(errors="replace")
+        return ""
+
+    def log_tail(self, lines: int = 15) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def wait_for_output(self, text: str, timeout: float = 30.0) -> None:
+        """Return once `text` appears in the server's output; AssertionError with the output if it does not."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} never appeared in the server log:\n{self.output()}")
+            time.sleep(0.02)
+
+    def _http_url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("the server has not said where it listens yet: start() it first")
+        return self._url
+
+    def _log_name(self) -> Path | None:
+        return Path(self._log.name) if self._log is not None else None
+
+    def _close_log(self) -> None:
+        if self._log is None or self._log.closed:
+            return
+        if self.log_path is None:
+            self._kept = self.output()  # the temporary file is deleted on close
+        self._log.close()
+
+    def _quoted(self) -> str:
+        text = self.output()
+        cut = text[-_QUOTED_CHARS:]
+        return f"its output{' (end)' if len(cut) < len(text) else ''}:\n{cut}"
+
+
+class TwinserveServer(ServerProcess):
+    """`python -m twinserve serve MODEL... --arch ARCH FLAG...` on loopback, on a port it binds and announces."""
+
+    def __init__(
+        self,
+        models: Sequence[str],
+        arch: str,
+        *flags: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        log_path: Path | None = None,
+        ready_timeout: float = READY_TIMEOUT_S,
+    ) -> None:
+        # `flags` come last, so that a caller's own --host or --port wins.
+        args = [sys.executable, "-m", "twinserve", "serve", *models, "--arch", arch, "--host", "127.0.0.1"]
+        args += ["--port", "0", *flags]
+        super().__init__(args, env=env, cwd=cwd, log_path=log_path, ready_timeout=ready_timeout)
+
+    def display_command(self) -> list[str]:
+        """The command as a user would type it."""
+        return ["twinserve", *self.args[3:]]
+
+
+def _redis_answers(server: ServerProcess) -> bool:
+    import redis
+
+    client = redis.Redis(port=server.port, socket_connect_timeout=2.0)
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()
+
+
+class RedisServer(ServerProcess):
+    """A throwaway `redis-server` on a free loopback port, no persistence (the feature-store example's store).
+
+    Started on construction, as the tests' fixtures and scripts expect; `url` is its `redis://` address.
+    """
+
+    def __init__(self, *, ready_timeout: float = 30.0) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+        port = free_port()  # redis-server's --port 0 means "no TCP at all"
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        super().__init__(args, port=port, ready=_redis_answers, ready_timeout=ready_timeout, grace=10.0)
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
 
 
 def request_bodies(base_url: str, payload: Path | None) -> tuple[str, list[bytes]]:
@@ -114,7 +326,7 @@ def request_bodies(base_url: str, payload: Path | None) -> tuple[str, list[bytes
             if not bodies:
                 raise ValueError(f"{payload}: no request bodies (one JSON object per line)")
             return name, bodies
-        examples = client.get(f"{base_url}/v1/models/{name}").json().get("examples") or []
+        examples: list[Any] = client.get(f"{base_url}/v1/models/{name}").json().get("examples") or []
     if not examples:
         raise ValueError(f"model {name!r} has no examples(): pass --payload FILE (one request body per line)")
     return name, [orjson.dumps({"instances": [example]}) for example in examples]

@@ -41,14 +41,17 @@ def _curl(base: str, spec: ModelSpec) -> str | None:
     return f"curl -s {url} -H 'content-type: application/json' -d {shlex.quote(body)}"
 
 
-def announce(config: Config) -> None:
-    """Say where the server listens and how to try it: plain lines on a terminal, else one JSON log event."""
+def announce(config: Config, port: int) -> None:
+    """Say where the server listens and how to try it: plain lines on a terminal, else one JSON log event.
+
+    `port` is the one bound, the kernel's choice when `config.port` is 0: said once the socket is bound, so that
+    whoever started the server (`twinserve.lab.servers`, a script) can read the real address from this line."""
     import structlog
 
     from twinserve.observability.logging import for_console
 
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
-    base = f"http://{'[' + host + ']' if ':' in host else host}:{config.port}"
+    base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     try:
         spec = ModelSpec(import_model(config.models[0])())
         name, curl = spec.name, _curl(base, spec)

@@ -81,6 +81,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             "accesslog": None,
             "logger_class": _GunicornLogger,
         }
+        settings["when_ready"] = lambda arbiter: announce(config, arbiter.LISTENERS[0].getsockname()[1])
         settings["child_exit"] = _child_exit
         settings["worker_exit"] = _worker_exit
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
@@ -94,22 +95,17 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
 def run(config: Config) -> None:
     configure_logging(config.log_level, config.log_format)
-    announce(config)
     if config.debug:
-        from werkzeug.serving import WSGIRequestHandler, run_simple
+        from werkzeug.serving import WSGIRequestHandler, make_server
 
         class Quiet(WSGIRequestHandler):
             def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
                 pass  # twinserve's request log has the request already
 
         # One process, one thread, no reloader: a breakpoint() in the model stops right here in the terminal.
-        run_simple(
-            config.host,
-            config.port,
-            build_wsgi_app(config),
-            threaded=False,
-            use_reloader=False,
-            request_handler=Quiet,
-        )
+        server = make_server(config.host, config.port, build_wsgi_app(config), threaded=False, request_handler=Quiet)
+        announce(config, server.port)  # the port bound: the kernel's choice for --port 0
+        server.serve_forever()
         return
+    # Announced once gunicorn has bound its socket (`when_ready`), with the port it got.
     GunicornServer(config).run()

@@ -14,6 +14,8 @@ from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
@@ -93,10 +95,9 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def run(config: Config) -> None:
     os.environ[CONFIG_ENV] = config.model_dump_json()
     configure_logging(config.log_level, config.log_format)
-    announce(config)
     # uvicorn re-raises the SIGTERM it caught once shutdown is done; a graceful stop should exit 0, as gunicorn's does.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
+    settings = uvicorn.Config(
         "twinserve.servers.uvicorn:app_factory",
         factory=True,
         host=config.host,
@@ -114,3 +115,17 @@ def run(config: Config) -> None:
         ws_ping_interval=20.0,  # keepalive pings find dead peers; a stream may be idle for long
         ws_ping_timeout=20.0,
     )
+    # What `uvicorn.run` does, with the socket bound here first (as uvicorn binds it for several workers) so that
+    # the announcement says the port bound, the kernel's choice for --port 0.
+    sock = settings.bind_socket()
+    announce(config, sock.getsockname()[1])
+    server = uvicorn.Server(settings)
+    try:
+        if settings.workers > 1:
+            Multiprocess(settings, sockets=[sock]).run()
+        else:
+            server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    if settings.workers == 1 and not server.started:
+        sys.exit(STARTUP_FAILURE)  # the app failed its lifespan startup (a model that would not load)
