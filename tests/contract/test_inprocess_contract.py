@@ -435,8 +435,8 @@ def test_priority_header_and_parameter(arch: str) -> None:
             )
         tensor = {"name": "input", "shape": [1], "datatype": "BYTES", "data": ["1"]}  # JSON text, per instance
         levels: tuple[tuple[int | str, int], ...] = ((2, 200), (7, 400), ("high", 400))
-        for level, status in levels:
-            body = {"inputs": [tensor], "parameters": {"priority": level}}
+        for priority, status in levels:
+            body = {"inputs": [tensor], "parameters": {"priority": priority}}
             answer = app.request("POST", "/v2/models/echo/infer", json=body)
             assert answer.status == status, answer.text
         v2_error(answer, "parameters.priority must be a whole number")
