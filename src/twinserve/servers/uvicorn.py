@@ -114,6 +114,9 @@ def run(config: Config) -> None:
         ws_max_size=config.effective_ws_max_message_bytes,  # larger messages: close 1009
         ws_ping_interval=20.0,  # keepalive pings find dead peers; a stream may be idle for long
         ws_ping_timeout=20.0,
+        # The client's address is the front's to work out (`fronts/clients.py`, from --forwarded-allow-ips), the
+        # same way in every architecture; uvicorn's own rewrite would trust its FORWARDED_ALLOW_IPS instead.
+        proxy_headers=False,
     )
     # What `uvicorn.run` does, with the socket bound here first (as uvicorn binds it for several workers) so that
     # the announcement says the port bound, the kernel's choice for --port 0.
