@@ -21,6 +21,7 @@ A front only moves bytes and blocks or awaits; a stream's exchange stays open un
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,9 +40,13 @@ if TYPE_CHECKING:
     from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
 
-__all__ = ["Exchange", "Reply", "error_reply"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Exchange", "Reply", "error_reply"]
 
 logger = logging.getLogger("twinserve.exchange")
+
+#: Bodies at least this large are decoded on a thread by `adecode`, so that the event loop keeps answering
+#: (health checks, other requests) meanwhile: a 64 KiB body takes ~1-3 ms to decode, the hop to a thread ~0.1 ms.
+DECODE_OFF_LOOP_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,13 @@ class Exchange:
             instances = codecs.v1.decode(body)
         self._count = len(instances)
         return instances
+
+    async def adecode(self, body: bytes, header_length: str | None = None) -> list[Any]:
+        """`decode` for the event loop: a large body is decoded on a thread of the loop's default executor (the
+        request context goes with it), a small one in place."""
+        if len(body) < DECODE_OFF_LOOP_BYTES:
+            return self.decode(body, header_length)
+        return await asyncio.to_thread(self.decode, body, header_length)
 
     def encode(self, outputs: Any) -> Reply:
         """The 200 reply carrying `outputs`, in the protocol the request came in."""

@@ -211,7 +211,7 @@ class V2Codec:
         if count < 1:
             raise InvalidTensor("the batch dimension must hold at least one instance")
         if self.max_instances is not None and count > self.max_instances:
-            raise TooManyInstances(f"a request may hold at most {self.max_instances} rows (--max-instances)")
+            raise self._too_many_rows()
         instances = self.binding.to_instances(arrays)
         if len(instances) != count:
             raise ModelFailed(f"from_tensors returned {len(instances)} instances for {count} rows")
@@ -222,6 +222,9 @@ class V2Codec:
                 message, details = _validation_message(exc)
                 raise ValidationFailed(message, details=details) from None
         return InferenceRequest(instances, request_id, requested, timeout)
+
+    def _too_many_rows(self) -> TooManyInstances:
+        return TooManyInstances(f"a request may hold at most {self.max_instances} rows (--max-instances)")
 
     def _arrays(self, inputs: Any, binary: memoryview) -> dict[str, np.ndarray[Any, Any]]:
         """Every input tensor, checked against the model's and decoded from its JSON data or binary data."""
@@ -242,6 +245,8 @@ class V2Codec:
                     f"input {name!r} has datatype {item.get('datatype')!r}; the model takes {tensor.datatype}"
                 )
             shape = _shape(item.get("shape"), tensor)
+            if self.max_instances is not None and shape and shape[0] > self.max_instances:  # before its data too
+                raise self._too_many_rows()
             elements += math.prod(shape)
             if self.max_elements is not None and elements > self.max_elements:  # before any data is decoded
                 raise TooManyElements(

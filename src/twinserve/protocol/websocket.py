@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
-from twinserve.errors import MalformedRequest, TwinserveError, error_payload
-from twinserve.protocol.v1 import V1Codec, dumps, reject_non_json_numbers, request_error
+from twinserve.errors import MalformedRequest, TooManyInstances, TwinserveError, error_payload
+from twinserve.protocol.v1 import V1Codec, check_instance_count, dumps, reject_non_json_numbers, request_error
 from twinserve.protocol.v2 import InferenceRequest, V2Codec
 
 __all__ = ["FRAME_PREFIX", "BinaryMessage", "MessageError", "TextMessage", "WebSocketCodec"]
@@ -107,8 +107,9 @@ class WebSocketCodec:
     def decode_text(self, text: str) -> TextMessage:
         try:
             reject_non_json_numbers(text)  # NaN, Infinity, 1e400: 400 here as over HTTP
+            check_instance_count(text, self._max_instances)  # 413 before the parser builds a single instance
             message: Any = self._message.model_validate_json(text)
-        except MalformedRequest as exc:
+        except (MalformedRequest, TooManyInstances) as exc:
             raise MessageError(_text_id(text), exc) from None
         except ValidationError as exc:
             raise MessageError(_text_id(text), request_error(exc, self._max_instances)) from None
