@@ -117,8 +117,8 @@ class _Scan:
                 if self.open_at >= 0:
                     self._count_commas(inner, counted_from, index)
                     self._closed(at)
-            else:  # the top-level object closes
-                return True
+            else:  # the top-level object closes; anything but whitespace after it is the parser's 400
+                return True if _NOT_WHITESPACE.search(self.text, at + 1) is None else self._give_up()
         if self.open_at >= 0:
             self._count_commas(inner, counted_from, len(inner))
             if self.stop is not None and self.commas > self.stop and self.text.find(b'"', offset + len(inner)) < 0:
