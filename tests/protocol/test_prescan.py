@@ -55,7 +55,7 @@ def test_count_elements_counts_the_top_level_array(body: bytes, count: int) -> N
         b'{"instances":[1,2',  # never closed
         b'{"instances":[1,2]',
         b'{"instances":[1,2]}{"instances":[1,2,3]}',  # not one value
-        b'{1:[1,2]}',
+        b"{1:[1,2]}",
     ],
 )
 def test_count_elements_leaves_to_the_parser_what_it_cannot_tell(body: bytes) -> None:
@@ -88,7 +88,7 @@ def test_count_elements_agrees_with_the_parser_on_random_documents() -> None:
 
 def test_bodies_larger_than_a_chunk_are_counted_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prescan, "CHUNK", 7)  # every string, key and bracket straddles chunk borders somewhere
-    document = {"a": "x\\\",[", "instances": [{"k": "v,]"}, [1, [2, "]"]], "s\\"], "b": [1, 2]}
+    document = {"a": 'x\\",[', "instances": [{"k": "v,]"}, [1, [2, "]"]], "s\\"], "b": [1, 2]}
     body = json.dumps(document).encode()
     assert count_elements(body, "instances") == 3
     assert count_elements(json.dumps({"instances": list(range(50))}).encode(), "instances", stop=10) == 11

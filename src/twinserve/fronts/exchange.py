@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from twinserve.core.memory import release_free_memory
 from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error
 from twinserve.fronts.routes import JSON
 from twinserve.protocol.v1 import dumps
@@ -40,13 +41,16 @@ if TYPE_CHECKING:
     from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "Exchange", "Reply", "error_reply"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "TRIM_AFTER_BYTES", "Exchange", "Reply", "error_reply"]
 
 logger = logging.getLogger("twinserve.exchange")
 
 #: Bodies at least this large are decoded on a thread by `adecode`, so that the event loop keeps answering
 #: (health checks, other requests) meanwhile: a 64 KiB body takes ~1-3 ms to decode, the hop to a thread ~0.1 ms.
 DECODE_OFF_LOOP_BYTES = 64 * 1024
+#: A refused body at least this large is followed by a trim of the heap when its exchange closes (core/memory.py):
+#: its copies would otherwise stay resident; smaller ones do not move the heap enough to pay for it.
+TRIM_AFTER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Exchange:
 
     __slots__ = (
         "_answered",
+        "_body_bytes",
         "_count",
         "_inference",
         "_open",
@@ -101,6 +106,7 @@ class Exchange:
         self.deadline: float | None = None
         self._inference: InferenceRequest | None = None
         self._count = 0
+        self._body_bytes = 0
         self._answered = False
         self._open = True
         service.in_flight.inc()
@@ -141,6 +147,7 @@ class Exchange:
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`)."""
         codecs = self.codecs
+        self._body_bytes = len(body)
         if self.endpoint == "infer":
             inference = self._inference = codecs.v2.decode(body, header_length)
             self.deadline = self.service.v2_deadline(self.deadline, inference.timeout_us)
@@ -229,3 +236,5 @@ class Exchange:
             self.service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
         finally:
             self.service.in_flight.dec()
+            if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
+                release_free_memory()  # the refused body and what its decoding built are freed by now

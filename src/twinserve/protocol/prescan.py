@@ -23,7 +23,7 @@ __all__ = ["count_elements", "exceeds"]
 
 #: Bytes scanned per numpy pass: large enough that numpy's per-call cost vanishes, small enough that the
 #: temporary arrays (about 8 bytes per body byte) stay a few MiB whatever the body's size.
-CHUNK = 1 << 20
+CHUNK = 1 << 16
 #: Structural characters the scan follows at the top level (keys, their colons and commas, each value's brackets);
 #: past this many the body has so many top-level keys that walking them in Python costs more than it saves.
 MAX_TOP_LEVEL_EVENTS = 4096
