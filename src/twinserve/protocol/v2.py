@@ -245,14 +245,14 @@ class V2Codec:
                     f"input {name!r} has datatype {item.get('datatype')!r}; the model takes {tensor.datatype}"
                 )
             shape = _shape(item.get("shape"), tensor)
-            if self.max_instances is not None and shape and shape[0] > self.max_instances:  # before its data too
-                raise self._too_many_rows()
             elements += math.prod(shape)
             if self.max_elements is not None and elements > self.max_elements:  # before any data is decoded
                 raise TooManyElements(
                     f"the inputs hold {elements} or more elements; a request may hold at most {self.max_elements} "
                     "(--max-tensor-elements)"
                 )
+            if self.max_instances is not None and shape and shape[0] > self.max_instances:  # before its data too
+                raise self._too_many_rows()
             input_parameters = _parameters(item, f"input {name!r}")
             if "shared_memory_region" in input_parameters:
                 raise InvalidTensor("shared-memory tensors are not supported")
