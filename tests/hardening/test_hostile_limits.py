@@ -10,6 +10,7 @@ later" that can never succeed. Every architecture, the same answers.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
 import subprocess
@@ -29,6 +30,7 @@ from tests.hardening.harness import CLIENT_TIMEOUT_S, PeakRss, wait_until
 from tests.serving import ROOT, Server, model_path, servers_per_arch
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError
+from twinserve.fronts.exchange import DECODE_OFF_LOOP_BYTES, Exchange
 from twinserve.lab.probe import tree_rss_mib
 
 pytestmark = pytest.mark.hardening
@@ -172,6 +174,34 @@ def test_v2_rows_past_the_limit_are_refused_from_the_declared_shape(server: Serv
     response = httpx.post(f"{server.url}/v2/models/iris/infer", content=body, timeout=CLIENT_TIMEOUT_S)
     assert response.status_code == 413, response.text
     assert response.json() == {"error": "a request may hold at most 1024 rows (--max-instances)"}
+
+
+class _BlockingDecode:
+    """Stands in for an exchange whose decode blocks until the event loop has run: a decode on the loop itself
+    would wait for nothing but its own thread."""
+
+    def __init__(self) -> None:
+        self.loop_ran = threading.Event()
+        self.thread: int | None = None
+
+    def decode(self, body: bytes, header_length: str | None = None) -> list[int]:
+        self.thread = threading.get_ident()
+        if len(body) >= DECODE_OFF_LOOP_BYTES:
+            assert self.loop_ran.wait(CLIENT_TIMEOUT_S), "the event loop was blocked while the body was decoded"
+        return [len(body)]
+
+
+def test_large_bodies_are_decoded_off_the_event_loop() -> None:
+    async def decode(size: int) -> tuple[list[int], int | None]:
+        stand_in = _BlockingDecode()
+        asyncio.get_running_loop().call_soon(stand_in.loop_ran.set)
+        instances = await Exchange.adecode(stand_in, b" " * size)  # type: ignore[arg-type]
+        return instances, stand_in.thread
+
+    loop_thread = threading.get_ident()
+    assert asyncio.run(decode(DECODE_OFF_LOOP_BYTES - 1)) == ([DECODE_OFF_LOOP_BYTES - 1], loop_thread)  # in place
+    instances, thread = asyncio.run(decode(DECODE_OFF_LOOP_BYTES))
+    assert instances == [DECODE_OFF_LOOP_BYTES] and thread != loop_thread
 
 
 # -- 8. no "retry later" that can never succeed ----------------------------------------------------------------
