@@ -94,6 +94,14 @@ def test_bodies_larger_than_a_chunk_are_counted_across_chunks(monkeypatch: pytes
     assert count_elements(json.dumps({"instances": list(range(50))}).encode(), "instances", stop=10) == 11
 
 
+@pytest.mark.parametrize("tail", [b'"instances":[1]', b'"instanc\\u0065s":[1]'])
+def test_a_later_duplicate_key_is_found_past_the_limit(monkeypatch: pytest.MonkeyPatch, tail: bytes) -> None:
+    monkeypatch.setattr(prescan, "CHUNK", 64)  # the excess is found in an early chunk, the duplicate much later
+    body = b'{"instances":[' + b",".join([b'{"a":1}'] * 100) + b"]," + tail + b"}"
+    assert count_elements(body, "instances", stop=10) == 1
+    assert not exceeds(body, "instances", 10)
+
+
 def test_counting_stops_past_the_limit() -> None:
     assert count_elements(HOSTILE, "instances", stop=4096) == 4097
     assert exceeds(HOSTILE, "instances", 4096)
