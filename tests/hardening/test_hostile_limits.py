@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -20,10 +21,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import orjson
 import pytest
+from websockets.asyncio.client import connect
 
 from tests.conftest import ARCHS
 from tests.hardening.harness import CLIENT_TIMEOUT_S, PeakRss, wait_until
@@ -165,6 +168,22 @@ def test_hostile_body_with_a_valid_tail_is_refused_too(server: Server) -> None:
     assert (replaced.status_code, replaced.json()) == (200, {"predictions": [7]})
     refused = httpx.post(url, content=b'{"instances":[7],"instances":' + many + b"}", timeout=CLIENT_TIMEOUT_S)
     assert (refused.status_code, refused.json()["error"]["code"]) == (413, "too_many_instances")
+
+
+@pytest.mark.parametrize("arch", ["async", "hybrid"])  # the architectures that serve WebSocket streams
+def test_five_million_instances_in_a_websocket_message_are_refused(servers: dict[str, Server], arch: str) -> None:
+    async def exchange() -> tuple[dict[str, Any], dict[str, Any]]:
+        url = f"ws://127.0.0.1:{servers[arch].port}/v1/models/echo/ws"
+        async with connect(url, open_timeout=CLIENT_TIMEOUT_S, max_size=None) as websocket:
+            await websocket.send(b'{"id":"hostile",' + HOSTILE[1:], text=True)
+            refused = json.loads(await asyncio.wait_for(websocket.recv(), CLIENT_TIMEOUT_S))
+            await websocket.send(json.dumps({"id": "after", "instances": [1]}))
+            after = json.loads(await asyncio.wait_for(websocket.recv(), CLIENT_TIMEOUT_S))
+        return refused, after
+
+    refused, after = asyncio.run(exchange())
+    assert (refused["id"], refused["error"]["code"]) == ("hostile", "too_many_instances")
+    assert after == {"id": "after", "predictions": [1]}
 
 
 def test_v2_rows_past_the_limit_are_refused_from_the_declared_shape(server: Server) -> None:
