@@ -231,7 +231,10 @@ class Config(BaseSettings):
     cors_max_age: int = Field(600, ge=0, le=86_400, description="Seconds browsers may cache a CORS preflight.")
     # -- limits on what a client controls --------------------------------------------------------------------------
     max_instances: int = Field(
-        4096, ge=1, description="Most instances (V1) or batch rows (V2) in one request (else 413)."
+        1024,
+        ge=1,
+        description="Most instances (V1) or batch rows (V2) in one request (else 413); at most --max-queue, which "
+        "a larger request could never fit (left unset, it follows a smaller --max-queue).",
     )
     max_tensor_elements: int = Field(
         16 * MiB, ge=1, description="Most tensor elements, all inputs together, in one V2 request (else 413)."
@@ -281,6 +284,20 @@ class Config(BaseSettings):
                 raise ValueError(f"{entry!r} is neither an IP address, a network (10.0.0.0/8) nor '*'") from None
         return entries
 
+    @model_validator(mode="before")
+    @classmethod
+    def _max_instances_follows_queue(cls, data: Any) -> Any:
+        """Left unset, --max-instances follows a --max-queue below its default, so that lowering the queue alone
+        still starts, and a request the queue could never hold gets 413 rather than 503 + Retry-After forever."""
+        if not isinstance(data, dict) or data.get("max_instances") is not None:
+            return data
+        try:
+            queue = int(data["max_queue"])
+        except (KeyError, TypeError, ValueError):
+            return data  # unset, or invalid: its own validation says so
+        default = cls.model_fields["max_instances"].default
+        return {**data, "max_instances": queue} if 1 <= queue < default else data
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
         if self.api_key_file is not None:
@@ -311,6 +328,12 @@ class Config(BaseSettings):
             raise ValueError("--arch hybrid runs predict in model-worker processes: use --executor process or auto")
         if self.debug and self.resolved_arch_executor == "process":
             raise ValueError("--debug runs everything in one thread: it cannot use model-worker processes")
+        if self.max_instances > self.max_queue:
+            # A request the queue can never hold would get 503 + Retry-After however often it is retried.
+            raise ValueError(
+                f"--max-instances {self.max_instances} exceeds --max-queue {self.max_queue}: a request that large "
+                "could never be queued"
+            )
         return self
 
     @property

@@ -20,6 +20,7 @@ import redis
 
 from tests.serving import Server, free_port
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
+from twinserve.lab.probe import tree_rss_mib
 
 HERE = Path(__file__).resolve().parent
 SLEEPY = f"{HERE / 'models.py'}:Sleepy"
@@ -103,6 +104,28 @@ def probing(server: Server, model: str, clients: int = 4) -> Iterator[list[Probe
             prober.stop()
         for thread in threads:
             thread.join(timeout=CLIENT_TIMEOUT_S + 5)
+
+
+class PeakRss:
+    """Samples the process tree's RSS every 100 ms on a thread until stopped; keeps the peak."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = tree_rss_mib(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, tree_rss_mib(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def wait_until(condition: object, timeout: float, what: str, interval: float = 0.1) -> None:

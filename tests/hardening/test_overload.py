@@ -6,13 +6,11 @@ answers normally and its memory (the whole process tree) is back within 10% of w
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.hardening.harness import SLEEPY, closed_loop, open_loop, probing, wait_until
+from tests.hardening.harness import SLEEPY, PeakRss, closed_loop, open_loop, probing, wait_until
 from tests.serving import Server
 from twinserve.lab.loadgen import TRANSPORT_ERROR_KINDS
 from twinserve.lab.probe import tree_rss_mib
@@ -26,28 +24,6 @@ OVERLOAD_FACTOR = 10
 MAX_CONNECTIONS = 1000
 RSS_TOLERANCE = 0.10
 RSS_SETTLE_S = 30.0
-
-
-class PeakRss:
-    """Samples the process tree's RSS every 100 ms on a thread until stopped; keeps the peak."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = tree_rss_mib(pid)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.1):
-            self.peak = max(self.peak, tree_rss_mib(self.pid))
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @pytest.mark.hardening

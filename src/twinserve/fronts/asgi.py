@@ -275,7 +275,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             priority_header=headers.get(PRIORITY_HEADER),
         )
         header_length = headers.get(HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
-        instances = exchange.decode(await _read_body(request, service), header_length)
+        instances = await exchange.adecode(await _read_body(request, service), header_length)
         return exchange.encode(await _predict(request, runtime, instances, exchange.deadline))
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:
@@ -287,7 +287,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
-        instances = exchange.decode(await _read_body(request, service))
+        instances = await exchange.adecode(await _read_body(request, service))
         steps = await runtime.astream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.

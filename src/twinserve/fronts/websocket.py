@@ -45,7 +45,7 @@ from twinserve.errors import (
     TwinserveError,
 )
 from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange
+from twinserve.fronts.exchange import Exchange, decode_off_loop
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.protocol.websocket import MessageError, WebSocketCodec
 
@@ -203,14 +203,14 @@ class _Socket:
                     message_id = self.codec.message_id(data)
                     raise refusal
                 if isinstance(data, str):
-                    text = self.codec.decode_text(data)
+                    text = await decode_off_loop(self.codec.decode_text, data)
                     message_id, exchange = text.id, self._open(text.id, received)
                     exchange.counted(len(text.instances))
                     self._admit(exchange)
                     outputs = await self.runtime.apredict(text.instances, exchange.deadline, self._gone)
                     reply = self.codec.encode_text(message_id, outputs, len(text.instances))
                 else:
-                    framed = self.codec.decode_binary(data)
+                    framed = await decode_off_loop(self.codec.decode_binary, data)
                     message_id, exchange = framed.id, self._open(framed.id, received)
                     exchange.counted(len(framed.request.instances))
                     self._admit(exchange)

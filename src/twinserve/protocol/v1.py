@@ -15,8 +15,16 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, create_mod
 
 from twinserve.encoding import dumps, json_default
 from twinserve.errors import ClientError, MalformedRequest, OutputMismatch, TooManyInstances, ValidationFailed
+from twinserve.protocol.prescan import exceeds
 
-__all__ = ["V1Codec", "dumps", "json_default", "reject_non_json_numbers", "request_error"]
+__all__ = [
+    "V1Codec",
+    "check_instance_count",
+    "dumps",
+    "json_default",
+    "reject_non_json_numbers",
+    "request_error",
+]
 
 
 #: What may be a NaN or Infinity literal, or a number too large for a double: none is JSON (RFC 8259), yet the
@@ -44,6 +52,20 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def too_many_instances(max_instances: int | None) -> TooManyInstances:
+    return TooManyInstances(f"a request may hold at most {max_instances} instances (--max-instances)")
+
+
+def check_instance_count(body: bytes | str, max_instances: int | None) -> None:
+    """413 when the body's `instances` list surely holds more than `max_instances`, found from the bytes before
+    the parser builds a single instance (see protocol/prescan.py)."""
+    if max_instances is None:
+        return
+    raw = body.encode() if isinstance(body, str) else body
+    if exceeds(raw, "instances", max_instances):
+        raise too_many_instances(max_instances)
+
+
 def request_error(exc: ValidationError, max_instances: int | None = None) -> ClientError:
     """A request model's validation error as the client sees it: 400 for bad JSON, 413 past `max_instances`, else
     422 naming the field."""
@@ -53,7 +75,7 @@ def request_error(exc: ValidationError, max_instances: int | None = None) -> Cli
     if errors and errors[0]["type"] == "model_type" and not errors[0]["loc"]:  # the body itself, not an instance
         return ValidationFailed("request body must be a JSON object with an 'instances' list")
     if any(e["type"] == "too_long" and e["loc"] == ("instances",) for e in errors):
-        return TooManyInstances(f"a request may hold at most {max_instances} instances (--max-instances)")
+        return too_many_instances(max_instances)
     first = errors[0]
     message = f"{_location(first['loc'])}: {first['msg']}"
     if len(errors) > 1:
@@ -85,8 +107,10 @@ class V1Codec:
         return self.output_adapter.json_schema(mode="serialization")
 
     def decode(self, body: bytes) -> list[Any]:
-        """Request bytes -> validated instances. Raises MalformedRequest (400) or ValidationFailed (422)."""
+        """Request bytes -> validated instances. Raises MalformedRequest (400), TooManyInstances (413) or
+        ValidationFailed (422)."""
         reject_non_json_numbers(body)
+        check_instance_count(body, self.max_instances)
         try:
             return self._request.model_validate_json(body).instances  # type: ignore[attr-defined, no-any-return]
         except ValidationError as exc:

@@ -213,7 +213,7 @@ class V2Codec:
         if count < 1:
             raise InvalidTensor("the batch dimension must hold at least one instance")
         if self.max_instances is not None and count > self.max_instances:
-            raise TooManyInstances(f"a request may hold at most {self.max_instances} rows (--max-instances)")
+            raise self._too_many_rows()
         instances = self.binding.to_instances(arrays)
         if len(instances) != count:
             raise ModelFailed(f"from_tensors returned {len(instances)} instances for {count} rows")
@@ -224,6 +224,9 @@ class V2Codec:
                 message, details = _validation_message(exc)
                 raise ValidationFailed(message, details=details) from None
         return InferenceRequest(instances, request_id, requested, timeout, parameters.get("priority"))
+
+    def _too_many_rows(self) -> TooManyInstances:
+        return TooManyInstances(f"a request may hold at most {self.max_instances} rows (--max-instances)")
 
     def _arrays(self, inputs: Any, binary: memoryview) -> dict[str, np.ndarray[Any, Any]]:
         """Every input tensor, checked against the model's and decoded from its JSON data or binary data."""
@@ -250,6 +253,8 @@ class V2Codec:
                     f"the inputs hold {elements} or more elements; a request may hold at most {self.max_elements} "
                     "(--max-tensor-elements)"
                 )
+            if self.max_instances is not None and shape and shape[0] > self.max_instances:  # before its data too
+                raise self._too_many_rows()
             input_parameters = _parameters(item, f"input {name!r}")
             if "shared_memory_region" in input_parameters:
                 raise InvalidTensor("shared-memory tensors are not supported")
