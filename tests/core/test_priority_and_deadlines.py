@@ -54,6 +54,15 @@ def test_each_level_fills_only_its_share_so_the_lowest_is_refused_first() -> Non
     assert high.value.message == "the queue holds 6 instances (--max-queue 6); retry shortly"
 
 
+def test_a_request_larger_than_its_share_goes_in_alone_never_refused_for_ever() -> None:
+    bound = QueueBound(6, levels=3)
+    bound.check(0, 5, "the queue holds 0 instances", 3)  # more than level 3's 2 places, but the queue is empty
+    with pytest.raises(QueueFull):
+        bound.check(1, 5, "the queue holds 1 instances", 3)
+    with pytest.raises(QueueFull):
+        bound.check(0, 7, "the queue holds 0 instances", 1)  # past the whole bound: never
+
+
 def test_one_level_is_the_plain_queue_bound() -> None:
     q: BatchQueue[str] = BatchQueue(8, 1.0, 2, 1)
     q.put(pending("a", 3))  # a level past the configured ones counts as the lowest there is

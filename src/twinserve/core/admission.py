@@ -62,7 +62,9 @@ class QueueBound:
         """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound of `priority`'s level;
         `holds` says what waits, for the message ("the queue holds 12 instances")."""
         limit = self.limit_for(priority)
-        if waiting + incoming > limit:
+        # A request larger than its level's share still goes in alone, into an empty queue: else it would be told
+        # to retry for ever (--max-instances is held to the whole bound at start-up, not to each share).
+        if waiting + incoming > limit and (waiting or incoming > self.limit):
             share = "" if limit == self.limit else f", {limit} of it for priority {priority}"
             raise QueueFull(f"{holds} (--max-queue {self.limit}{share}); retry shortly", headers=_RETRY_SOON)
 
