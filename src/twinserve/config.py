@@ -42,13 +42,27 @@ MAX_REQUEST_LINE = 8190
 MIN_API_KEY_LENGTH = 16
 
 
-def read_key_file(path: Path) -> list[str]:
-    """API keys from a file: one per line; blank lines and lines starting with `#` are skipped."""
+def read_key_file(path: Path) -> list[tuple[str, int | None]]:
+    """API keys from a file: one per line, each optionally followed by `priority=N`, the highest priority level
+    (and the default) of that key's requests; blank lines and lines starting with `#` are skipped."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    entries: list[tuple[str, int | None]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, *options = line.split()
+        priority = None
+        for option in options:
+            name, _, value = option.partition("=")
+            if name != "priority" or not value.isdigit():
+                # The line is named by number only: it holds a key.
+                raise ValueError(f"{path}:{number}: after the key only `priority=N` may follow")
+            priority = int(value)
+        entries.append((key, priority))
+    return entries
 
 
 def _check_key(key: str) -> None:
@@ -189,7 +203,9 @@ class Config(BaseSettings):
         "comma-separate; none: no authentication).",
     )
     api_key_file: Path | None = Field(
-        None, description="File with more API keys, one per line (`#` comments); read at start-up."
+        None,
+        description="File with more API keys, one per line (`#` comments), each optionally followed by "
+        "`priority=N`: the default and highest priority level of that key's requests; read at start-up.",
     )
     metrics_auth: bool = Field(False, description="With API keys on, /metrics needs a key too (default: open).")
     public_docs: bool = Field(
@@ -300,16 +316,21 @@ class Config(BaseSettings):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
-        if self.api_key_file is not None:
-            keys = read_key_file(self.api_key_file)
-            if not keys:
-                raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
-            for key in keys:
-                _check_key(key)
         if self.default_priority > self.priority_levels:
             raise ValueError(
                 f"--default-priority {self.default_priority} is past --priority-levels {self.priority_levels}"
             )
+        if self.api_key_file is not None:
+            entries = read_key_file(self.api_key_file)
+            if not entries:
+                raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
+            for key, priority in entries:
+                _check_key(key)
+                if priority is not None and not 1 <= priority <= self.priority_levels:
+                    raise ValueError(
+                        f"--api-key-file: a key's priority={priority} is outside 1..{self.priority_levels} "
+                        "(--priority-levels)"
+                    )
         if not self.allow_short_api_keys and self.auth_enabled:
             short = sum(len(key) < MIN_API_KEY_LENGTH for key in self.all_api_keys())
             if short:
@@ -344,8 +365,14 @@ class Config(BaseSettings):
         """The keys given directly and those in --api-key-file (read now), without duplicates."""
         keys = list(self.api_keys)
         if self.api_key_file is not None:
-            keys += read_key_file(self.api_key_file)
+            keys += [key for key, _ in read_key_file(self.api_key_file)]
         return list(dict.fromkeys(keys))
+
+    def api_key_priorities(self) -> dict[str, int]:
+        """Each key that --api-key-file gives a `priority=N`, with that level (read now)."""
+        if self.api_key_file is None:
+            return {}
+        return {key: level for key, level in read_key_file(self.api_key_file) if level is not None}
 
     @property
     def resolved_arch_executor(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -449,3 +450,34 @@ def test_default_deadline(arch: str) -> None:
         late = app.request("POST", "/v1/models/slow:predict", json={"instances": [1]})
         assert late.status == 504, late.text
         error(late, "deadline_exceeded")
+
+
+def _served_at(app: Client, level: str) -> float:
+    """How many of echo's requests the server counted as answered 200 at priority `level`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = app.request("GET", "/metrics").text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "twinserve_priority_requests_total" and s.labels == {
+                "model": "echo",
+                "priority": level,
+                "outcome": "ok",
+            }:
+                return float(s.value)
+    return 0.0
+
+
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_an_api_key_file_sets_a_keys_priority_level(arch: str, tmp_path: Path) -> None:
+    """`KEY priority=3` in --api-key-file: that key's requests are level 3, even when they ask for 1."""
+    batch_key = "batch-jobs-0123456789"
+    keys = tmp_path / "keys"
+    keys.write_text(f"{batch_key} priority=3\n{KEY}\n")
+    with served(arch, [model_path("Echo")], api_key_file=str(keys)) as app:
+        before = _served_at(app, "3")
+        for asked in ({}, {"X-Priority": "1"}):
+            headers = {"X-API-Key": batch_key, **asked}
+            answer = app.request("POST", "/v1/models/echo:predict", json={"instances": [1]}, headers=headers)
+            assert answer.status == 200, answer.text
+        assert _served_at(app, "3") == before + 2

@@ -3,6 +3,8 @@ reading of a request's priority (Triton's convention: 1 is the highest level).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from twinserve.config import load_config
@@ -128,3 +130,24 @@ def test_priority_from_header_or_parameter_within_the_configured_levels() -> Non
 def test_default_priority_must_be_a_configured_level() -> None:
     with pytest.raises(ConfigError, match="--default-priority 4 is past --priority-levels 3"):
         load_config(priority_levels=3, default_priority=4)
+
+
+def test_an_api_keys_level_is_its_default_and_its_highest() -> None:
+    admission = Admission(load_config(default_priority=1), key_priorities={"batchkey": 3, "vipkey": 1})
+    assert admission.priority(None, key_id="batchkey") == 3  # its default
+    assert admission.priority("1", key_id="batchkey") == 3  # it may not jump the queue
+    assert admission.priority("2", key_id="vipkey") == 2  # it may ask for less
+    assert admission.priority(None, key_id="other") == 1 and admission.priority(None) == 1
+
+
+def test_key_file_lines_may_give_a_priority(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# batch jobs\nbatch-0123456789abcdef priority=3\n\nvip-0123456789abcdefg\n")
+    config = load_config(api_key_file=str(keys))
+    assert config.all_api_keys() == ["batch-0123456789abcdef", "vip-0123456789abcdefg"]
+    assert config.api_key_priorities() == {"batch-0123456789abcdef": 3}
+    for line, problem in (("k-0123456789abcdef priority=4", "outside 1..3"), ("k-0123456789abcdef weight=2", "only")):
+        keys.write_text(line + "\n")
+        with pytest.raises(ConfigError, match=problem) as info:
+            load_config(api_key_file=str(keys))
+        assert "k-0123456789abcdef" not in str(info.value)  # a key never reaches a message

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from twinserve.config import Config
@@ -171,8 +171,16 @@ def _bucket(rate: float, burst: float, config: Config, slots: Slots | None, inde
 class Admission:
     """Every admission rule for the models one server process serves (see the module docstring)."""
 
-    def __init__(self, config: Config, key_ids: Sequence[str] = (), slots: Slots | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        key_ids: Sequence[str] = (),
+        slots: Slots | None = None,
+        key_priorities: Mapping[str, int] | None = None,
+    ) -> None:
         self.config = config
+        #: Key id -> the highest priority level (and the default) of that key's requests.
+        self.key_priorities = dict(key_priorities or {})
         #: Requests waiting for a request thread (the sync front), and streams waiting for a model worker.
         self.backlog = QueueBound(config.max_queue, config.priority_levels)
         ids = sorted(set(key_ids))  # every process numbers the keys' slots alike
@@ -191,11 +199,13 @@ class Admission:
         """503 when more requests wait for a request thread than the queue bound allows `priority`."""
         self.backlog.check(backlog, 0, f"{backlog} requests are waiting for a request thread", priority)
 
-    def priority(self, value: str | int | None, source: str = PRIORITY_HEADER) -> int:
-        """The priority level a request asks for (`X-Priority`, or V2 `parameters.priority`): a whole number
-        from 1 (the highest) to `--priority-levels`; none means `--default-priority`. 400 otherwise."""
+    def priority(self, value: str | int | None, source: str = PRIORITY_HEADER, key_id: str | None = None) -> int:
+        """The priority level of a request that asks for `value` (`X-Priority`, or V2 `parameters.priority`): a
+        whole number from 1 (the highest) to `--priority-levels`, 400 otherwise; none means its API key's level,
+        else `--default-priority`. A key's level is also the highest its requests get: they may ask for less."""
+        ceiling = self.key_priorities.get(key_id, 1) if key_id is not None else 1
         if value is None:
-            return self.config.default_priority
+            return ceiling if key_id in self.key_priorities else self.config.default_priority
         levels = self.config.priority_levels
         try:
             level = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value).strip())
@@ -203,7 +213,7 @@ class Admission:
             level = 0
         if not 1 <= level <= levels:
             raise ClientError(f"{source} must be a whole number from 1 (the highest) to {levels}, got {value!r}")
-        return level
+        return max(level, ceiling)
 
     def rate(self) -> None:
         """Take one request from the server-wide rate limit (429 past it)."""

@@ -27,7 +27,7 @@ from twinserve.errors import (
     UnsupportedMediaType,
     error_payload,
 )
-from twinserve.fronts.auth import authenticator
+from twinserve.fronts.auth import authenticator, key_id
 from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
@@ -131,7 +131,8 @@ class Service:
         #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
         self.auth = authenticator(config)
         #: Every admission rule: rate limits (server-wide and per key), the backlog bound, deadlines.
-        self.admission = Admission(config, self.auth.keys.ids if self.auth is not None else ())
+        levels = {key_id(key): level for key, level in config.api_key_priorities().items()}
+        self.admission = Admission(config, self.auth.keys.ids if self.auth is not None else (), key_priorities=levels)
         self.forwarded = ForwardedFor(config.forwarded_allow_ips)
         self.cors = cors_policy(config)
         self.hosts = host_policy(config)

@@ -95,6 +95,7 @@ class Exchange:
         "deadline",
         "endpoint",
         "error_code",
+        "key_id",
         "model",
         "runtime",
         "service",
@@ -115,6 +116,8 @@ class Exchange:
         self.status: int = ClientDisconnected.status
         self.error_code: str | None = ClientDisconnected.code
         self.runtime: ModelRuntime | None = None
+        #: The id of the API key the request presented (None: none, or keys off); set by `authenticate`.
+        self.key_id: str | None = None
         #: The request's deadline on the monotonic clock, set by `admit` (None: none).
         self.deadline: float | None = None
         self._inference: InferenceRequest | None = None
@@ -135,7 +138,8 @@ class Exchange:
         own limit or with the client's address locked out after too many wrong keys."""
         if not self.service.requires_auth(self.context.path):
             return None
-        return self.service.authenticate(headers, peer)
+        self.key_id = self.service.authenticate(headers, peer)
+        return self.key_id
 
     def admit(
         self,
@@ -151,7 +155,7 @@ class Exchange:
         """Admit the request from its head alone; the body is read only after this returns."""
         service = self.service
         admission = service.admission
-        priority = self.context.priority = admission.priority(priority_header)
+        priority = self.context.priority = admission.priority(priority_header, key_id=self.key_id)
         if backlog is not None:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
@@ -170,7 +174,7 @@ class Exchange:
             admission = self.service.admission
             self.deadline = admission.tighten(self.deadline, inference.timeout_us)
             if inference.priority is not None:
-                self.context.priority = admission.priority(inference.priority, "parameters.priority")
+                self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
             instances = inference.instances
         else:
             instances = codecs.v1.decode(body)

@@ -181,6 +181,7 @@ class _Socket:
     def _open(self, message_id: str | None, received: float) -> Exchange:
         exchange = self.service.open(ENDPOINT, "WS", self.path, None, message_id, model=self.runtime.name)
         exchange.context.started = received  # decoding counts, as it does for an HTTP request
+        exchange.key_id = self.key_id  # the handshake's key: its priority level holds for every message
         return exchange
 
     def _admit(self, exchange: Exchange) -> None:
