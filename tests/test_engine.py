@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,47 @@ def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
         assert [q.result(timeout=30).status_code for q in queued] == [200, 200]
         assert not (tmp_path / "extra.started").exists()  # a rejected request never reaches the model
         assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 1
+
+
+def _read_response(sock: socket.socket) -> str:
+    """One whole HTTP response with a Content-Length body, read from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return (head + b"\r\n\r\n" + body).decode("latin-1")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_full_queue_refuses_from_the_head_before_reading_the_body(arch: str, tmp_path: Path) -> None:
+    """While the queue cannot take one more instance, a request is refused from its head alone: a client that
+    declares a body and never sends it still gets 503 `queue_full` at once (not 408 at the read timeout)."""
+    flags = ["--max-batch-size", "2", "--max-queue", "2", "--model-workers", "1", "--read-timeout-s", "30"]
+    server = Server([model_path("Gate")], arch, *flags, *SAME_PROCESS[arch])
+    with server, concurrent.futures.ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
+        wait_for_file(tmp_path / "busy.started")
+        queued = [pool.submit(predict, server, "gate", [_gate(tmp_path, f"q{i}")]) for i in range(2)]
+        wait_for_queue(server, "gate", 2)
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            head = (
+                "POST /v1/models/gate:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            )
+            sock.sendall(head.encode())  # ... and no body
+            answer = _read_response(sock)
+        assert answer.startswith("HTTP/1.1 503"), answer
+        assert '"code":"queue_full"' in answer.replace(" ", ""), answer
+        for name in ("busy", "q0", "q1"):
+            _release(tmp_path, name)
+        assert busy.result(timeout=30).status_code == 200
+        assert [q.result(timeout=30).status_code for q in queued] == [200, 200]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

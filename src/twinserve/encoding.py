@@ -5,6 +5,7 @@ Below the core and the protocols alike: the cache keys instances with it, the co
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -27,4 +28,20 @@ def json_default(obj: Any) -> Any:
 
 def dumps(payload: Any) -> bytes:
     """JSON bytes for anything a model may return: numpy arrays and scalars, pydantic models, sets."""
-    return orjson.dumps(payload, default=json_default, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    try:
+        return orjson.dumps(payload, default=json_default, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+    # JSON numbers have no size limit and the request parser takes any integer, so an echo of 2**70 is valid:
+    # only orjson stops at 64 bits. The standard library writes it (rarely needed, so its speed does not matter).
+    try:
+        return json.dumps(payload, default=_any_default, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError as exc:  # NaN or infinity beside the big integer: no JSON for it
+        raise TypeError(str(exc)) from None
+
+
+def _any_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return json_default(obj)

@@ -60,3 +60,14 @@ def test_encode_checks_count_and_type() -> None:
         codec.encode({"a": 1}, expected=1)
     with pytest.raises(OutputMismatch, match="not JSON serialisable"):
         codec.encode([object()], expected=1)
+
+
+def test_integers_past_64_bits_are_answered_as_json_numbers() -> None:
+    """JSON numbers have no size limit (RFC 8259 §6) and the request parser takes any integer, so an echo of one
+    is valid JSON (orjson alone stops at 64 bits; found by schemathesis)."""
+    from twinserve.encoding import dumps
+
+    big = 80515548272881811456
+    assert dumps({"predictions": [big, np.arange(2)]}) == b'{"predictions":[80515548272881811456,[0,1]]}'
+    with pytest.raises(TypeError):
+        dumps({"predictions": [big, float("nan")]})

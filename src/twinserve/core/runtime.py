@@ -34,7 +34,7 @@ from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
-from twinserve.errors import DeadlineExceeded, TwinserveError
+from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import RequestContext, current_request
 from twinserve.observability.metrics import metrics
@@ -191,6 +191,22 @@ class ModelRuntime:
         self.close()
 
     # -- inference ---------------------------------------------------------------------------------------
+    def refuse_early(self, priority: int = 1) -> None:
+        """QueueFull now, from the request's head, when the batch queue cannot take even one more instance at
+        `priority`: such a rejection costs no body read and no decode. A model with a cache is never refused
+        early, since the cache may answer the request whole. (The queue is read without its driver's lock: a
+        stale read only moves the refusal to `BatchQueue.put`, which decides under it.)"""
+        batcher = self._async_batcher or self._thread_batcher
+        if batcher is None or self.cache is not None:
+            return
+        queue = batcher.queue
+        queued = queue.queued_instances
+        try:
+            queue.bound.check(queued, 1, f"the queue holds {queued} instances", priority)
+        except QueueFull:
+            batcher.stats.rejected += 1
+            raise
+
     def predict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
         """Blocking path (sync front): cached outputs, else preprocess and predict (directly or batched)."""
         if self.cache is None:

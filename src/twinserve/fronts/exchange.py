@@ -161,6 +161,8 @@ class Exchange:
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
         service.admit(runtime, self.endpoint, content_type, content_length)
+        if self.endpoint != "stream":  # streams are stepped one by one, not batched
+            runtime.refuse_early(priority)
         self.deadline = admission.deadline(timeout_header)
         return runtime
 
