@@ -44,6 +44,7 @@ from twinserve.observability.metrics import (
     metrics,
     render,
 )
+from twinserve.observability.refusals import SHED_CODES, RefusalLog
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
@@ -141,6 +142,7 @@ class Service:
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._levels: dict[tuple[str, int, str], Any] = {}
+        self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
 
     # -- metadata and health -----------------------------------------------------------------------------
@@ -253,7 +255,8 @@ class Service:
             model = ""  # never a label value a client can invent
         if self._access_log is not None:
             # Probes and scrapes arrive every few seconds for the server's whole life: they are debug noise.
-            log = self._access_log.debug if endpoint in _QUIET_ENDPOINTS else self._access_log.info
+            quiet = endpoint in _QUIET_ENDPOINTS or error_code in SHED_CODES  # refusals: one line an interval
+            log = self._access_log.debug if quiet else self._access_log.info
             log(
                 "request",
                 request_id=context.request_id,
@@ -289,6 +292,8 @@ class Service:
         refused = reason is not None
         if reason is not None:
             metrics().rejected.labels(model, reason).inc()
+            if error_code in SHED_CODES:
+                self._refusals.refused(model, error_code)
         if model:
             outcome = "ok" if status < 300 else "refused" if refused else "error"
             level = self._levels.get((model, context.priority, outcome))
