@@ -1,0 +1,167 @@
+"""Goodput under crowds, floods and mixed priorities, per architecture; checkouts compared side by side.
+
+For each architecture (and each `--src` checkout, started with its own `src/` first on PYTHONPATH), the built-in
+iris example is served with `--max-queue 32` and driven by twinserve's own load generator from this process:
+
+- capacity: 200s per second at 16 closed-loop connections (the comfortable load), and its P99;
+- (a) crowd: 1,000 closed-loop connections; a closed-loop client sends its next request as soon as it has an
+  answer, so a refusal is retried at once, ignoring Retry-After: this is also the retry storm;
+- (b) flood: open loop (Poisson) at 10x capacity, up to 1,000 connections;
+- (d) priorities: two open-loop streams at once, 3x capacity in all: `X-Priority: 1` at half the capacity (the
+  traffic that must be served) and `X-Priority: 3` at 2.5x (the traffic that may be shed).
+
+Printed per row: goodput (200s per second) as a share of capacity, P99 of every answer against the unloaded P99,
+server CPU per answer (the process tree's CPU seconds over the answers; for (b), per refusal, from the capacity
+run's CPU per 200), requests lost (transport errors and timeouts); for (d) the high priority's success share and
+P99. Figures are from this machine and this run: quote ratios. Not part of CI (minutes of load on every core).
+
+    python benchmarks/overload.py [--src OLD/src --src NEW/src] [--archs sync,async,hybrid] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
+from twinserve.lab.servers import ServerProcess, free_port
+
+MODEL = "twinserve.examples.tabular:Classifier"
+BODY = b'{"instances": [{"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]}'
+FLAGS = ("--max-queue", "32", "--priority-levels", "3")
+CROWD = 1000
+
+
+@dataclass
+class Row:
+    scenario: str
+    goodput_share: float
+    p99_ratio: float | None
+    cpu_us_per_answer: float | None
+    lost: int
+    note: str = ""
+
+
+def _server(src: str | None, arch: str) -> ServerProcess:
+    port = free_port()  # an old checkout may not announce the port it bound: give it one
+    args = [sys.executable, "-m", "twinserve", "serve", MODEL, "--arch", arch, "--host", "127.0.0.1"]
+    args += ["--port", str(port), *FLAGS]
+    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())} if src else None
+    return ServerProcess(args, port=port, env=env)
+
+
+def _cpu_seconds(pid: int) -> float:
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _level(url: str, seconds: float, **load: object) -> LevelResult:
+    spec = LoadSpec(url=url, bodies=[BODY], duration_s=seconds, warmup_s=1.0, timeout_s=30.0, **load)  # type: ignore[arg-type]
+    return run_level_sync(spec)
+
+
+def _lost(result: LevelResult) -> int:
+    return sum(result.transport_errors.values())
+
+
+def _p99(result: LevelResult) -> float | None:
+    return result.latency_ms.get("p99")
+
+
+def measure(src: str | None, arch: str, seconds: float) -> list[Row]:
+    with _server(src, arch) as server:
+        url = f"{server.url}/v1/models/iris:predict"
+        _level(url, 2.0, concurrency=4)  # warm-up
+        cpu = _cpu_seconds(server.pid)
+        base = _level(url, seconds, concurrency=16)
+        cpu_per_200 = (_cpu_seconds(server.pid) - cpu) / max(1, base.ok + sum(base.http_errors.values()))
+        capacity = base.ok / base.duration_s
+        unloaded = _p99(base)
+        rows = [Row("capacity @16", 1.0, 1.0, cpu_per_200 * 1e6, _lost(base), f"{capacity:,.0f} req/s")]
+
+        def row(name: str, result: LevelResult, per_refusal: bool = False) -> Row:
+            refused = sum(result.http_errors.values())
+            answers = result.ok + refused
+            used = _cpu_seconds(server.pid) - cpu
+            if per_refusal and refused:
+                cpu_us = (used - result.ok * cpu_per_200) / refused * 1e6
+            else:
+                cpu_us = used / max(1, answers) * 1e6
+            p99 = _p99(result)
+            ratio = None if p99 is None or not unloaded else p99 / unloaded
+            codes = ", ".join(f"{k}: {v}" for k, v in sorted(result.http_errors.items()))
+            return Row(name, result.ok / result.duration_s / capacity, ratio, cpu_us, _lost(result), codes)
+
+        cpu = _cpu_seconds(server.pid)
+        rows.append(row("(a) crowd 1,000 closed", _level(url, seconds, concurrency=CROWD)))
+        cpu = _cpu_seconds(server.pid)
+        flood = _level(url, seconds, rate=10 * capacity, max_connections=CROWD)
+        rows.append(row("(b) flood 10x open", flood, per_refusal=True))
+        cpu = _cpu_seconds(server.pid)
+        rows.append(_priorities(url, seconds, capacity, unloaded))
+    return rows
+
+
+def _priorities(url: str, seconds: float, capacity: float, unloaded: float | None) -> Row:
+    results: dict[str, LevelResult] = {}
+
+    shares = {"1": 0.5, "3": 2.5}
+
+    def drive(level: str) -> None:
+        spec = LoadSpec(
+            url=url,
+            bodies=[BODY],
+            duration_s=seconds,
+            warmup_s=1.0,
+            rate=shares[level] * capacity,
+            max_connections=CROWD // 2,
+            headers={"X-Priority": level},
+            seed=int(level),
+        )
+        results[level] = run_level_sync(spec)
+
+    threads = [threading.Thread(target=drive, args=(level,)) for level in shares]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    high, low = results["1"], results["3"]
+    sent = max(1, high.sent)
+    p99 = _p99(high)
+    ratio = None if p99 is None or not unloaded else p99 / unloaded
+    goodput = (high.ok + low.ok) / high.duration_s / capacity
+    note = f"high: {high.ok / sent:.1%} ok, P99 {p99 or 0:.1f} ms; low: {low.ok / max(1, low.sent):.1%} ok"
+    return Row("(d) priorities 3x open", goodput, ratio, None, _lost(high) + _lost(low), note)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", action="append", help="a checkout's src/ folder (repeat to compare)")
+    parser.add_argument("--archs", default="sync,async,hybrid")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    for src in args.src or [None]:
+        for arch in args.archs.split(","):
+            print(f"\n{src or 'this checkout'} — {arch}")
+            print(f"  {'scenario':<26} {'goodput':>8} {'P99 x':>7} {'CPU us/ans':>11} {'lost':>5}  note")
+            for r in measure(src, arch, args.seconds):
+                p99 = "-" if r.p99_ratio is None else f"{r.p99_ratio:.1f}"
+                cpu = "-" if r.cpu_us_per_answer is None else f"{r.cpu_us_per_answer:,.0f}"
+                print(f"  {r.scenario:<26} {r.goodput_share:>8.1%} {p99:>7} {cpu:>11} {r.lost:>5}  {r.note}")
+
+
+if __name__ == "__main__":
+    main()
