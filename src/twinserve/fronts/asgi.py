@@ -35,6 +35,7 @@ from starlette.websockets import WebSocket
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
+from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.exchange import Exchange
@@ -271,6 +272,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             params.get("version"),
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
+            content_encoding=headers.get("content-encoding"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
@@ -284,6 +286,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             request.path_params["model"],
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
+            content_encoding=headers.get("content-encoding"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
@@ -465,7 +468,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
         except Exception as exc:
             reply = exchange.fail(exc)
         exchange.close()
-        return _respond(reply, exchange.request_id)
+        return _respond(compress_reply(reply, headers.get("accept-encoding")), exchange.request_id)
 
     handle.__name__ = endpoint.__name__
     return handle

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from twinserve.core.memory import release_free_memory
 from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error
+from twinserve.fronts.compression import inflate, request_codings
 from twinserve.fronts.routes import JSON
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import error_body
@@ -88,6 +89,7 @@ class Exchange:
     __slots__ = (
         "_answered",
         "_body_bytes",
+        "_codings",
         "_count",
         "_inference",
         "_open",
@@ -123,6 +125,8 @@ class Exchange:
         self._inference: InferenceRequest | None = None
         self._count = 0
         self._body_bytes = 0
+        #: The request body's content codings (`Content-Encoding`), undone before it is decoded.
+        self._codings: tuple[str, ...] = ()
         self._answered = False
         self._open = True
         service.in_flight.inc()
@@ -148,6 +152,7 @@ class Exchange:
         *,
         content_type: str | None = None,
         content_length: int | None = None,
+        content_encoding: str | None = None,
         timeout_header: str | None = None,
         priority_header: str | None = None,
         backlog: int | None = None,
@@ -161,6 +166,7 @@ class Exchange:
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
         service.admit(runtime, self.endpoint, content_type, content_length)
+        self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
         self.deadline = admission.deadline(timeout_header)
@@ -168,8 +174,12 @@ class Exchange:
 
     # -- the body ----------------------------------------------------------------------------------------
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
-        """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`)."""
+        """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`), from `body`
+        with its content codings undone (fronts/compression.py: `--max-body-bytes` bounds the inflated size)."""
         codecs = self.codecs
+        if self._codings:
+            service = self.service
+            body = inflate(body, self._codings, service.max_body_bytes, service.too_large)
         self._body_bytes = len(body)
         if self.endpoint == "infer":
             inference = self._inference = codecs.v2.decode(body, header_length)
@@ -184,8 +194,12 @@ class Exchange:
         return instances
 
     async def adecode(self, body: bytes, header_length: str | None = None) -> list[Any]:
-        """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`)."""
-        return await decode_off_loop(functools.partial(self.decode, header_length=header_length), body)
+        """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`), and so is a
+        compressed one, whose inflated size its length does not tell."""
+        decode = functools.partial(self.decode, header_length=header_length)
+        if self._codings and len(body) >= DECODE_OFF_LOOP_BYTES // 64:
+            return await asyncio.to_thread(decode, body)
+        return await decode_off_loop(decode, body)
 
     def encode(self, outputs: Any) -> Reply:
         """The 200 reply carrying `outputs`, in the protocol the request came in."""

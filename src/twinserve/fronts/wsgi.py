@@ -25,6 +25,7 @@ from twinserve.errors import (
     TwinserveError,
     WebSocketUnsupported,
 )
+from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
@@ -45,6 +46,7 @@ class _ModelNameConverter(BaseConverter):
 
 
 def _respond(reply: Reply) -> Response:
+    reply = compress_reply(reply, request.headers.get("Accept-Encoding"))
     response = Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
     if not reply.content_type:
         del response.headers["Content-Type"]  # a 204 has no body to describe
@@ -102,6 +104,7 @@ def create_wsgi_app(service: Service) -> Flask:
             version,
             content_type=request.content_type,
             content_length=request.content_length,
+            content_encoding=request.headers.get("Content-Encoding"),
             timeout_header=request.headers.get(TIMEOUT_HEADER),
             priority_header=request.headers.get(PRIORITY_HEADER),
             backlog=request.environ.get(BACKLOG_ENVIRON),
