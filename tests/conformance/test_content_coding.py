@@ -72,8 +72,12 @@ def _post(app: Client, path: str, body: bytes, coding: str, **headers: str) -> A
 def test_v1_coded_request_is_decoded(app: Client, coding: str) -> None:
     answer = _post(app, "/v1/models/iris:predict", V1_BODY, coding)
     assert answer.status == 200, answer.text
-    assert answer.json() == app.request("POST", "/v1/models/iris:predict", content=V1_BODY,
-                                        headers={"Content-Type": "application/json"}).json()
+    assert (
+        answer.json()
+        == app.request(
+            "POST", "/v1/models/iris:predict", content=V1_BODY, headers={"Content-Type": "application/json"}
+        ).json()
+    )
 
 
 @pytest.mark.parametrize("coding", sorted(CODERS))
@@ -87,42 +91,66 @@ def test_v2_coded_request_is_decoded(app: Client, coding: str) -> None:
 def test_v2_binary_header_length_is_the_decoded_one(app: Client, coding: str) -> None:
     """The binary extension's header length counts uncompressed bytes, as tritonclient computes it."""
     header = json.dumps(
-        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4],
-                     "parameters": {"binary_data_size": 16}}]}
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 16}}]}
     ).encode()
     raw = header + np.array([5.1, 3.5, 1.4, 0.2], dtype=np.float32).tobytes()
-    answer = _post(app, "/v2/models/iris/infer", raw, coding, **{
-        "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))})
+    answer = _post(
+        app,
+        "/v2/models/iris/infer",
+        raw,
+        coding,
+        **{"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))},
+    )
     assert answer.status == 200, answer.text
 
 
 def test_stacked_codings_are_undone_last_first(app: Client) -> None:
     coded = gzip.compress(_deflate(V1_BODY))
-    answer = app.request("POST", "/v1/models/iris:predict", content=coded, headers={
-        "Content-Type": "application/json", "Content-Encoding": "deflate, gzip"})
+    answer = app.request(
+        "POST",
+        "/v1/models/iris:predict",
+        content=coded,
+        headers={"Content-Type": "application/json", "Content-Encoding": "deflate, gzip"},
+    )
     assert answer.status == 200, answer.text
 
 
 def test_identity_is_no_coding(app: Client) -> None:
-    answer = app.request("POST", "/v1/models/iris:predict", content=V1_BODY, headers={
-        "Content-Type": "application/json", "Content-Encoding": "identity"})
+    answer = app.request(
+        "POST",
+        "/v1/models/iris:predict",
+        content=V1_BODY,
+        headers={"Content-Type": "application/json", "Content-Encoding": "identity"},
+    )
     assert answer.status == 200, answer.text
 
 
 def test_unknown_coding_is_415_naming_the_known_ones(app: Client) -> None:
-    answer = app.request("POST", "/v1/models/iris:predict", content=V1_BODY, headers={
-        "Content-Type": "application/json", "Content-Encoding": "br"})
+    answer = app.request(
+        "POST",
+        "/v1/models/iris:predict",
+        content=V1_BODY,
+        headers={"Content-Type": "application/json", "Content-Encoding": "br"},
+    )
     assert answer.status == 415
     assert answer.headers["accept-encoding"] == "gzip, deflate"
 
 
 def test_corrupt_coded_body_is_400(app: Client) -> None:
-    answer = app.request("POST", "/v1/models/iris:predict", content=b"not gzip at all", headers={
-        "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    answer = app.request(
+        "POST",
+        "/v1/models/iris:predict",
+        content=b"not gzip at all",
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert answer.status == 400
     truncated = gzip.compress(V1_BODY)[:-8]
-    answer = app.request("POST", "/v1/models/iris:predict", content=truncated, headers={
-        "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    answer = app.request(
+        "POST",
+        "/v1/models/iris:predict",
+        content=truncated,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert answer.status == 400
 
 
@@ -131,8 +159,9 @@ def test_compression_bomb_is_413(app: Client, path: str) -> None:
     """A few KiB that inflate to 64 MiB: refused once the decoded size passes the limit."""
     bomb = gzip.compress(b"{" + b" " * (64 << 20) + b"}", compresslevel=9)
     assert len(bomb) < MAX_BODY
-    answer = app.request("POST", path, content=bomb, headers={
-        "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    answer = app.request(
+        "POST", path, content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
     assert answer.status == 413
     assert b"payload_too_large" in answer.body or b"exceeds" in answer.body
 
@@ -171,7 +200,8 @@ def test_large_reply_plain_unless_gzip_accepted(app: Client, accept: str | None)
 
 
 def test_small_reply_never_gzipped(app: Client) -> None:
-    answer = app.request("POST", "/v1/models/echo:predict", json={"instances": [1]}, headers={"Accept-Encoding": "gzip"})
+    small = {"instances": [1]}
+    answer = app.request("POST", "/v1/models/echo:predict", json=small, headers={"Accept-Encoding": "gzip"})
     assert answer.status == 200
     assert "content-encoding" not in answer.headers
     assert answer.json() == {"predictions": [1]}

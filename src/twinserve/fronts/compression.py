@@ -29,7 +29,8 @@ __all__ = ["GZIP_MIN_BYTES", "REQUEST_CODINGS", "accepts_gzip", "compress_reply"
 
 #: The codings a request body may carry, with the zlib window bits that read them. `x-gzip` is gzip's old name,
 #: which RFC 9110 §8.4.1.3 says a recipient should treat as gzip; `deflate` is the zlib format (§8.4.1.2).
-REQUEST_CODINGS: dict[str, int] = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+REQUEST_CODINGS: dict[str, int] = {"gzip": _GZIP_WBITS, "x-gzip": _GZIP_WBITS, "deflate": zlib.MAX_WBITS}
 #: Replies smaller than this are sent as they are, whatever the client accepts.
 GZIP_MIN_BYTES = 1024
 _GZIP_LEVEL = 6  # zlib's default: most of level 9's gain at a fraction of its time
@@ -120,7 +121,7 @@ def compress_reply(reply: Reply, accept_encoding: str | None) -> Reply:
     headers["Vary"] = "Accept-Encoding"
     if not accepts_gzip(accept_encoding):
         return dataclasses.replace(reply, headers=headers)
-    packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
     body = packer.compress(reply.body) + packer.flush()
     headers["Content-Encoding"] = "gzip"
     return dataclasses.replace(reply, body=body, headers=headers)
