@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.errors import error_fields, without_request_id
 from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, build, served
 from tests.serving import model_path
 from twinserve.fronts.routes import ROUTES
@@ -59,9 +60,10 @@ def app(request: pytest.FixtureRequest, apps: dict[str, Client]) -> Client:
 
 # -- the cases ------------------------------------------------------------------------------------------------
 def error(answer: Answer, code: str) -> dict[str, Any]:
-    """twinserve's error body: its code, a message, and the request id the response header carries."""
+    """twinserve's error body (V1 routes': flat, `error` the message): its code, a message, and the request id
+    the response header carries."""
     assert answer.content_type == "application/json", answer.text
-    body = answer.json()["error"]
+    body = error_fields(answer.json())
     assert body["code"] == code, answer.text
     assert body["message"]
     assert body["request_id"] == answer.headers["x-request-id"]
@@ -79,10 +81,7 @@ def comparable(answer: Answer) -> Any:
     """The part of an answer every architecture must give identically: JSON without the request id."""
     if not answer.content_type.startswith("application/json"):
         return answer.body
-    body = answer.json()
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        body["error"].pop("request_id", None)
-    return body
+    return without_request_id(answer.json())
 
 
 def without_serving(answer: Answer) -> Any:

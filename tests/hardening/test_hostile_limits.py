@@ -29,6 +29,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.hardening.harness import CLIENT_TIMEOUT_S, PeakRss, wait_until
 from tests.serving import ROOT, Server, model_path, servers_per_arch
 from twinserve.config import Config, load_config
@@ -122,7 +123,7 @@ def hostile_client(url: str) -> list[Answer]:
         for _ in range(ROUNDS):
             sent = time.monotonic()
             response = client.post(url, content=HOSTILE, headers={"Content-Type": "application/json"})
-            code = response.json()["error"]["code"] if response.status_code != 200 else None
+            code = error_fields(response.json())["code"] if response.status_code != 200 else None
             answers.append(Answer(response.status_code, code, sent, time.monotonic()))
     return answers
 
@@ -167,7 +168,7 @@ def test_hostile_body_with_a_valid_tail_is_refused_too(server: Server) -> None:
     replaced = httpx.post(url, content=b'{"instances":' + many + b',"instances":[7]}', timeout=CLIENT_TIMEOUT_S)
     assert (replaced.status_code, replaced.json()) == (200, {"predictions": [7]})
     refused = httpx.post(url, content=b'{"instances":[7],"instances":' + many + b"}", timeout=CLIENT_TIMEOUT_S)
-    assert (refused.status_code, refused.json()["error"]["code"]) == (413, "too_many_instances")
+    assert (refused.status_code, error_fields(refused.json())["code"]) == (413, "too_many_instances")
 
 
 @pytest.mark.parametrize("arch", ["async", "hybrid"])  # the architectures that serve WebSocket streams
@@ -182,7 +183,7 @@ def test_five_million_instances_in_a_websocket_message_are_refused(servers: dict
         return refused, after
 
     refused, after = asyncio.run(exchange())
-    assert (refused["id"], refused["error"]["code"]) == ("hostile", "too_many_instances")
+    assert (refused["id"], error_fields(refused)["code"]) == ("hostile", "too_many_instances")
     assert after == {"id": "after", "predictions": [1]}
 
 
@@ -229,7 +230,7 @@ def test_a_request_the_queue_could_never_hold_is_413_not_503(server: Server) -> 
     assert config.max_instances <= config.max_queue  # the defaults themselves
     too_many = predict(server, "echo", list(range(config.max_queue + 1)))
     assert too_many.status_code == 413, too_many.text
-    assert too_many.json()["error"]["code"] == "too_many_instances"
+    assert error_fields(too_many.json())["code"] == "too_many_instances"
     assert "retry-after" not in too_many.headers
     largest = predict(server, "echo", list(range(config.max_instances)))
     assert largest.status_code == 200, largest.text

@@ -39,7 +39,7 @@ from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, client_left, step_or_none
 from twinserve.fronts.websocket import OpenSockets, deny_handshake, websocket_endpoint
 from twinserve.observability.metrics import mark_process_dead
@@ -171,7 +171,7 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
         (
             route,
             _Target(
-                _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path)),
+                _handled(service, route.name, endpoints[route.name], shape=error_shape(route.path)),
                 socket if route.name == "websocket" else None,
             ),
         )
@@ -223,7 +223,7 @@ class _AsgiFront:
         request = Request(scope, receive, send)
         path, headers = scope["path"], request.headers
         exchange = self.service.open(
-            "unknown", request.method, path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+            "unknown", request.method, path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
         )
         reply = exchange.fail(_refusal(exchange, request) or error)
         exchange.close()
@@ -386,7 +386,7 @@ class _TrustedHosts:
             return
         path, headers = scope["path"], StarletteHeaders(scope=scope)
         exchange = service.open(
-            "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+            "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
         )
         reply = exchange.fail(error)
         exchange.close()
@@ -417,7 +417,7 @@ class _Cors:
         if service.is_preflight(scope["method"], headers):
             path = scope["path"]
             exchange = service.open(
-                "preflight", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+                "preflight", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
             )
             try:
                 reply = exchange.reply(service.preflight(headers))
@@ -443,7 +443,7 @@ class _Cors:
         await self.app(scope, receive, send_with_cors)
 
 
-def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) -> Handler:
+def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape = "twinserve") -> Handler:
     """Wrap an endpoint in its exchange: request id in and out, every error rendered by the shared contract (with
     the V2 body on V2 routes), the request counted once (a stream's when it ends)."""
 
@@ -456,7 +456,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
             headers,
             headers.get(REQUEST_ID_HEADER),
             model=request.path_params.get("model", ""),
-            v2=v2,
+            shape=shape,
         )
         try:
             exchange.authenticate(headers, _client(request.scope))

@@ -33,7 +33,7 @@ from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
-from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import (
@@ -227,10 +227,10 @@ class Service:
         request_id_header: str | None,
         *,
         model: str = "",
-        v2: bool = False,
+        shape: ErrorShape = "twinserve",
     ) -> Exchange:
         """Open one request's exchange (fronts/exchange.py): it must be closed, exactly once, by its front."""
-        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, v2)
+        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, shape)
 
     def begin(
         self, request_id_header: str | None, method: str, path: str, headers: Headers | None = None

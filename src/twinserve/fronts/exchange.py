@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twinserve.core.memory import release_free_memory
-from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error
+from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error, v1_error_payload
 from twinserve.fronts.compression import inflate, request_codings
-from twinserve.fronts.routes import JSON
+from twinserve.fronts.routes import JSON, ErrorShape
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import error_body
 
@@ -69,9 +69,15 @@ class Reply:
     content_type: str = JSON  # "" for a response without a body (204)
 
 
-def error_reply(error: TwinserveError, request_id: str, v2: bool = False) -> Reply:
-    """The error as a response: twinserve's body, or the Open Inference Protocol's `{"error": "message"}`."""
-    body = error_body(error) if v2 else dumps(error_payload(error, request_id))
+def error_reply(error: TwinserveError, request_id: str, shape: ErrorShape = "twinserve") -> Reply:
+    """The error as a response, its body in `shape` (fronts/routes.py `ErrorShape`): twinserve's, V1's
+    (TF-Serving/KServe: `error` is the message) or the Open Inference Protocol's `{"error": "message"}`."""
+    if shape == "v2":
+        body = error_body(error)
+    elif shape == "v1":
+        body = dumps(v1_error_payload(error, request_id))
+    else:
+        body = dumps(error_payload(error, request_id))
     return Reply(error.status, body, error.headers or None)
 
 
@@ -101,19 +107,19 @@ class Exchange:
         "model",
         "runtime",
         "service",
+        "shape",
         "status",
-        "v2",
     )
 
-    def __init__(self, service: Service, context: RequestContext, endpoint: str, model: str, v2: bool) -> None:
+    def __init__(self, service: Service, context: RequestContext, endpoint: str, model: str, shape: ErrorShape) -> None:
         self.service = service
         self.context = context
         #: The route's name, the `endpoint` label of the request metrics.
         self.endpoint = endpoint
         #: The model named in the path ("" for none); label values a client invents are dropped when counted.
         self.model = model
-        #: Whether errors take the Open Inference Protocol's body.
-        self.v2 = v2
+        #: How its error bodies look: by the path's protocol.
+        self.shape: ErrorShape = shape
         # Until answered: an exchange closed unanswered was left by its client.
         self.status: int = ClientDisconnected.status
         self.error_code: str | None = ClientDisconnected.code
@@ -258,7 +264,7 @@ class Exchange:
 
     def fail(self, exc: BaseException) -> Reply:
         """The error reply for `exc`: its status, code and body, the same in every front."""
-        return error_reply(self.failed(exc), self.request_id, self.v2)
+        return error_reply(self.failed(exc), self.request_id, self.shape)
 
     def succeeded(self) -> None:
         """Record a 200 answered piecemeal (a stream that reached its end)."""

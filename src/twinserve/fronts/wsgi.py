@@ -28,7 +28,7 @@ from twinserve.errors import (
 from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
 
@@ -186,7 +186,7 @@ def create_wsgi_app(service: Service) -> Flask:
                 request.headers,
                 request.headers.get(REQUEST_ID_HEADER),
                 model=(request.view_args or {}).get("model", ""),
-                v2=is_v2(request.path),
+                shape=error_shape(request.path),
             )
         return exchange
 
