@@ -273,6 +273,8 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
             content_encoding=headers.get("content-encoding"),
+            origin=headers.get("origin"),
+            host=headers.get("host"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
@@ -287,6 +289,8 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
             content_encoding=headers.get("content-encoding"),
+            origin=headers.get("origin"),
+            host=headers.get("host"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
@@ -327,6 +331,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
     return {
+        "alive": plain(service.alive),
         "list_models": plain(service.list_models),
         "model_metadata": model_metadata,
         "predict": infer,

@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from twinserve.errors import MalformedRequest, PayloadTooLarge, UnsupportedMediaType
+from twinserve.errors import ClientError, PayloadTooLarge, UnsupportedMediaType
 
 if TYPE_CHECKING:
     from twinserve.fronts.exchange import Reply  # the exchange inflates through this module
@@ -53,7 +53,7 @@ def request_codings(header: str | None) -> tuple[str, ...]:
 
 def inflate(body: bytes, codings: tuple[str, ...], limit: int, too_large: Callable[[], PayloadTooLarge]) -> bytes:
     """`body` with `codings` undone, last applied first; `too_large()` (413) as soon as a stage would produce more
-    than `limit` bytes, MalformedRequest (400) for data that is not what its coding says."""
+    than `limit` bytes, ClientError (400) for data that is not what its coding says."""
     for coding in reversed(codings):
         body = _inflate_one(body, coding, REQUEST_CODINGS[coding], limit, too_large)
     return body
@@ -69,13 +69,13 @@ def _inflate_one(data: bytes, coding: str, wbits: int, limit: int, too_large: Ca
             raise too_large()
         out += inflater.flush()
     except zlib.error as exc:
-        raise MalformedRequest(f"request body is not valid {coding} data (Content-Encoding): {exc}") from None
+        raise ClientError(f"request body is not valid {coding} data (Content-Encoding): {exc}") from None
     if len(out) > limit:
         raise too_large()
     if not inflater.eof:
-        raise MalformedRequest(f"request body is truncated {coding} data (Content-Encoding)")
+        raise ClientError(f"request body is truncated {coding} data (Content-Encoding)")
     if inflater.unused_data:
-        raise MalformedRequest(f"request body has data after its {coding} stream (Content-Encoding)")
+        raise ClientError(f"request body has data after its {coding} stream (Content-Encoding)")
     return out
 
 

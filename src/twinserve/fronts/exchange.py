@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twinserve.core.memory import release_free_memory
-from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error, v1_error_payload
+from twinserve.errors import (
+    ClientDisconnected,
+    MalformedRequest,
+    TwinserveError,
+    UnsupportedMediaType,
+    error_payload,
+    internal_error,
+    v1_error_payload,
+)
 from twinserve.fronts.compression import inflate, request_codings
 from twinserve.fronts.routes import JSON, ErrorShape
 from twinserve.protocol.v1 import dumps
@@ -98,6 +106,7 @@ class Exchange:
         "_codings",
         "_count",
         "_inference",
+        "_lenient",
         "_open",
         "context",
         "deadline",
@@ -133,6 +142,8 @@ class Exchange:
         self._body_bytes = 0
         #: The request body's content codings (`Content-Encoding`), undone before it is decoded.
         self._codings: tuple[str, ...] = ()
+        #: Whether the body came under a form or no media type: JSON if it parses, else 415 (`Service.admit`).
+        self._lenient = False
         self._answered = False
         self._open = True
         service.in_flight.inc()
@@ -159,6 +170,8 @@ class Exchange:
         content_type: str | None = None,
         content_length: int | None = None,
         content_encoding: str | None = None,
+        origin: str | None = None,
+        host: str | None = None,
         timeout_header: str | None = None,
         priority_header: str | None = None,
         backlog: int | None = None,
@@ -171,7 +184,7 @@ class Exchange:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
-        service.admit(runtime, self.endpoint, content_type, content_length)
+        self._lenient = service.admit(runtime, self.endpoint, content_type, content_length, origin, host)
         self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
@@ -182,6 +195,16 @@ class Exchange:
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`), from `body`
         with its content codings undone (fronts/compression.py: `--max-body-bytes` bounds the inflated size)."""
+        try:
+            return self._decode(body, header_length)
+        except MalformedRequest as exc:
+            if not self._lenient:
+                raise
+            raise UnsupportedMediaType(
+                f"Content-Type must be {JSON}; the body is not JSON either ({exc.message})"
+            ) from None
+
+    def _decode(self, body: bytes, header_length: str | None) -> list[Any]:
         codecs = self.codecs
         if self._codings:
             service = self.service

@@ -45,9 +45,12 @@ def _v2_model(name: str, method: str, suffix: str) -> tuple[Route, Route]:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("list_models", "GET", "/v1/models"),
+    Route("alive", "GET", "/"),  # KServe V1's liveness probe: `{"status": "alive"}`
+    Route("list_models", "GET", "/v1/models"),  # KServe V1: the names; details at /v1/models/{model}
     Route("model_metadata", "GET", "/v1/models/{model}"),
     Route("predict", "POST", "/v1/models/{model}:predict"),
+    # TF-Serving's REST API names a version in the path: 404 unless it is the one served.
+    Route("predict", "POST", "/v1/models/{model}/versions/{version}:predict"),
     Route("stream", "POST", "/v1/models/{model}:stream"),  # a streaming model's steps, as Server-Sent Events
     # A WebSocket stream of predict messages (async and hybrid; the sync architecture answers 501).
     Route("websocket", "GET", "/v1/models/{model}/ws"),

@@ -105,6 +105,8 @@ def create_wsgi_app(service: Service) -> Flask:
             content_type=request.content_type,
             content_length=request.content_length,
             content_encoding=request.headers.get("Content-Encoding"),
+            origin=request.headers.get("Origin"),
+            host=request.headers.get("Host"),
             timeout_header=request.headers.get(TIMEOUT_HEADER),
             priority_header=request.headers.get(PRIORITY_HEADER),
             backlog=request.environ.get(BACKLOG_ENVIRON),
@@ -142,6 +144,7 @@ def create_wsgi_app(service: Service) -> Flask:
         return lambda model, version=None: _respond(handler(model, version))
 
     views: dict[str, Callable[..., Response]] = {
+        "alive": lambda: _respond(service.alive()),
         "list_models": lambda: _respond(service.list_models()),
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
         "predict": infer,
