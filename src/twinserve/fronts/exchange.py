@@ -104,6 +104,7 @@ class Exchange:
         "_answered",
         "_body_bytes",
         "_codings",
+        "_columnar",
         "_count",
         "_inference",
         "_lenient",
@@ -144,6 +145,8 @@ class Exchange:
         self._codings: tuple[str, ...] = ()
         #: Whether the body came under a form or no media type: JSON if it parses, else 415 (`Service.admit`).
         self._lenient = False
+        #: Whether a V1 request came columnar (`inputs`): answered with `outputs`.
+        self._columnar = False
         self._answered = False
         self._open = True
         service.in_flight.inc()
@@ -218,7 +221,8 @@ class Exchange:
                 self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
             instances = inference.instances
         else:
-            instances = codecs.v1.decode(body)
+            request = codecs.v1.read(body)
+            instances, self._columnar = request.instances, request.columnar
         self._count = len(instances)
         return instances
 
@@ -235,7 +239,7 @@ class Exchange:
         runtime = self._runtime()
         if self._inference is not None:
             return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
-        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count)))
+        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
 
     @property
     def instances(self) -> int:
