@@ -116,7 +116,7 @@ class V1Codec:
             instances=(list[input_type], Field(min_length=1, max_length=max_instances)),
         )
         self.input_adapter: TypeAdapter[Any] = TypeAdapter(input_type)
-        self._rows: TypeAdapter[list[Any]] = TypeAdapter(list[input_type])  # type: ignore[valid-type]
+        self._rows: TypeAdapter[list[Any]] = TypeAdapter(list[input_type])
         self.output_adapter: TypeAdapter[Any] = TypeAdapter(output_type)
 
     def input_schema(self) -> dict[str, Any]:
