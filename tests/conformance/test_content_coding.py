@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, build
+from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, build, served
 from tests.serving import model_path
 
 MAX_BODY = 65536
@@ -205,3 +205,16 @@ def test_small_reply_never_gzipped(app: Client) -> None:
     assert answer.status == 200
     assert "content-encoding" not in answer.headers
     assert answer.json() == {"predictions": [1]}
+
+
+def test_vary_names_both_with_cors() -> None:
+    """A gzip-able reply under CORS varies on both Accept-Encoding and Origin, in one field, in every front."""
+    seen = []
+    for arch in ARCHS_IN_PROCESS:
+        with served(arch, MODELS, cors_origins=["https://app.example"], threads=2) as client:
+            answer = client.request(
+                "POST", "/v1/models/echo:predict", json=BIG, headers={"Origin": "https://app.example"}
+            )
+            assert answer.status == 200
+            seen.append(answer.headers["vary"])
+    assert all(v == "Accept-Encoding, Origin" for v in seen), seen

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from starlette.datastructures import Headers as StarletteHeaders
@@ -398,6 +398,18 @@ class _TrustedHosts:
         await _respond(reply, exchange.request_id)(scope, receive, send)
 
 
+def _merged(headers: Iterable[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` and `extra`, one `Vary` naming both's (a gzip-able reply varies on Accept-Encoding already)."""
+    out = list(headers)
+    for name, value in extra:
+        at = next((i for i, (n, _) in enumerate(out) if n == b"vary"), None) if name == b"vary" else None
+        if at is None:
+            out.append((name, value))
+        else:
+            out[at] = (name, out[at][1] + b", " + value)
+    return out
+
+
 def _host_header(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == b"host":
@@ -442,7 +454,7 @@ class _Cors:
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                message = {**message, "headers": _merged(message.get("headers", ()), extra)}
             await send(message)
 
         await self.app(scope, receive, send_with_cors)

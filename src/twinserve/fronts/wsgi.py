@@ -210,7 +210,12 @@ def create_wsgi_app(service: Service) -> Flask:
         response.headers[REQUEST_ID_HEADER] = exchange.request_id
         # A request naming a foreign host gets nothing but its 400: no CORS grant either (as from the ASGI front).
         if service.cors is not None and exchange.endpoint != "preflight" and exchange.error_code != _HOST_REFUSED:
-            response.headers.update(service.cors.response_headers(request.headers.get("origin")))
+            cors = dict(service.cors.response_headers(request.headers.get("origin")))
+            vary = cors.pop("Vary", None)
+            if vary is not None:  # one Vary naming both: a gzip-able reply varies on Accept-Encoding already
+                known = response.headers.get("Vary")
+                response.headers["Vary"] = f"{known}, {vary}" if known else vary
+            response.headers.update(cors)
         if not g.get("streaming"):
             exchange.responded(response.status_code)
             exchange.close()
