@@ -172,6 +172,7 @@ def test_form_typed_json_is_read_as_json(app: Client) -> None:
 def test_untyped_json_is_read_as_json(app: Client) -> None:
     answer = app.request("POST", "/v1/models/echo:predict", content=b'{"instances": [1]}')
     assert (answer.status, answer.json()) == (200, {"predictions": [1]})
+    _v1_error(app.request("POST", "/v1/models/echo:predict", content=b"{"), 400, "malformed_json")
 
 
 def test_form_typed_non_json_is_415(app: Client) -> None:

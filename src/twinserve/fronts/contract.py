@@ -340,12 +340,13 @@ class Service:
         host: str | None = None,
     ) -> bool:
         """Checks that need only the request line and headers, done before the body is read: the rate limit,
-        the media type (V2 bodies may also be binary), the declared size, readiness. True when the body is to be
-        read as JSON only if it parses (a form or missing media type): the exchange then answers 415, not 400.
+        the media type (V2 bodies may also be binary), the declared size, readiness. True for a form type: the
+        body is read as JSON if it parses, and the exchange answers 415, not 400, when it does not (a body with
+        no media type at all is JSON's, malformed or not: 400).
 
         A form type (or none) is taken from a client that sends no `Origin`, or one CORS or the allowed hosts
-        admit: browsers send `Origin` on every cross-site POST, and a form POST is the one a page may send
-        without a preflight, so this opens no cross-site request forgery."""
+        admit: browsers send `Origin` on every cross-site POST, and a form POST (or a typeless one) is what a
+        page may send without a preflight, so this opens no cross-site request forgery."""
         self.admission.rate()
         media_type = content_type.split(";", 1)[0].strip().lower() if content_type else ""
         lenient = media_type in ("", _FORM_TYPE)
@@ -361,7 +362,7 @@ class Service:
             raise self.too_large()
         if not runtime.ready:
             raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
-        return lenient
+        return media_type == _FORM_TYPE
 
     def first_chunk(self, context: RequestContext, model: str) -> None:
         """Note a stream's time to first step."""

@@ -9,11 +9,11 @@ order, whatever the transport:
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
    type, the declared size, readiness, then the deadline;
-3. **decode** the body with the endpoint's codec (V1 instances or V2 tensors, whose own `timeout` tightens the
-   deadline), and **encode** the outputs into the reply;
-4. **reply** or **fail**: one mapping from exception to status, code and body (twinserve's, or V2's
-   `{"error": ...}` on V2 routes); an exception twinserve did not expect is logged with its traceback and
-   answered as a bare 500;
+3. **decode** the body, its content codings undone (fronts/compression.py), with the endpoint's codec (V1
+   instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
+4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
+   (`fronts/routes.py` `ErrorShape`: V1's, V2's or twinserve's); an exception twinserve did not expect is logged
+   with its traceback and answered as a bare 500;
 5. **close**: the request is logged, counted and traced, and leaves the in-flight gauge, once, whatever happened.
    An exchange closed before it was answered was left by its client: 499.
 
@@ -143,7 +143,7 @@ class Exchange:
         self._body_bytes = 0
         #: The request body's content codings (`Content-Encoding`), undone before it is decoded.
         self._codings: tuple[str, ...] = ()
-        #: Whether the body came under a form or no media type: JSON if it parses, else 415 (`Service.admit`).
+        #: Whether the body came under a form media type: JSON if it parses, else 415 (`Service.admit`).
         self._lenient = False
         #: Whether a V1 request came columnar (`inputs`): answered with `outputs`.
         self._columnar = False
