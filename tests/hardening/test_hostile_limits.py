@@ -200,9 +200,10 @@ class _BlockingDecode:
     """Stands in for an exchange whose decode blocks until the event loop has run: a decode on the loop itself
     would wait for nothing but its own thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, coded: bool = False) -> None:
         self.loop_ran = threading.Event()
         self.thread: int | None = None
+        self.coded = coded  # a gzip or deflate body (fronts/compression.py)
 
     def decode(self, body: bytes, header_length: str | None = None) -> list[int]:
         self.thread = threading.get_ident()
@@ -222,6 +223,19 @@ def test_large_bodies_are_decoded_off_the_event_loop() -> None:
     assert asyncio.run(decode(DECODE_OFF_LOOP_BYTES - 1)) == ([DECODE_OFF_LOOP_BYTES - 1], loop_thread)  # in place
     instances, thread = asyncio.run(decode(DECODE_OFF_LOOP_BYTES))
     assert instances == [DECODE_OFF_LOOP_BYTES] and thread != loop_thread
+
+
+def test_coded_bodies_are_decoded_off_the_event_loop() -> None:
+    """A compressed body's length does not bound what it inflates to: from 1 KiB, it is inflated on a thread."""
+
+    async def decode(size: int) -> int | None:
+        stand_in = _BlockingDecode(coded=True)
+        await Exchange.adecode(stand_in, b" " * size)  # type: ignore[arg-type]
+        return stand_in.thread
+
+    loop_thread = threading.get_ident()
+    assert asyncio.run(decode(DECODE_OFF_LOOP_BYTES // 64)) != loop_thread
+    assert asyncio.run(decode(16)) == loop_thread  # too small to inflate to much: in place
 
 
 # -- 8. no "retry later" that can never succeed ----------------------------------------------------------------

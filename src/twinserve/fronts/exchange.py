@@ -230,7 +230,7 @@ class Exchange:
         """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`), and so is a
         compressed one, whose inflated size its length does not tell."""
         decode = functools.partial(self.decode, header_length=header_length)
-        if self._codings and len(body) >= DECODE_OFF_LOOP_BYTES // 64:
+        if self.coded and len(body) >= DECODE_OFF_LOOP_BYTES // 64:
             return await asyncio.to_thread(decode, body)
         return await decode_off_loop(decode, body)
 
@@ -240,6 +240,11 @@ class Exchange:
         if self._inference is not None:
             return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
         return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
+
+    @property
+    def coded(self) -> bool:
+        """Whether the body carries content codings (set by `admit`): its length does not bound what it inflates to."""
+        return bool(self._codings)
 
     @property
     def instances(self) -> int:
