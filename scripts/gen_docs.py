@@ -236,7 +236,8 @@ def errors_page() -> str:
         "its status and code, so every architecture answers the same fault the same way. V1 routes answer "
         '`{"error": "message", "code", "request_id"[, "details"]}`, V2 routes `{"error": "message"}`, every other '
         'route `{"error": {"code", "message", "request_id"[, "details"]}}`, all with the same status '
-        "([Error bodies](../http-contract.md#error-bodies)). Classes without a status never reach a client: they stop the server at start-up. "
+        "([Error bodies](../http-contract.md#error-bodies)). Classes without a status never reach a client: they "
+        "stop the server at start-up. "
         "A model may raise any `ClientError` subclass (e.g. `twinserve.ValidationFailed`) to refuse an instance."
     )
     return _page("Statuses and error codes", intro, _table(["class", "status", "code", "meaning"], rows))
