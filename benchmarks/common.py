@@ -73,7 +73,7 @@ def wrk(
 
 def example_request(server: ServerProcess, headers: dict[str, str] | None = None) -> tuple[str, bytes]:
     """The predict URL of the server's first model and a one-instance body from its own examples."""
-    name = httpx.get(server.url + "/v1/models", headers=headers).json()["models"][0]["name"]
+    name = httpx.get(server.url + "/v1/models", headers=headers).json()["models"][0]  # names (KServe V1)
     meta: dict[str, Any] = httpx.get(f"{server.url}/v1/models/{name}", headers=headers).json()
     body = json.dumps({"instances": meta["examples"][:1]}).encode()
     return f"{server.url}/v1/models/{name}:predict", body

@@ -32,6 +32,7 @@ V2_IRIS = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "da
 V2_WIDE = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 5], "data": [1, 2, 3, 4, 5]}]}
 
 CASES: list[tuple[str, str, str, dict[str, object]]] = [
+    ("GET /", "GET", "/", {}),
     ("GET /v2/health/live", "GET", "/v2/health/live", {}),
     ("GET /v2/health/ready", "GET", "/v2/health/ready", {}),
     ("GET /v1/models", "GET", "/v1/models", {}),
@@ -82,8 +83,10 @@ def main() -> None:
                 response = httpx.request(method, server.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
                 row.append(str(response.status_code))
                 if response.status_code >= 400:
-                    error = response.json()["error"]
-                    code = error["code"] if isinstance(error, dict) else "(V2 body: message only)"
+                    body = response.json()
+                    error = body["error"]
+                    # twinserve's nested body; V1's flat one (`error` the message, `code` beside it); V2's message
+                    code = error["code"] if isinstance(error, dict) else body.get("code", "(V2 body: message only)")
             print(f"| {label} | " + " | ".join(row) + f" | {code} |")
     finally:
         for server in servers.values():

@@ -233,9 +233,11 @@ def errors_page() -> str:
         rows.append([name, status, _code(cls.code) if sent else "", summary])
     intro = (
         "Every error twinserve answers with is one class of the tree in `twinserve.errors`, and the class fixes "
-        "its status and code, so every architecture answers the same fault the same way. V1 bodies are "
-        '`{"error": {"code", "message", "request_id"[, "details"]}}`; V2 routes answer `{"error": "message"}` '
-        "with the same status. Classes without a status never reach a client: they stop the server at start-up. "
+        "its status and code, so every architecture answers the same fault the same way. V1 routes answer "
+        '`{"error": "message", "code", "request_id"[, "details"]}`, V2 routes `{"error": "message"}`, every other '
+        'route `{"error": {"code", "message", "request_id"[, "details"]}}`, all with the same status '
+        "([Error bodies](../http-contract.md#error-bodies)). Classes without a status never reach a client: they "
+        "stop the server at start-up. "
         "A model may raise any `ClientError` subclass (e.g. `twinserve.ValidationFailed`) to refuse an instance."
     )
     return _page("Statuses and error codes", intro, _table(["class", "status", "code", "meaning"], rows))

@@ -331,3 +331,29 @@ class LeakyStream(twinserve.Model):
     def predict(self, batch: list[str]) -> Iterator[list[str]]:
         yield [instance.upper() for instance in batch]
         raise RuntimeError(f"cannot reach {SECRET}")
+
+
+class RawBytes(twinserve.Model):
+    """Takes raw bytes (V2 BYTES [-1]): each instance's length and its first byte, to show nothing was re-encoded."""
+
+    name = "raw-bytes"
+
+    def predict(self, batch: list[bytes]) -> list[list[int]]:
+        return [[len(b), b[0] if b else -1] for b in batch]
+
+
+class Counters(twinserve.Model):
+    """UINT64 tensors in and out, unchanged."""
+
+    name = "counters"
+    inputs = (Tensor("input", "UINT64", [-1]),)
+    outputs = (Tensor("output", "UINT64", [-1]),)
+
+    def from_tensors(self, arrays: dict[str, np.ndarray[Any, Any]]) -> list[int]:
+        return [int(v) for v in arrays["input"].tolist()]
+
+    def predict(self, batch: list[int]) -> list[int]:
+        return list(batch)
+
+    def to_tensors(self, outputs: list[int]) -> dict[str, np.ndarray[Any, Any]]:
+        return {"output": np.array(outputs, dtype=np.uint64)}

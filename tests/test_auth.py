@@ -15,6 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields, without_request_id
 from tests.serving import Server, model_path, servers_per_arch
 from twinserve.cli import build_parser
 from twinserve.config import load_config
@@ -224,7 +225,7 @@ def test_missing_or_wrong_key_is_401_with_a_challenge(
         response = response or _predict(secure_server, headers, path)
         assert response.status_code == 401, (path, response.text)
         assert response.headers["www-authenticate"] == challenge
-        error = response.json()["error"]
+        error = error_fields(response.json())
         assert error["code"] == "unauthorized" and error["request_id"] == response.headers["x-request-id"]
         assert KEY_FLAG[:-1] not in response.text
     v2 = httpx.post(secure_server.url + "/v2/models/iris/infer", json={}, headers=headers)
@@ -256,7 +257,7 @@ def test_each_key_has_its_own_rate_limit(secure_server: Server) -> None:
             statuses.append(response.status_code)
             if response.status_code == 429:
                 assert int(response.headers["retry-after"]) >= 1
-                assert response.json()["error"]["code"] == "rate_limited"
+                assert error_fields(response.json())["code"] == "rate_limited"
                 break
         assert statuses[-1] == 429 and set(statuses[:-1]) == {200}
         assert len(statuses) > 5  # the burst (one second's worth) came first
@@ -288,8 +289,8 @@ def _cors_exchanges(server: Server) -> list[tuple[int, dict[str, str], Any]]:
             if k.startswith("access-control-") or k in ("vary", "www-authenticate", "content-type", "allow")
         }
         content: Any = response.json() if response.content else None
-        if isinstance(content, dict) and isinstance(content.get("error"), dict):
-            content["error"].pop("request_id")
+        if isinstance(content, dict) and "error" in content:
+            content = without_request_id(content)
         seen.append((response.status_code, kept, content))
     return seen
 
@@ -304,7 +305,7 @@ def test_cors_answers_are_identical_in_every_architecture(secured: dict[str, Ser
     assert "Authorization" in granted[1]["access-control-allow-headers"]
     assert v2_granted[0] == 204
     for refused in (bad_origin, bad_method, bad_header):
-        assert refused[0] == 403 and refused[2]["error"]["code"] == "cors_rejected"
+        assert refused[0] == 403 and error_fields(refused[2])["code"] == "cors_rejected"
         assert "access-control-allow-origin" not in refused[1]
     assert not_preflight[0] == 401  # OPTIONS without a preflight's headers is an ordinary request
     assert ok[0] == 200 and ok[1]["access-control-allow-origin"] == ORIGIN
@@ -333,7 +334,7 @@ def test_websocket_handshakes_need_a_key(secured: dict[str, Server], arch: str) 
                 pass
         response = refused.value.response
         assert response.status_code == 401
-        assert json.loads(response.body or b"")["error"]["code"] == "unauthorized"
+        assert error_fields(json.loads(response.body or b""))["code"] == "unauthorized"
         async with connect(url, additional_headers={"Authorization": f"Bearer {KEY_FLAG}"}) as socket:
             await socket.send(json.dumps({"id": "a", "instances": [IRIS]}))
             answer = json.loads(await socket.recv())
@@ -352,14 +353,14 @@ def test_websocket_origin_and_per_key_rate_limit(secured: dict[str, Server], arc
             async with connect(url, additional_headers=foreign):
                 pass
         assert refused.value.response.status_code == 403
-        assert json.loads(refused.value.response.body or b"")["error"]["code"] == "cors_rejected"
+        assert error_fields(json.loads(refused.value.response.body or b""))["code"] == "cors_rejected"
         # Each message is charged to the handshake's key (5 requests/s here): a burst of 20 is partly refused.
         async with connect(url, additional_headers={"X-API-Key": KEY_LIMITED, "Origin": ORIGIN}) as socket:
             for i in range(20):
                 await socket.send(json.dumps({"id": str(i), "instances": [IRIS]}))
             answers = [json.loads(await socket.recv()) for _ in range(20)]
         limited = [a for a in answers if "error" in a]
-        assert limited and all(a["error"]["code"] == "rate_limited" for a in limited)
+        assert limited and all(error_fields(a)["code"] == "rate_limited" for a in limited)
         assert len(limited) < 20 and all(a["predictions"][0]["label"] == "setosa" for a in answers if a not in limited)
 
     asyncio.run(run())

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
 
 #: Sync batches across the request threads of one process, so give it one process with enough threads.
@@ -77,7 +78,7 @@ def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
         rejected = predict(server, "gate", [_gate(tmp_path, "extra")])
         assert rejected.status_code == 503, rejected.text
         assert rejected.headers["retry-after"] == "1"
-        assert rejected.json()["error"]["code"] == "queue_full"
+        assert error_fields(rejected.json())["code"] == "queue_full"
         for name in ("busy", "q0", "q1"):
             _release(tmp_path, name)
         assert busy.result(timeout=30).status_code == 200
@@ -135,7 +136,7 @@ def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_pa
         wait_for_file(tmp_path / "busy.started")
         late = predict(server, "gate", [_gate(tmp_path, "late")], headers={"X-Request-Timeout-Ms": "300"})
         assert late.status_code == 504, late.text
-        assert late.json()["error"]["code"] == "deadline_exceeded"
+        assert error_fields(late.json())["code"] == "deadline_exceeded"
         _release(tmp_path, "busy")
         _release(tmp_path, "after")
         assert busy.result(timeout=30).status_code == 200
@@ -144,7 +145,7 @@ def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_pa
         assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="deadline") == 1
         bad = predict(server, "gate", [_gate(tmp_path, "x")], headers={"X-Request-Timeout-Ms": "soon"})
         assert bad.status_code == 400
-        assert "X-Request-Timeout-Ms" in bad.json()["error"]["message"]
+        assert "X-Request-Timeout-Ms" in error_fields(bad.json())["message"]
 
 
 def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path) -> None:
@@ -162,8 +163,8 @@ def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path
             os.kill(victim, signal.SIGKILL)
             died = doomed.result(timeout=30)
             assert died.status_code == 503, died.text
-            assert died.json()["error"]["code"] == "worker_died"
-            assert str(victim) in died.json()["error"]["message"]
+            assert error_fields(died.json())["code"] == "worker_died"
+            assert str(victim) in error_fields(died.json())["message"]
             statuses = [r.result(timeout=60).status_code for r in load]
         assert set(statuses) <= {200, 503} and statuses.count(200) >= len(statuses) - 1
         deadline = time.monotonic() + 60
@@ -186,7 +187,7 @@ def test_rate_limit_is_429_with_retry_after(arch: str) -> None:
         assert [r.status_code for r in statuses[:2]] == [200, 200]
         limited = statuses[2]
         assert limited.status_code == 429
-        assert limited.json()["error"]["code"] == "rate_limited"
+        assert error_fields(limited.json())["code"] == "rate_limited"
         assert int(limited.headers["retry-after"]) >= 1
         assert httpx.get(server.url + "/v2/health/ready").status_code == 200  # probes are never limited
         assert sample(scrape(server), "twinserve_rejected_requests_total", model="echo", reason="rate_limit") == 2
@@ -202,7 +203,7 @@ def test_rate_limit_holds_for_the_whole_server_not_per_worker(arch: str) -> None
         assert [a.status_code for a in answers].count(200) == 5
         limited = [a for a in answers if a.status_code == 429]
         assert len(limited) == 7
-        assert all("rate limit of 0.01 requests/s exceeded" in a.json()["error"]["message"] for a in limited)
+        assert all("rate limit of 0.01 requests/s exceeded" in error_fields(a.json())["message"] for a in limited)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
 from tests.test_engine import SAME_PROCESS, wait_for_queue
 
@@ -57,7 +58,7 @@ def test_only_the_poisoned_requests_of_a_batch_fail(arch: str, tmp_path: Path) -
             assert response.headers["x-request-id"] == request_id
             if expected is None:
                 assert response.status_code == 500, response.text
-                error = response.json()["error"]
+                error = error_fields(response.json())
                 assert error["code"] == "model_error" and "'poison' raised in predict" in error["message"]
                 assert "poisoned batch" not in error["message"]  # the model's own text stays in the log
                 assert error["request_id"] == request_id
@@ -83,7 +84,7 @@ def test_only_the_poisoned_requests_of_a_batch_fail(arch: str, tmp_path: Path) -
         # The model that opts out: the same batch fails for every request in it, computed once.
         whole = _one_batch(server, "poison-whole", tmp_path)
         assert [r.status_code for r in whole] == [500] * len(REQUESTS)
-        assert {r.json()["error"]["code"] for r in whole} == {"model_error"}
+        assert {error_fields(r.json())["code"] for r in whole} == {"model_error"}
         samples = scrape(server)
         assert _batches(samples, "poison-whole") == (2, 1 + INSTANCES)
         assert sample(samples, "twinserve_batch_isolations_total", model="poison-whole") == 0

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.serving import Server, model_path, predict, servers_per_arch, wait_for_file
 
 MAX_BODY, MAX_INSTANCES, MAX_ELEMENTS = 4096, 8, 20
@@ -58,7 +59,7 @@ def server(request: pytest.FixtureRequest, limited: dict[str, Server]) -> Server
 def assert_error(response: httpx.Response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
-    error = response.json()["error"]
+    error = error_fields(response.json())
     assert error["code"] == code and error["request_id"] == response.headers["x-request-id"]
     return str(error["message"])
 
@@ -164,7 +165,7 @@ def test_request_line_and_headers(
     assert got == status, body
     if code is not None:
         assert response_headers["content-type"] == "application/json"
-        error = httpx.Response(got, content=body).json()["error"]
+        error = error_fields(httpx.Response(got, content=body).json())
         assert error["code"] == code and error["request_id"] == response_headers["x-request-id"]
         assert "--max-" in error["message"]
     assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 200  # and the server carries on
@@ -175,7 +176,7 @@ def test_a_header_without_end_is_refused_before_it_ends(server: Server) -> None:
     endless = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: " + b"v" * (MAX_HEADERS * MAX_HEADER_BYTES * 2)
     status, _, body = _raw(server, endless)
     assert status == 431, body
-    assert httpx.Response(status, content=body).json()["error"]["code"] == "headers_too_large"
+    assert error_fields(httpx.Response(status, content=body).json())["code"] == "headers_too_large"
 
 
 def test_a_large_body_is_not_counted_as_head(server: Server) -> None:
@@ -191,7 +192,7 @@ def test_header_answers_are_identical_in_every_architecture(limited: dict[str, S
     answers = []
     for server in limited.values():
         status, headers, body = _raw(server, request)
-        error = httpx.Response(status, content=body).json()["error"]
+        error = error_fields(httpx.Response(status, content=body).json())
         answers.append((status, headers["content-type"], headers.get("connection"), error["code"], error["message"]))
     assert answers[0] == answers[1] == answers[2]
 

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.serving import ROOT, Server, model_path, predict, sample, scrape, servers_per_arch, wait_for_file
 
 STREAMING = ("drip", "async-drip")
@@ -140,10 +141,10 @@ def test_error_mid_stream_is_an_error_event(server: Server, model: str, tmp_path
     assert received[:2] == [("message", {"predictions": ["a-0"]}), ("message", {"predictions": ["a-1"]})]
     name, body = received[2]
     assert name == "error" and len(received) == 3
-    assert body["error"]["code"] == "model_error"
+    assert error_fields(body)["code"] == "model_error"
     # The model's own text is the log's (tests/test_model_errors.py): the event says what failed and where.
-    assert body["error"]["message"] == f"model {model!r} raised in predict; the server log has the details"
-    assert body["error"]["request_id"] == request_id
+    assert error_fields(body)["message"] == f"model {model!r} raised in predict; the server log has the details"
+    assert error_fields(body)["request_id"] == request_id
     server.wait_for_output("step 2 failed on purpose")
     assert closed(tmp_path) == "failed after 2 steps"
 
@@ -152,7 +153,7 @@ def test_wrong_step_size_is_an_error_event(server: Server, tmp_path: Path) -> No
     with open_stream(server, "drip", [drip(tmp_path, steps=5, bad_at=1)]) as response:
         received = list(events(response))
     assert received[0] == ("message", {"predictions": ["a-0"]})
-    assert received[1][0] == "error" and received[1][1]["error"]["code"] == "output_mismatch"
+    assert received[1][0] == "error" and error_fields(received[1][1])["code"] == "output_mismatch"
     assert len(received) == 2
     assert closed(tmp_path) == "stopped early after 2 steps"  # the generator was closed, not left suspended
 
@@ -163,18 +164,18 @@ def test_errors_before_the_first_step_are_plain_http_errors(server: Server, mode
         response.read()
     assert response.status_code == 500
     assert response.headers["content-type"] == "application/json"
-    assert response.json()["error"]["code"] == "model_error"
+    assert error_fields(response.json())["code"] == "model_error"
     url = f"{server.url}/v1/models/{model}:stream"
     invalid = httpx.post(url, json={"instances": [{"steps": 2}]}, timeout=30)
-    assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "validation_failed"
+    assert invalid.status_code == 422 and error_fields(invalid.json())["code"] == "validation_failed"
     missing = httpx.post(f"{server.url}/v1/models/nope:stream", json={"instances": [1]}, timeout=30)
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert missing.status_code == 404 and error_fields(missing.json())["code"] == "model_not_found"
 
 
 def test_stream_of_a_non_streaming_model_is_refused(server: Server) -> None:
     response = httpx.post(f"{server.url}/v1/models/echo:stream", json={"instances": [1]}, timeout=30)
     assert response.status_code == 400
-    error = response.json()["error"]
+    error = error_fields(response.json())
     assert error["code"] == "not_streaming" and "use :predict" in error["message"]
     assert error["request_id"] == response.headers["x-request-id"]
 
@@ -216,7 +217,7 @@ def test_model_worker_dying_mid_stream(stream_servers: dict[str, Server], tmp_pa
     with open_stream(server, "drip", [drip(tmp_path, steps=5, die_at=1)]) as response:
         received = list(events(response))
     assert received[0] == ("message", {"predictions": ["a-0"]})
-    assert received[1][0] == "error" and received[1][1]["error"]["code"] == "worker_died"
+    assert received[1][0] == "error" and error_fields(received[1][1])["code"] == "worker_died"
     # The pool replaces the worker; streams keep working.
     again = tmp_path / "again"
     again.mkdir()

@@ -12,6 +12,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from tests.errors import error_fields
 from tests.serving import Server, predict
 from twinserve import __version__
 from twinserve.config import load_config
@@ -195,7 +196,7 @@ def test_errors_have_the_v2_body(server: Server) -> None:
     assert_v2_error(wrong_method, 405, "GET is not allowed")
     assert_v2_error(httpx.get(f"{server.url}/v2/repository/index"), 404, "no route")
     # twinserve's own routes keep their error body
-    assert httpx.get(f"{server.url}/v1/models/nope").json()["error"]["code"] == "model_not_found"
+    assert error_fields(httpx.get(f"{server.url}/v1/models/nope").json())["code"] == "model_not_found"
 
 
 def test_plain_json_request_and_request_ids(server: Server) -> None:

@@ -22,6 +22,7 @@ from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.errors import error_fields
 from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
@@ -146,8 +147,8 @@ def test_a_message_past_the_pending_bound_is_refused_at_once(server: Server, tmp
             await websocket.send(json.dumps({"id": "one-too-many", "instances": [{"gate": str(gate)}]}))
             refused = await answer(websocket)
             assert refused["id"] == "one-too-many"
-            assert refused["error"]["code"] == "too_many_pending"
-            assert f"--ws-max-pending {MAX_PENDING}" in refused["error"]["message"]
+            assert error_fields(refused)["code"] == "too_many_pending"
+            assert f"--ws-max-pending {MAX_PENDING}" in error_fields(refused)["message"]
             gate.with_suffix(".release").touch()
             held = [await answer(websocket) for _ in range(MAX_PENDING)]
             assert sorted(r["id"] for r in held) == sorted(f"held{i}" for i in range(MAX_PENDING))
@@ -186,20 +187,20 @@ def test_malformed_and_invalid_messages_are_answered_with_http_errors_and_the_so
         async with stream(server, "iris") as websocket:
             await websocket.send('{"id": "a", "instances": [')
             malformed = await answer(websocket)
-            assert malformed["id"] is None and malformed["error"]["code"] == "malformed_json"
+            assert malformed["id"] is None and error_fields(malformed)["code"] == "malformed_json"
             await websocket.send(json.dumps({"id": "b", "instances": invalid}))
             rejected = await answer(websocket)
             assert rejected["id"] == "b"
-            assert rejected["error"] == {**http.json()["error"], "request_id": "b"}
+            assert error_fields(rejected) == {**error_fields(http.json()), "request_id": "b"}
             await websocket.send(json.dumps({"id": "c", "instance": FLOWERS}))
             shape = await answer(websocket)
-            assert shape["id"] == "c" and shape["error"]["code"] == "validation_failed"
+            assert shape["id"] == "c" and error_fields(shape)["code"] == "validation_failed"
             await websocket.send(json.dumps(["not", "an", "object"]))
-            assert (await answer(websocket))["error"]["code"] == "validation_failed"
+            assert error_fields(await answer(websocket))["code"] == "validation_failed"
             for literal in ("NaN", "Infinity", "1e400"):  # not JSON: 400 over HTTP, the same here
                 await websocket.send('{"id": "n", "instances": [{"sepal_length": ' + literal + "}]}")
                 number = await answer(websocket)
-                assert number["id"] is None and number["error"]["code"] == "malformed_json", number  # unreadable
+                assert number["id"] is None and error_fields(number)["code"] == "malformed_json", number  # unreadable
             await websocket.send(json.dumps({"id": "d", "instances": FLOWERS[:1]}))
             assert (await answer(websocket))["predictions"] == predict(server, "iris", FLOWERS[:1]).json()[
                 "predictions"
@@ -249,10 +250,10 @@ def test_binary_messages_carry_v2_tensors(server: Server) -> None:
             # A tensor that does not match the model: the HTTP contract's 400, framed, with the id.
             await websocket.send(frame({"id": "t3", "inputs": [{**binary_in, "datatype": "FP64"}]}, rows.tobytes()))
             header, rest = unframe(await websocket.recv())
-            assert header["id"] == "t3" and header["error"]["code"] == "invalid_tensor" and rest == b""
+            assert header["id"] == "t3" and error_fields(header)["code"] == "invalid_tensor" and rest == b""
             await websocket.send(b"\x00\x00\x10\x00{}")
             header, _ = unframe(await websocket.recv())
-            assert header["id"] is None and header["error"]["code"] == "malformed_json"
+            assert header["id"] is None and error_fields(header)["code"] == "malformed_json"
 
     asyncio.run(run())
 
@@ -303,13 +304,13 @@ def test_the_handshake_is_refused_for_an_unknown_model_and_a_plain_get_needs_the
                 pass
         response = refused.value.response
         assert response.status_code == 404
-        assert json.loads(response.body or b"")["error"]["code"] == "model_not_found"
+        assert error_fields(json.loads(response.body or b""))["code"] == "model_not_found"
 
     asyncio.run(run())
     assert "without completing handshake" not in server.output()  # uvicorn's noise after a refusal is dropped
     plain = httpx.get(ws_url(server, "iris").replace("ws://", "http://"))
     assert plain.status_code == 426 and plain.headers["upgrade"] == "websocket"
-    assert plain.json()["error"]["code"] == "upgrade_required"
+    assert error_fields(plain.json())["code"] == "upgrade_required"
     documented = httpx.get(f"{server.url}/openapi.json").json()["paths"]["/v1/models/iris/ws"]["get"]
     assert "ws-max-pending" in documented["description"] and "501" in documented["responses"]
 
@@ -322,7 +323,7 @@ def test_sync_answers_501() -> None:
         for headers in ({}, upgrade):
             response = httpx.get(url, headers=headers)
             assert response.status_code == 501
-            error = response.json()["error"]
+            error = error_fields(response.json())
             assert error["code"] == "websocket_unsupported"
             assert "--arch async" in error["message"] and "hybrid" in error["message"]
 
@@ -348,7 +349,7 @@ def test_sigterm_sends_the_answers_owed_then_closes_with_1001(arch: str, tmp_pat
             await asyncio.to_thread(server.wait_for_output, "draining 1 WebSocket stream")
             await websocket.send(json.dumps({"id": "late", "instances": [{"gate": str(gate)}]}))
             late = await answer(websocket)
-            assert late["id"] == "late" and late["error"]["code"] == "shutting_down"
+            assert late["id"] == "late" and error_fields(late)["code"] == "shutting_down"
             gate.with_suffix(".release").touch()
             assert await answer(websocket) == {"id": "owed", "predictions": ["released"]}
             with pytest.raises(ConnectionClosed) as closed:
@@ -381,4 +382,4 @@ def test_the_front_enforces_the_message_limit_itself_and_refuses_unknown_models(
         ):
             pass
         assert denied.value.status_code == 404
-        assert denied.value.json()["error"]["code"] == "model_not_found"
+        assert error_fields(denied.value.json())["code"] == "model_not_found"

@@ -94,6 +94,7 @@ __all__ = [
     "error_from_code",
     "error_payload",
     "internal_error",
+    "v1_error_payload",
 ]
 
 
@@ -407,6 +408,17 @@ def error_from_code(code: str, message: str, private: str | None = None) -> Twin
         if cls.code == code:
             return cls(message, private=private)
     return ModelFailed(message, private=private)
+
+
+def v1_error_payload(error: TwinserveError, request_id: str) -> dict[str, Any]:
+    """The JSON body of an error on a V1 route: `{"error": "message", "code", "request_id"[, "details"]}`.
+
+    TF-Serving's REST API answers `{"error": "<message>"}` and KServe's V1 clients read `error` as the message
+    string; twinserve's code and request id stand beside it."""
+    body: dict[str, Any] = {"error": error.message, "code": error.code, "request_id": request_id}
+    if error.details is not None:
+        body["details"] = error.details
+    return body
 
 
 def error_payload(error: TwinserveError, request_id: str) -> dict[str, Any]:

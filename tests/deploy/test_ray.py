@@ -23,6 +23,7 @@ import psutil
 import pytest
 import tritonclient.http as triton
 
+from tests.errors import error_fields
 from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape, wait_for_file
 from twinserve.cli import main
 from twinserve.config import Config
@@ -165,7 +166,7 @@ def test_error_bodies_equal_async(
 def test_request_id_is_made_once(ray_server: RayServer) -> None:
     response = httpx.post(ray_server.url + "/v1/models/nope:predict", json={"instances": []}, timeout=30)
     assert response.status_code == 404
-    assert response.headers.get_list("x-request-id") == [response.json()["error"]["request_id"]]
+    assert response.headers.get_list("x-request-id") == [error_fields(response.json())["request_id"]]
 
 
 def test_metrics_names_equal_async(ray_server: RayServer, async_server: Server) -> None:
@@ -273,7 +274,7 @@ def _flood(server: ServerProcess, gates: Path, requests: int, processes: int, ex
         assert response.status_code == 503, response.text
         assert response.headers["retry-after"] == "1"
         assert response.headers["content-type"] == "application/json"
-        assert response.json()["error"]["code"] == "queue_full"
+        assert error_fields(response.json())["code"] == "queue_full"
     accepted = [r for r in responses if r.status_code != 503]
     assert len(accepted) == held if exact else 0 < len(accepted) <= held
     assert len(accepted) + len(rejected) == requests  # no request was rejected after its gate opened

@@ -18,6 +18,7 @@ import httpx
 import psutil
 import redis
 
+from tests.errors import error_fields
 from tests.serving import Server, free_port
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
 from twinserve.lab.probe import tree_rss_mib
@@ -171,7 +172,7 @@ class Traffic:
                     continue
                 code, message = None, ""
                 if response.status_code != 200:
-                    error = response.json()["error"]
+                    error = error_fields(response.json())
                     code, message = error["code"], error["message"]
                 retry_after = response.headers.get("retry-after")
                 self.outcomes.append(Outcome(time.monotonic(), response.status_code, code, message, None, retry_after))

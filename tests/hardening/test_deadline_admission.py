@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.hardening.harness import HERE
 from tests.serving import Server, sample, scrape
 
@@ -49,7 +50,7 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_once_and_never_computed(
         with ThreadPoolExecutor(CROWD) as pool:
             answers = list(pool.map(lambda i: _predict(server, tmp_path, f"crowd{i}", headers), range(CROWD)))
         codes = {
-            f"crowd{i}": None if a.status_code == 200 else a.json()["error"]["code"] for i, a in enumerate(answers)
+            f"crowd{i}": None if a.status_code == 200 else error_fields(a.json())["code"] for i, a in enumerate(answers)
         }
         assert {a.status_code for a in answers} <= {200, 504}, [a.text for a in answers]
         refused = [name for name, code in codes.items() if code == "deadline_unmeetable"]
@@ -57,7 +58,7 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_once_and_never_computed(
         begun = {p.name for p in tmp_path.iterdir()}
         assert not begun & set(refused), f"computed although refused: {sorted(begun & set(refused))}"
         assert any(code is None for code in codes.values()), codes  # the first ones still met their deadline
-        message = json.loads(answers[list(codes).index(refused[0])].text)["error"]["message"]
+        message = error_fields(json.loads(answers[list(codes).index(refused[0])].text))["message"]
         assert "past the request's deadline" in message
 
 
@@ -78,7 +79,7 @@ def test_the_lowest_priority_is_refused_first_when_the_queue_fills(arch: str, tm
             if answer.status_code == 200:
                 served[level] += 1
             else:
-                assert answer.json()["error"]["code"] == "queue_full" and answer.headers["retry-after"] == "1"
+                assert error_fields(answer.json())["code"] == "queue_full" and answer.headers["retry-after"] == "1"
         assert served[1] > served[3], served  # arrival order is the scheduler's: only the extremes are certain
         samples = scrape(server)
         for level in (1, 2, 3):

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields, without_request_id
 from tests.inprocess import ARCHS_IN_PROCESS, Answer, served
 from tests.serving import Server, model_path, servers_per_arch
 from twinserve.config import MIN_API_KEY_LENGTH, load_config
@@ -251,7 +252,7 @@ def test_websocket_origin_on_any_host_is_same_origin_only() -> None:
 # -- in process, every architecture ---------------------------------------------------------------------------
 def _error(answer: Answer, status: int, code: str) -> dict[str, Any]:
     assert answer.status == status, answer.text
-    body = answer.json()["error"]
+    body = error_fields(answer.json())
     assert body["code"] == code and body["request_id"] == answer.headers["x-request-id"]
     return {k: v for k, v in body.items() if k != "request_id"}
 
@@ -279,8 +280,7 @@ COMPARED_HEADERS = ("retry-after", "www-authenticate", "access-control-allow-ori
 
 def _comparable(answer: Answer) -> tuple[int, dict[str, str], Any]:
     body = answer.json()
-    if isinstance(body.get("error"), dict):
-        body["error"].pop("request_id", None)
+    body = without_request_id(body)
     headers = {name: answer.headers[name] for name in COMPARED_HEADERS if name in answer.headers}
     return answer.status, headers, body
 
@@ -397,7 +397,7 @@ def test_wrong_keys_lock_the_address_out_on_a_real_server(guarded: dict[str, Ser
         for _ in range(LIMIT):
             assert client.post(PREDICT, json=BODY, headers=WRONG).status_code == 401
         refused = client.post(PREDICT, json=BODY, headers=RIGHT)
-        assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+        assert refused.status_code == 429 and error_fields(refused.json())["code"] == "rate_limited"
         assert 1 <= int(refused.headers["retry-after"]) <= 60
         # A forged X-Forwarded-For from an untrusted peer changes nothing (uvicorn trusts only 127.0.0.1).
         forged = client.post(PREDICT, json=BODY, headers={**RIGHT, "X-Forwarded-For": "203.0.113.9"})
@@ -460,7 +460,7 @@ def test_websocket_from_a_foreign_origin_is_refused(guarded: dict[str, Server], 
     if arch == "sync":  # no WebSockets at all
         assert foreign[0] == 501
         return
-    assert foreign[0] == 403 and json.loads(foreign[1])["error"]["code"] == "cors_rejected"
+    assert foreign[0] == 403 and error_fields(json.loads(foreign[1]))["code"] == "cors_rejected"
     assert _handshake(server, {**RIGHT, "Origin": "null"})[0] == 403
     assert _handshake(server, RIGHT)[0] == 101  # a program, not a page: no Origin
     assert _handshake(server, {**RIGHT, "Origin": f"http://127.0.0.1:{server.port}"})[0] == 101  # same origin
@@ -470,9 +470,9 @@ def test_websocket_from_a_foreign_origin_is_refused(guarded: dict[str, Server], 
 def test_websocket_and_http_with_a_foreign_host_are_400(guarded: dict[str, Server], arch: str) -> None:
     server = guarded[arch]
     status, body = _handshake(server, {**RIGHT, "Host": "evil.example", "Origin": "http://evil.example"})
-    assert status == 400 and json.loads(body)["error"]["code"] == "host_not_allowed"
+    assert status == 400 and error_fields(json.loads(body))["code"] == "host_not_allowed"
     response = httpx.post(server.url + PREDICT, json=BODY, headers={**RIGHT, "Host": "evil.example"})
-    assert response.status_code == 400 and response.json()["error"]["code"] == "host_not_allowed"
+    assert response.status_code == 400 and error_fields(response.json())["code"] == "host_not_allowed"
 
 
 def test_websocket_handshake_from_a_locked_out_address(guarded: dict[str, Server], arch: str) -> None:
@@ -481,4 +481,4 @@ def test_websocket_handshake_from_a_locked_out_address(guarded: dict[str, Server
     for _ in range(LIMIT):
         assert _handshake(server, WRONG, source="127.0.0.4")[0] == 401
     status, body = _handshake(server, RIGHT, source="127.0.0.4")
-    assert status == 429 and json.loads(body)["error"]["code"] == "rate_limited"
+    assert status == 429 and error_fields(json.loads(body))["code"] == "rate_limited"

@@ -29,6 +29,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.conftest import ARCHS
+from tests.errors import error_fields
 from tests.hardening.harness import CLIENT_TIMEOUT_S, PeakRss, wait_until
 from tests.serving import ROOT, Server, model_path, servers_per_arch
 from twinserve.config import Config, load_config
@@ -122,7 +123,7 @@ def hostile_client(url: str) -> list[Answer]:
         for _ in range(ROUNDS):
             sent = time.monotonic()
             response = client.post(url, content=HOSTILE, headers={"Content-Type": "application/json"})
-            code = response.json()["error"]["code"] if response.status_code != 200 else None
+            code = error_fields(response.json())["code"] if response.status_code != 200 else None
             answers.append(Answer(response.status_code, code, sent, time.monotonic()))
     return answers
 
@@ -167,7 +168,7 @@ def test_hostile_body_with_a_valid_tail_is_refused_too(server: Server) -> None:
     replaced = httpx.post(url, content=b'{"instances":' + many + b',"instances":[7]}', timeout=CLIENT_TIMEOUT_S)
     assert (replaced.status_code, replaced.json()) == (200, {"predictions": [7]})
     refused = httpx.post(url, content=b'{"instances":[7],"instances":' + many + b"}", timeout=CLIENT_TIMEOUT_S)
-    assert (refused.status_code, refused.json()["error"]["code"]) == (413, "too_many_instances")
+    assert (refused.status_code, error_fields(refused.json())["code"]) == (413, "too_many_instances")
 
 
 @pytest.mark.parametrize("arch", ["async", "hybrid"])  # the architectures that serve WebSocket streams
@@ -182,7 +183,7 @@ def test_five_million_instances_in_a_websocket_message_are_refused(servers: dict
         return refused, after
 
     refused, after = asyncio.run(exchange())
-    assert (refused["id"], refused["error"]["code"]) == ("hostile", "too_many_instances")
+    assert (refused["id"], error_fields(refused)["code"]) == ("hostile", "too_many_instances")
     assert after == {"id": "after", "predictions": [1]}
 
 
@@ -199,9 +200,10 @@ class _BlockingDecode:
     """Stands in for an exchange whose decode blocks until the event loop has run: a decode on the loop itself
     would wait for nothing but its own thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, coded: bool = False) -> None:
         self.loop_ran = threading.Event()
         self.thread: int | None = None
+        self.coded = coded  # a gzip or deflate body (fronts/compression.py)
 
     def decode(self, body: bytes, header_length: str | None = None) -> list[int]:
         self.thread = threading.get_ident()
@@ -223,13 +225,26 @@ def test_large_bodies_are_decoded_off_the_event_loop() -> None:
     assert instances == [DECODE_OFF_LOOP_BYTES] and thread != loop_thread
 
 
+def test_coded_bodies_are_decoded_off_the_event_loop() -> None:
+    """A compressed body's length does not bound what it inflates to: from 1 KiB, it is inflated on a thread."""
+
+    async def decode(size: int) -> int | None:
+        stand_in = _BlockingDecode(coded=True)
+        await Exchange.adecode(stand_in, b" " * size)  # type: ignore[arg-type]
+        return stand_in.thread
+
+    loop_thread = threading.get_ident()
+    assert asyncio.run(decode(DECODE_OFF_LOOP_BYTES // 64)) != loop_thread
+    assert asyncio.run(decode(16)) == loop_thread  # too small to inflate to much: in place
+
+
 # -- 8. no "retry later" that can never succeed ----------------------------------------------------------------
 def test_a_request_the_queue_could_never_hold_is_413_not_503(server: Server) -> None:
     config = Config()
     assert config.max_instances <= config.max_queue  # the defaults themselves
     too_many = predict(server, "echo", list(range(config.max_queue + 1)))
     assert too_many.status_code == 413, too_many.text
-    assert too_many.json()["error"]["code"] == "too_many_instances"
+    assert error_fields(too_many.json())["code"] == "too_many_instances"
     assert "retry-after" not in too_many.headers
     largest = predict(server, "echo", list(range(config.max_instances)))
     assert largest.status_code == 200, largest.text

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from starlette.datastructures import Headers as StarletteHeaders
@@ -35,10 +35,11 @@ from starlette.websockets import WebSocket
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
+from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, client_left, step_or_none
 from twinserve.fronts.websocket import OpenSockets, deny_handshake, websocket_endpoint
 from twinserve.observability.metrics import mark_process_dead
@@ -170,7 +171,7 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
         (
             route,
             _Target(
-                _handled(service, route.name, endpoints[route.name], v2=is_v2(route.path)),
+                _handled(service, route.name, endpoints[route.name], shape=error_shape(route.path)),
                 socket if route.name == "websocket" else None,
             ),
         )
@@ -222,7 +223,7 @@ class _AsgiFront:
         request = Request(scope, receive, send)
         path, headers = scope["path"], request.headers
         exchange = self.service.open(
-            "unknown", request.method, path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+            "unknown", request.method, path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
         )
         reply = exchange.fail(_refusal(exchange, request) or error)
         exchange.close()
@@ -271,6 +272,9 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             params.get("version"),
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
+            content_encoding=headers.get("content-encoding"),
+            origin=headers.get("origin"),
+            host=headers.get("host"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
@@ -284,6 +288,9 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             request.path_params["model"],
             content_type=headers.get("content-type"),
             content_length=_content_length(request),
+            content_encoding=headers.get("content-encoding"),
+            origin=headers.get("origin"),
+            host=headers.get("host"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
         )
@@ -324,6 +331,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
     return {
+        "alive": plain(service.alive),
         "list_models": plain(service.list_models),
         "model_metadata": model_metadata,
         "predict": infer,
@@ -383,11 +391,23 @@ class _TrustedHosts:
             return
         path, headers = scope["path"], StarletteHeaders(scope=scope)
         exchange = service.open(
-            "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+            "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
         )
         reply = exchange.fail(error)
         exchange.close()
         await _respond(reply, exchange.request_id)(scope, receive, send)
+
+
+def _merged(headers: Iterable[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` and `extra`, one `Vary` naming both's (a gzip-able reply varies on Accept-Encoding already)."""
+    out = list(headers)
+    for name, value in extra:
+        at = next((i for i, (n, _) in enumerate(out) if n == b"vary"), None) if name == b"vary" else None
+        if at is None:
+            out.append((name, value))
+        else:
+            out[at] = (name, out[at][1] + b", " + value)
+    return out
 
 
 def _host_header(scope: Scope) -> str | None:
@@ -414,7 +434,7 @@ class _Cors:
         if service.is_preflight(scope["method"], headers):
             path = scope["path"]
             exchange = service.open(
-                "preflight", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), v2=is_v2(path)
+                "preflight", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
             )
             try:
                 reply = exchange.reply(service.preflight(headers))
@@ -434,13 +454,13 @@ class _Cors:
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                message = {**message, "headers": _merged(message.get("headers", ()), extra)}
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
 
 
-def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) -> Handler:
+def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape = "twinserve") -> Handler:
     """Wrap an endpoint in its exchange: request id in and out, every error rendered by the shared contract (with
     the V2 body on V2 routes), the request counted once (a stream's when it ends)."""
 
@@ -453,7 +473,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
             headers,
             headers.get(REQUEST_ID_HEADER),
             model=request.path_params.get("model", ""),
-            v2=v2,
+            shape=shape,
         )
         try:
             exchange.authenticate(headers, _client(request.scope))
@@ -465,7 +485,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, v2: bool = False) 
         except Exception as exc:
             reply = exchange.fail(exc)
         exchange.close()
-        return _respond(reply, exchange.request_id)
+        return _respond(compress_reply(reply, headers.get("accept-encoding")), exchange.request_id)
 
     handle.__name__ = endpoint.__name__
     return handle

@@ -33,7 +33,7 @@ from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
-from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, Route
+from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import (
@@ -75,10 +75,13 @@ _ids = itertools.count()
 _reset_ids()
 os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_QUIET_ENDPOINTS = frozenset({"live", "ready", "model_ready", "metrics"})
+_QUIET_ENDPOINTS = frozenset({"alive", "live", "ready", "model_ready", "metrics"})
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 #: V2 bodies may also be a JSON header followed by binary tensor data.
 _V2_TYPE = re.compile(r"^application/(?:(?:[\w.+-]+\+)?json|octet-stream)$")
+#: What `curl -d` sends (TF-Serving's own examples use it): read as JSON when it parses, from a client that is not
+#: a cross-site page (see `Service.admit`).
+_FORM_TYPE = "application/x-www-form-urlencoded"
 _ROUTE_PATHS: dict[str, str] = {}
 for _route in ROUTES:
     _ROUTE_PATHS.setdefault(_route.name, _route.path)  # a V2 route before its `/versions/{version}` twin
@@ -87,7 +90,7 @@ _UNTRACED_PATHS = frozenset(route.path for route in ROUTES if route.name in _QUI
 
 def _open_paths(config: Config) -> frozenset[str]:
     """Paths served without an API key when keys are configured."""
-    names = {"live", "ready"}
+    names = {"alive", "live", "ready"}
     if not config.metrics_auth:
         names.add("metrics")
     if config.public_docs:
@@ -147,7 +150,8 @@ class Service:
 
     # -- metadata and health -----------------------------------------------------------------------------
     def list_models(self) -> Reply:
-        return Reply(200, dumps({"models": [r.summary() for r in self.runtimes.values()]}))
+        """KServe V1's listing: the served models' names (`GET /v1/models/{model}` has each one's details)."""
+        return Reply(200, dumps({"models": list(self.runtimes)}))
 
     def model_metadata(self, model: str) -> Reply:
         runtime = self.runtime(model)
@@ -229,10 +233,10 @@ class Service:
         request_id_header: str | None,
         *,
         model: str = "",
-        v2: bool = False,
+        shape: ErrorShape = "twinserve",
     ) -> Exchange:
         """Open one request's exchange (fronts/exchange.py): it must be closed, exactly once, by its front."""
-        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, v2)
+        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, shape)
 
     def begin(
         self, request_id_header: str | None, method: str, path: str, headers: Headers | None = None
@@ -306,6 +310,10 @@ class Service:
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')
 
+    def alive(self) -> Reply:
+        """KServe V1's liveness (`GET /`), answered as KServe's model server does."""
+        return Reply(200, b'{"status":"alive"}')
+
     def ready(self) -> Reply:
         not_ready = [name for name, r in self.runtimes.items() if not r.ready]
         if not_ready:
@@ -327,12 +335,31 @@ class Service:
             raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
         return runtime
 
-    def admit(self, runtime: ModelRuntime, endpoint: str, content_type: str | None, content_length: int | None) -> None:
+    def admit(
+        self,
+        runtime: ModelRuntime,
+        endpoint: str,
+        content_type: str | None,
+        content_length: int | None,
+        origin: str | None = None,
+        host: str | None = None,
+    ) -> bool:
         """Checks that need only the request line and headers, done before the body is read: the rate limit,
-        the media type (V2 bodies may also be binary), the declared size, readiness."""
+        the media type (V2 bodies may also be binary), the declared size, readiness. True for a form type: the
+        body is read as JSON if it parses, and the exchange answers 415, not 400, when it does not (a body with
+        no media type at all is JSON's, malformed or not: 400).
+
+        A form type (or none) is taken from a client that sends no `Origin`, or one CORS or the allowed hosts
+        admit: browsers send `Origin` on every cross-site POST, and a form POST (or a typeless one) is what a
+        page may send without a preflight, so this opens no cross-site request forgery."""
         self.admission.rate()
-        if content_type:
-            media_type = content_type.split(";", 1)[0].strip().lower()
+        media_type = content_type.split(";", 1)[0].strip().lower() if content_type else ""
+        lenient = media_type in ("", _FORM_TYPE)
+        if lenient and origin is not None and not self.origin_allowed(origin, host):
+            raise UnsupportedMediaType(
+                f"Content-Type must be {JSON}, got {media_type or 'none'!r} from the cross-site origin {origin!r}"
+            )
+        if not lenient:
             accepted, expected = (_V2_TYPE, f"{JSON} or {BINARY}") if endpoint == "infer" else (_JSON_TYPE, JSON)
             if not accepted.match(media_type):
                 raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
@@ -340,6 +367,7 @@ class Service:
             raise self.too_large()
         if not runtime.ready:
             raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
+        return media_type == _FORM_TYPE
 
     def first_chunk(self, context: RequestContext, model: str) -> None:
         """Note a stream's time to first step."""

@@ -9,11 +9,11 @@ order, whatever the transport:
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
    type, the declared size, readiness, then the deadline;
-3. **decode** the body with the endpoint's codec (V1 instances or V2 tensors, whose own `timeout` tightens the
-   deadline), and **encode** the outputs into the reply;
-4. **reply** or **fail**: one mapping from exception to status, code and body (twinserve's, or V2's
-   `{"error": ...}` on V2 routes); an exception twinserve did not expect is logged with its traceback and
-   answered as a bare 500;
+3. **decode** the body, its content codings undone (fronts/compression.py), with the endpoint's codec (V1
+   instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
+4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
+   (`fronts/routes.py` `ErrorShape`: V1's, V2's or twinserve's); an exception twinserve did not expect is logged
+   with its traceback and answered as a bare 500;
 5. **close**: the request is logged, counted and traced, and leaves the in-flight gauge, once, whatever happened.
    An exchange closed before it was answered was left by its client: 499.
 
@@ -30,8 +30,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twinserve.core.memory import release_free_memory
-from twinserve.errors import ClientDisconnected, TwinserveError, error_payload, internal_error
-from twinserve.fronts.routes import JSON
+from twinserve.errors import (
+    ClientDisconnected,
+    MalformedRequest,
+    TwinserveError,
+    UnsupportedMediaType,
+    error_payload,
+    internal_error,
+    v1_error_payload,
+)
+from twinserve.fronts.compression import inflate, request_codings
+from twinserve.fronts.routes import JSON, ErrorShape
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import error_body
 
@@ -68,9 +77,15 @@ class Reply:
     content_type: str = JSON  # "" for a response without a body (204)
 
 
-def error_reply(error: TwinserveError, request_id: str, v2: bool = False) -> Reply:
-    """The error as a response: twinserve's body, or the Open Inference Protocol's `{"error": "message"}`."""
-    body = error_body(error) if v2 else dumps(error_payload(error, request_id))
+def error_reply(error: TwinserveError, request_id: str, shape: ErrorShape = "twinserve") -> Reply:
+    """The error as a response, its body in `shape` (fronts/routes.py `ErrorShape`): twinserve's, V1's
+    (TF-Serving/KServe: `error` is the message) or the Open Inference Protocol's `{"error": "message"}`."""
+    if shape == "v2":
+        body = error_body(error)
+    elif shape == "v1":
+        body = dumps(v1_error_payload(error, request_id))
+    else:
+        body = dumps(error_payload(error, request_id))
     return Reply(error.status, body, error.headers or None)
 
 
@@ -88,8 +103,11 @@ class Exchange:
     __slots__ = (
         "_answered",
         "_body_bytes",
+        "_codings",
+        "_columnar",
         "_count",
         "_inference",
+        "_lenient",
         "_open",
         "context",
         "deadline",
@@ -99,19 +117,19 @@ class Exchange:
         "model",
         "runtime",
         "service",
+        "shape",
         "status",
-        "v2",
     )
 
-    def __init__(self, service: Service, context: RequestContext, endpoint: str, model: str, v2: bool) -> None:
+    def __init__(self, service: Service, context: RequestContext, endpoint: str, model: str, shape: ErrorShape) -> None:
         self.service = service
         self.context = context
         #: The route's name, the `endpoint` label of the request metrics.
         self.endpoint = endpoint
         #: The model named in the path ("" for none); label values a client invents are dropped when counted.
         self.model = model
-        #: Whether errors take the Open Inference Protocol's body.
-        self.v2 = v2
+        #: How its error bodies look: by the path's protocol.
+        self.shape: ErrorShape = shape
         # Until answered: an exchange closed unanswered was left by its client.
         self.status: int = ClientDisconnected.status
         self.error_code: str | None = ClientDisconnected.code
@@ -123,6 +141,12 @@ class Exchange:
         self._inference: InferenceRequest | None = None
         self._count = 0
         self._body_bytes = 0
+        #: The request body's content codings (`Content-Encoding`), undone before it is decoded.
+        self._codings: tuple[str, ...] = ()
+        #: Whether the body came under a form media type: JSON if it parses, else 415 (`Service.admit`).
+        self._lenient = False
+        #: Whether a V1 request came columnar (`inputs`): answered with `outputs`.
+        self._columnar = False
         self._answered = False
         self._open = True
         service.in_flight.inc()
@@ -148,6 +172,9 @@ class Exchange:
         *,
         content_type: str | None = None,
         content_length: int | None = None,
+        content_encoding: str | None = None,
+        origin: str | None = None,
+        host: str | None = None,
         timeout_header: str | None = None,
         priority_header: str | None = None,
         backlog: int | None = None,
@@ -160,7 +187,8 @@ class Exchange:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
-        service.admit(runtime, self.endpoint, content_type, content_length)
+        self._lenient = service.admit(runtime, self.endpoint, content_type, content_length, origin, host)
+        self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
         self.deadline = admission.deadline(timeout_header)
@@ -168,8 +196,22 @@ class Exchange:
 
     # -- the body ----------------------------------------------------------------------------------------
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
-        """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`)."""
+        """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`), from `body`
+        with its content codings undone (fronts/compression.py: `--max-body-bytes` bounds the inflated size)."""
+        try:
+            return self._decode(body, header_length)
+        except MalformedRequest as exc:
+            if not self._lenient:
+                raise
+            raise UnsupportedMediaType(
+                f"Content-Type must be {JSON}; the body is not JSON either ({exc.message})"
+            ) from None
+
+    def _decode(self, body: bytes, header_length: str | None) -> list[Any]:
         codecs = self.codecs
+        if self._codings:
+            service = self.service
+            body = inflate(body, self._codings, service.max_body_bytes, service.too_large)
         self._body_bytes = len(body)
         if self.endpoint == "infer":
             inference = self._inference = codecs.v2.decode(body, header_length)
@@ -179,20 +221,30 @@ class Exchange:
                 self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
             instances = inference.instances
         else:
-            instances = codecs.v1.decode(body)
+            request = codecs.v1.read(body)
+            instances, self._columnar = request.instances, request.columnar
         self._count = len(instances)
         return instances
 
     async def adecode(self, body: bytes, header_length: str | None = None) -> list[Any]:
-        """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`)."""
-        return await decode_off_loop(functools.partial(self.decode, header_length=header_length), body)
+        """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`), and so is a
+        compressed one, whose inflated size its length does not tell."""
+        decode = functools.partial(self.decode, header_length=header_length)
+        if self.coded and len(body) >= DECODE_OFF_LOOP_BYTES // 64:
+            return await asyncio.to_thread(decode, body)
+        return await decode_off_loop(decode, body)
 
     def encode(self, outputs: Any) -> Reply:
         """The 200 reply carrying `outputs`, in the protocol the request came in."""
         runtime = self._runtime()
         if self._inference is not None:
             return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
-        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count)))
+        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
+
+    @property
+    def coded(self) -> bool:
+        """Whether the body carries content codings (set by `admit`): its length does not bound what it inflates to."""
+        return bool(self._codings)
 
     @property
     def instances(self) -> int:
@@ -244,7 +296,7 @@ class Exchange:
 
     def fail(self, exc: BaseException) -> Reply:
         """The error reply for `exc`: its status, code and body, the same in every front."""
-        return error_reply(self.failed(exc), self.request_id, self.v2)
+        return error_reply(self.failed(exc), self.request_id, self.shape)
 
     def succeeded(self) -> None:
         """Record a 200 answered piecemeal (a stream that reached its end)."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES, is_v2
+from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES, error_shape
 from twinserve.model import DATATYPES
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import json_default
@@ -19,6 +19,7 @@ from twinserve.protocol.v2 import V2Codec
 __all__ = ["openapi_document", "secure", "swagger_page"]
 
 _REF = "#/components/schemas/{model}"
+_ERROR_SCHEMAS = {"twinserve": "Error", "v1": "V1Error", "v2": "V2Error"}
 
 _ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -35,6 +36,18 @@ _ERROR_SCHEMA: dict[str, Any] = {
         }
     },
     "required": ["error"],
+}
+
+#: V1 routes' errors (errors.py `v1_error_payload`): `error` is the message, as TF-Serving and KServe clients read it.
+_V1_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "error": {"type": "string"},
+        "code": {"type": "string"},
+        "request_id": {"type": "string"},
+        "details": {},
+    },
+    "required": ["error", "code", "request_id"],
 }
 
 _ERRORS = {
@@ -181,8 +194,8 @@ def _stream_path(name: str, body: dict[str, Any], error_responses: dict[str, Any
 def openapi_document(
     runtimes: Mapping[str, ModelRuntime], codecs: Mapping[str, ModelCodecs], title: str, version: str
 ) -> dict[str, Any]:
-    schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA, **_V2_SCHEMAS}
-    error_responses = {code: _json({"$ref": _REF.format(model="Error")}, text) for code, text in _ERRORS.items()}
+    schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA, "V1Error": _V1_ERROR_SCHEMA, **_V2_SCHEMAS}
+    error_responses = {code: _json({"$ref": _REF.format(model="V1Error")}, text) for code, text in _ERRORS.items()}
     paths: dict[str, Any] = {}
     for route in ROUTES:
         if "{model}" in route.path or route.name in ("openapi", "docs"):
@@ -230,8 +243,8 @@ def openapi_document(
                 "responses": {
                     "101": {"description": "Switching Protocols: the stream is open"},
                     "404": error_responses["404"],
-                    "426": _json({"$ref": _REF.format(model="Error")}, "A plain GET, without the upgrade"),
-                    "501": _json({"$ref": _REF.format(model="Error")}, "The sync architecture"),
+                    "426": _json({"$ref": _REF.format(model="V1Error")}, "A plain GET, without the upgrade"),
+                    "501": _json({"$ref": _REF.format(model="V1Error")}, "The sync architecture"),
                     "503": error_responses["503"],
                 },
             }
@@ -257,7 +270,7 @@ def secure(document: dict[str, Any], open_paths: frozenset[str]) -> dict[str, An
     document["components"]["securitySchemes"] = SECURITY_SCHEMES
     document["security"] = [{"bearer": []}, {"apiKey": []}]
     for path, operations in document["paths"].items():
-        body = _REF.format(model="V2Error" if is_v2(path) else "Error")
+        body = _REF.format(model=_ERROR_SCHEMAS[error_shape(path)])
         for operation in operations.values():
             if path in open_paths:
                 operation["security"] = []

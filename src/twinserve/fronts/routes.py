@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "EVENT_STREAM",
@@ -12,7 +13,9 @@ __all__ = [
     "MODEL_NAME_PATTERN",
     "REQUEST_ID_HEADER",
     "ROUTES",
+    "ErrorShape",
     "Route",
+    "error_shape",
     "is_v2",
 ]
 
@@ -42,9 +45,12 @@ def _v2_model(name: str, method: str, suffix: str) -> tuple[Route, Route]:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("list_models", "GET", "/v1/models"),
+    Route("alive", "GET", "/"),  # KServe V1's liveness probe: `{"status": "alive"}`
+    Route("list_models", "GET", "/v1/models"),  # KServe V1: the names; details at /v1/models/{model}
     Route("model_metadata", "GET", "/v1/models/{model}"),
     Route("predict", "POST", "/v1/models/{model}:predict"),
+    # TF-Serving's REST API names a version in the path: 404 unless it is the one served.
+    Route("predict", "POST", "/v1/models/{model}/versions/{version}:predict"),
     Route("stream", "POST", "/v1/models/{model}:stream"),  # a streaming model's steps, as Server-Sent Events
     # A WebSocket stream of predict messages (async and hybrid; the sync architecture answers 501).
     Route("websocket", "GET", "/v1/models/{model}/ws"),
@@ -65,6 +71,21 @@ ROUTES: tuple[Route, ...] = (
 
 #: The endpoints that reach a model's `predict`, whichever protocol.
 INFERENCE_ENDPOINTS = frozenset({"predict", "stream", "infer", "websocket"})
+
+
+#: How an error body looks (docs/http-contract.md "Error bodies"): twinserve's `{"error": {"code", "message",
+#: "request_id"}}`; V1's `{"error": "message", "code", "request_id"}`, the string TF-Serving's and KServe's clients
+#: read as the message; the Open Inference Protocol's `{"error": "message"}`.
+ErrorShape = Literal["twinserve", "v1", "v2"]
+
+
+def error_shape(path: str) -> ErrorShape:
+    """The error body a request for `path` gets: by its protocol's prefix, whether or not a route matches it."""
+    if is_v2(path):
+        return "v2"
+    if path == "/v1" or path.startswith("/v1/"):
+        return "v1"
+    return "twinserve"
 
 
 def is_v2(path: str) -> bool:

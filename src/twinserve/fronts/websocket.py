@@ -46,7 +46,7 @@ from twinserve.errors import (
 )
 from twinserve.fronts.contract import Service
 from twinserve.fronts.exchange import Exchange, decode_off_loop
-from twinserve.fronts.routes import REQUEST_ID_HEADER
+from twinserve.fronts.routes import REQUEST_ID_HEADER, error_shape
 from twinserve.protocol.websocket import MessageError, WebSocketCodec
 
 __all__ = [
@@ -268,7 +268,8 @@ def _size(data: str | bytes, limit: int) -> int:
 async def deny_handshake(websocket: WebSocket, service: Service, error: TwinserveError) -> None:
     """Refuse the handshake with the HTTP contract's status and body (or close 1008 without that extension)."""
     model = websocket.path_params.get("model", "")
-    exchange = service.open(ENDPOINT, "WS", websocket.scope["path"], websocket.headers, None, model=model)
+    path = websocket.scope["path"]
+    exchange = service.open(ENDPOINT, "WS", path, websocket.headers, None, model=model, shape=error_shape(path))
     try:
         reply = exchange.fail(error)
         if _DENIAL_EXTENSION in websocket.scope.get("extensions", {}):

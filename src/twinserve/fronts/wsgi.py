@@ -25,9 +25,10 @@ from twinserve.errors import (
     TwinserveError,
     WebSocketUnsupported,
 )
+from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, is_v2
+from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
 
@@ -45,6 +46,7 @@ class _ModelNameConverter(BaseConverter):
 
 
 def _respond(reply: Reply) -> Response:
+    reply = compress_reply(reply, request.headers.get("Accept-Encoding"))
     response = Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
     if not reply.content_type:
         del response.headers["Content-Type"]  # a 204 has no body to describe
@@ -102,6 +104,9 @@ def create_wsgi_app(service: Service) -> Flask:
             version,
             content_type=request.content_type,
             content_length=request.content_length,
+            content_encoding=request.headers.get("Content-Encoding"),
+            origin=request.headers.get("Origin"),
+            host=request.headers.get("Host"),
             timeout_header=request.headers.get(TIMEOUT_HEADER),
             priority_header=request.headers.get(PRIORITY_HEADER),
             backlog=request.environ.get(BACKLOG_ENVIRON),
@@ -139,6 +144,7 @@ def create_wsgi_app(service: Service) -> Flask:
         return lambda model, version=None: _respond(handler(model, version))
 
     views: dict[str, Callable[..., Response]] = {
+        "alive": lambda: _respond(service.alive()),
         "list_models": lambda: _respond(service.list_models()),
         "model_metadata": lambda model: _respond(service.model_metadata(model)),
         "predict": infer,
@@ -183,7 +189,7 @@ def create_wsgi_app(service: Service) -> Flask:
                 request.headers,
                 request.headers.get(REQUEST_ID_HEADER),
                 model=(request.view_args or {}).get("model", ""),
-                v2=is_v2(request.path),
+                shape=error_shape(request.path),
             )
         return exchange
 
@@ -204,7 +210,12 @@ def create_wsgi_app(service: Service) -> Flask:
         response.headers[REQUEST_ID_HEADER] = exchange.request_id
         # A request naming a foreign host gets nothing but its 400: no CORS grant either (as from the ASGI front).
         if service.cors is not None and exchange.endpoint != "preflight" and exchange.error_code != _HOST_REFUSED:
-            response.headers.update(service.cors.response_headers(request.headers.get("origin")))
+            cors = dict(service.cors.response_headers(request.headers.get("origin")))
+            vary = cors.pop("Vary", None)
+            if vary is not None:  # one Vary naming both: a gzip-able reply varies on Accept-Encoding already
+                known = response.headers.get("Vary")
+                response.headers["Vary"] = f"{known}, {vary}" if known else vary
+            response.headers.update(cors)
         if not g.get("streaming"):
             exchange.responded(response.status_code)
             exchange.close()

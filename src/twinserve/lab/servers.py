@@ -318,8 +318,7 @@ class RedisServer(ServerProcess):
 def request_bodies(base_url: str, payload: Path | None) -> tuple[str, list[bytes]]:
     """The first served model's name, and request bodies: one per `--payload` line, else one per example."""
     with httpx.Client(timeout=30) as client:
-        models = client.get(base_url + "/v1/models").json()["models"]
-        name: str = models[0]["name"]
+        name: str = client.get(base_url + "/v1/models").json()["models"][0]  # KServe V1's listing: names
         if payload is not None:
             lines = [line.strip() for line in payload.read_bytes().splitlines() if line.strip()]
             bodies = [orjson.dumps(orjson.loads(line)) for line in lines]

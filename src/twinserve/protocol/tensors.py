@@ -7,7 +7,7 @@ rows; row i of the batch dimension is always instance i. A model's declared `inp
     instance type                                input tensor `input`
     pydantic model, every field an int           INT64 [-1, n_fields], columns in field order
     pydantic model, every field an int or float  FP32 [-1, n_fields]
-    str | bool | int | float (Literal too)       BYTES | BOOL | INT64 | FP32 [-1]
+    str | bytes | bool | int | float (Literal)   BYTES | BYTES | BOOL | INT64 | FP32 [-1]
     list[...] of those, nested                   [-1, -1, ...]; a fixed length from min_length == max_length
     anything else (Any, dicts, other models)     BYTES [-1], each element one instance as JSON text
 
@@ -17,7 +17,7 @@ rows; row i of the batch dimension is always instance i. A model's declared `inp
     anything else                                BYTES [-1] `output`, each element one output as JSON text
 
 Arrays convert with vectorised numpy calls (`np.asarray(data)` then a checked cast), never per element in Python,
-except BYTES, whose elements are Python strings.
+except BYTES, whose elements are Python strings (binary elements that are not UTF-8: bytes).
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ def array_from_json(tensor: str, datatype: str, shape: Sequence[int], data: Any)
         array = np.asarray(data)
     except (ValueError, TypeError):
         raise InvalidTensor(f"input {tensor!r}: data is not a rectangular array") from None
+    if datatype == "UINT64" and array.dtype.kind in "fO":
+        array = _uint64(tensor, data, array)
     if array.size != math.prod(shape):
         raise InvalidTensor(f"input {tensor!r}: {array.size} data elements do not fill shape {list(shape)}")
     kind = array.dtype.kind
@@ -98,11 +100,24 @@ def array_from_json(tensor: str, datatype: str, shape: Sequence[int], data: Any)
     return array.astype(target, copy=False).reshape(shape)
 
 
+def _uint64(tensor: str, data: list[Any], array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """UINT64 data numpy read as floats or objects: it does so when values of 2**63 and more mix with smaller
+    ones (no signed type holds both), which would lose the large ones' low bits. Read again as integers."""
+    exact = np.asarray(data, dtype=object)
+    flat = exact.ravel().tolist() if exact.dtype == object and exact.shape == array.shape else None
+    if flat is None or not all(type(x) is int for x in flat):
+        return array  # not all integers: the usual checks name what is wrong
+    if flat and (min(flat) < 0 or max(flat) > np.iinfo(np.uint64).max):
+        raise InvalidTensor(f"input {tensor!r}: a value is out of the range of UINT64")
+    return np.array(flat, dtype=np.uint64).reshape(array.shape)
+
+
 def array_from_bytes(tensor: str, datatype: str, shape: Sequence[int], raw: memoryview) -> np.ndarray[Any, Any]:
-    """Binary tensor data (little-endian; BYTES as 4-byte length-prefixed elements) as an array."""
+    """Binary tensor data (little-endian; BYTES as 4-byte length-prefixed elements) as an array. A BYTES element is
+    a length and raw bytes, no encoding (the binary data extension): a `str` when it is UTF-8, else `bytes`."""
     count = math.prod(shape)
     if datatype == "BYTES":
-        items: list[str] = []
+        items: list[str | bytes] = []
         offset = 0
         try:
             while offset < len(raw):
@@ -110,10 +125,14 @@ def array_from_bytes(tensor: str, datatype: str, shape: Sequence[int], raw: memo
                 offset += _LENGTH.size
                 if offset + length > len(raw):
                     raise ValueError
-                items.append(str(raw[offset : offset + length], "utf-8"))
+                element = raw[offset : offset + length]
+                try:
+                    items.append(str(element, "utf-8"))
+                except UnicodeDecodeError:
+                    items.append(bytes(element))
                 offset += length
         except (struct.error, ValueError):
-            raise InvalidTensor(f"input {tensor!r}: binary BYTES data is truncated or not UTF-8") from None
+            raise InvalidTensor(f"input {tensor!r}: binary BYTES data is truncated") from None
         if len(items) != count:
             raise InvalidTensor(f"input {tensor!r}: {len(items)} binary elements do not fill shape {list(shape)}")
         array = np.empty(count, dtype=object)
@@ -136,9 +155,10 @@ def array_to_json(array: np.ndarray[Any, Any]) -> Any:
 
 
 def array_to_bytes(array: np.ndarray[Any, Any]) -> bytes:
-    """Binary tensor data: little-endian, row-major; BYTES as 4-byte length-prefixed UTF-8 elements."""
+    """Binary tensor data: little-endian, row-major; BYTES as 4-byte length-prefixed elements (`bytes` as they are,
+    anything else as UTF-8 text)."""
     if array.dtype == object:
-        encoded = [_text(x).encode() for x in array.reshape(-1).tolist()]
+        encoded = [x if isinstance(x, bytes) else _text(x).encode() for x in array.reshape(-1).tolist()]
         return b"".join(_LENGTH.pack(len(b)) + b for b in encoded)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
@@ -360,7 +380,13 @@ class TensorBinding:
         return self.to_arrays.tensors
 
 
-_SCALARS: tuple[tuple[type, str], ...] = ((bool, "BOOL"), (str, "BYTES"), (int, "INT64"), (float, "FP32"))
+_SCALARS: tuple[tuple[type, str], ...] = (
+    (bool, "BOOL"),
+    (str, "BYTES"),
+    (bytes, "BYTES"),  # raw elements, as the binary data extension sends them (JSON data: the string's UTF-8)
+    (int, "INT64"),
+    (float, "FP32"),
+)
 
 
 def _fixed_length(metadata: Sequence[Any]) -> int:

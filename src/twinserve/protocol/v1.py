@@ -1,4 +1,11 @@
-"""The V1 (TF-Serving / KServe V1) codec: `{"instances": [...]}` in, `{"predictions": [...]}` out.
+"""The V1 (TF-Serving / KServe V1) codec: `{"instances": [...]}` in, `{"predictions": [...]}` out; or TF-Serving's
+columnar `{"inputs": ...}` in, `{"outputs": ...}` out (TF-Serving REST API guide, "Request format": a request holds
+one of the two, never both).
+
+Columnar inputs are a list of instances, or an object of named inputs whose values are lists of one length (the
+batch): `{"inputs": {"a": [1, 2], "b": [3, 4]}}` is the rows `[{"a": 1, "b": 3}, {"a": 2, "b": 4}]`. The outputs
+go back the same way: an object of named lists when every prediction is an object with the same keys, else the
+list.
 
 Parsing and validation happen in one pass in pydantic-core straight from the request bytes, so malformed JSON
 (400) and schema violations (422, naming the instance index and field) come from the same call.
@@ -7,6 +14,7 @@ Parsing and validation happen in one pass in pydantic-core straight from the req
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +27,7 @@ from twinserve.protocol.prescan import exceeds
 
 __all__ = [
     "V1Codec",
+    "V1Request",
     "check_instance_count",
     "dumps",
     "json_default",
@@ -43,6 +52,18 @@ def reject_non_json_numbers(body: bytes | str) -> None:
         orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+
+
+#: Whether a body may be columnar: only such a body is parsed a second time to look at its top-level keys.
+_INPUTS = re.compile(rb'"inputs"')
+
+
+@dataclass(frozen=True, slots=True)
+class V1Request:
+    """A decoded predict request: its instances, and whether it came columnar (answered with `outputs`)."""
+
+    instances: list[Any]
+    columnar: bool = False
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -95,6 +116,7 @@ class V1Codec:
             instances=(list[input_type], Field(min_length=1, max_length=max_instances)),
         )
         self.input_adapter: TypeAdapter[Any] = TypeAdapter(input_type)
+        self._rows: TypeAdapter[list[Any]] = TypeAdapter(list[input_type])
         self.output_adapter: TypeAdapter[Any] = TypeAdapter(output_type)
 
     def input_schema(self) -> dict[str, Any]:
@@ -109,20 +131,81 @@ class V1Codec:
     def decode(self, body: bytes) -> list[Any]:
         """Request bytes -> validated instances. Raises MalformedRequest (400), TooManyInstances (413) or
         ValidationFailed (422)."""
+        return self.read(body).instances
+
+    def read(self, body: bytes) -> V1Request:
+        """Request bytes -> validated instances, row or columnar; ClientError (400) for a body with both."""
         reject_non_json_numbers(body)
+        if _INPUTS.search(body):
+            columnar = self._columnar(body)
+            if columnar is not None:
+                return columnar
+        return V1Request(self._instances(body))
+
+    def _instances(self, body: bytes) -> list[Any]:
         check_instance_count(body, self.max_instances)
         try:
             return self._request.model_validate_json(body).instances  # type: ignore[attr-defined, no-any-return]
         except ValidationError as exc:
             raise request_error(exc, self.max_instances) from None
 
-    def encode(self, predictions: Any, expected: int) -> bytes:
-        """Model outputs -> response bytes. Raises OutputMismatch (500) if the count or type is wrong."""
+    def _columnar(self, body: bytes) -> V1Request | None:
+        """The request, when `inputs` is one of the body's own keys (None: it is not, read the rows)."""
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(document, dict) or "inputs" not in document:
+            return None
+        if "instances" in document:
+            raise ClientError(
+                "a request holds 'instances' (row format) or 'inputs' (columnar format), never both",
+                details=[{"loc": "inputs", "msg": "not with 'instances'", "type": "exclusive"}],
+            )
+        rows = _rows(document["inputs"])
+        if self.max_instances is not None and len(rows) > self.max_instances:
+            raise too_many_instances(self.max_instances)
+        try:
+            return V1Request(self._rows.validate_python(rows), columnar=True)
+        except ValidationError as exc:
+            raise request_error(exc, self.max_instances) from None
+
+    def encode(self, predictions: Any, expected: int, columnar: bool = False) -> bytes:
+        """Model outputs -> response bytes (`outputs` for a columnar request). Raises OutputMismatch (500) if the
+        count or type is wrong."""
         if not isinstance(predictions, list | tuple | np.ndarray):
             raise OutputMismatch(f"predict must return a list, got {type(predictions).__name__}")
         if len(predictions) != expected:
             raise OutputMismatch(f"predict returned {len(predictions)} outputs for {expected} inputs")
         try:
+            if columnar:
+                rows = orjson.loads(dumps(list(predictions)))  # as JSON first: a prediction may be a model object
+                return dumps({"outputs": _columns(rows)})
             return dumps({"predictions": predictions})
         except TypeError as exc:
             raise OutputMismatch(f"predict returned output that is not JSON serialisable: {exc}") from None
+
+
+def _rows(inputs: Any) -> list[Any]:
+    """Columnar `inputs` as rows (see the module docstring); ValidationFailed (422) for a shape that is neither."""
+    if isinstance(inputs, list):
+        rows = inputs
+    elif isinstance(inputs, dict) and inputs and all(isinstance(v, list) for v in inputs.values()):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) != 1:
+            sizes = ", ".join(f"{name!r}: {len(v)}" for name, v in inputs.items())
+            raise ValidationFailed(f"inputs: every named input must hold one value per instance ({sizes})")
+        rows = [dict(zip(inputs, values, strict=True)) for values in zip(*inputs.values(), strict=True)]
+    else:
+        raise ValidationFailed("inputs: must be a list of instances or an object of equally long lists")
+    if not rows:
+        raise ValidationFailed("inputs: must hold at least one instance")
+    return rows
+
+
+def _columns(predictions: list[Any]) -> Any:
+    """Predictions as columnar `outputs`: named lists when every one is an object with the same keys."""
+    first = predictions[0] if predictions else None
+    if isinstance(first, dict) and all(isinstance(p, dict) and p.keys() == first.keys() for p in predictions):
+        return {name: [p[name] for p in predictions] for name in first}
+    return predictions
