@@ -1,0 +1,346 @@
+"""The Open Inference Protocol over gRPC: `inference.GRPCInferenceService` on `--grpc-port`, in every architecture.
+
+Every RPC is one exchange (fronts/exchange.py), as an HTTP request is: opened with the request id from the
+`x-request-id` metadata, authenticated from the `authorization` / `x-api-key` metadata when the path it stands for
+needs a key, admitted from the message head (model, version, rate limit, size, readiness, priority, deadline),
+decoded by the same V2 codec (protocol/oip/messages.py), answered or failed, logged and counted under the same
+endpoint names (`infer`, `live`, ...) and closed once. The gRPC deadline becomes the request's deadline (capped by
+`--max-timeout-ms`, like `X-Request-Timeout-Ms`); a client that cancels leaves the batch queue (499).
+
+A failure is answered with the gRPC status for its HTTP status (`GRPC_CODES`) and the error message as details;
+the request id comes back in the trailing metadata (`x-request-id`) of every call.
+
+The server is `grpc.aio`, on the event loop of the process that serves HTTP: the async and hybrid fronts start it
+in their lifespan, so that its calls meet HTTP's in the same batcher; the sync architecture runs one per gunicorn
+worker on a thread of its own, whose predict calls wait on worker threads (`GrpcThread`). Several worker
+processes share the port through SO_REUSEPORT (grpcio's default), as they share the HTTP socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import orjson
+from grpc import aio
+
+from twinserve.config import Config
+from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
+from twinserve.core.runtime import ModelRuntime
+from twinserve.errors import ShuttingDown
+from twinserve.fronts.contract import Service
+from twinserve.fronts.exchange import Exchange, Reply
+from twinserve.protocol.oip import grpc_service_pb2 as pb
+from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
+from twinserve.protocol.oip.messages import (
+    config_message,
+    infer_body,
+    infer_response,
+    metadata_message,
+    statistics_message,
+)
+from twinserve.protocol.v2 import HEADER_LENGTH
+
+__all__ = ["GRPC_CODES", "GrpcThread", "InferenceServicer", "Predict", "grpc_code", "start_grpc_server"]
+
+logger = logging.getLogger("twinserve.grpc")
+
+M = TypeVar("M")
+#: How a front's predict waits: (runtime, instances, deadline) -> outputs.
+Predict = Callable[[ModelRuntime, list[Any], float | None], Awaitable[list[Any]]]
+
+#: HTTP status -> gRPC status. 429 (a rate limit, a key's own limit, a locked-out address) is RESOURCE_EXHAUSTED:
+#: the client asked for more than its share and should back off; 503 (queue full, loading, draining, a worker
+#: gone) is UNAVAILABLE, the code gRPC clients retry by policy.
+GRPC_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+_REQUEST_ID = "x-request-id"
+_TIMEOUT = TIMEOUT_HEADER.lower()
+_PRIORITY = PRIORITY_HEADER.lower()
+
+
+def grpc_code(status: int) -> grpc.StatusCode:
+    """The gRPC status for an HTTP status (INTERNAL for any other 5xx, INVALID_ARGUMENT for any other 4xx)."""
+    return GRPC_CODES.get(status, grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class _Metadata(dict[str, str]):
+    """A call's invocation metadata as request headers (keys are lowercase in gRPC; binary values skipped)."""
+
+    def __init__(self, context: aio.ServicerContext[Any, Any]) -> None:
+        super().__init__((k, v) for k, v in (context.invocation_metadata() or ()) if isinstance(v, str))
+
+    def get(self, key: str, default: Any = None, /) -> Any:
+        return super().get(key.lower(), default)
+
+
+def _peer(context: aio.ServicerContext[Any, Any]) -> str | None:
+    """The client's address from grpc's `ipv4:1.2.3.4:5` / `ipv6:[::1]:5` peer string."""
+    kind, _, rest = context.peer().partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return None
+
+
+def _header_length(reply: Reply) -> int | None:
+    value = (reply.headers or {}).get(HEADER_LENGTH)
+    return None if value is None else int(value)
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """Every RPC of the service over `service`, predicting with `predict` (the front's way of waiting)."""
+
+    def __init__(self, service: Service, predict: Predict) -> None:
+        self.service = service
+        self.predict = predict
+        #: Set when the server drains: new inference calls are refused with UNAVAILABLE.
+        self.draining = False
+
+    # -- the one lifecycle -------------------------------------------------------------------------------
+    def _open(self, context: aio.ServicerContext[Any, Any], endpoint: str, path: str, model: str = "") -> Exchange:
+        metadata = _Metadata(context)
+        exchange = self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model, v2=True)
+        context.set_trailing_metadata(((_REQUEST_ID, exchange.request_id),))
+        exchange.authenticate(metadata, _peer(context))
+        return exchange
+
+    async def _call(
+        self,
+        context: aio.ServicerContext[Any, Any],
+        endpoint: str,
+        path: str,
+        model: str,
+        answer: Callable[[Exchange], Awaitable[M]],
+        empty: M,
+    ) -> M:
+        """Open the exchange, authenticate, `answer`, fail with the mapped status, close once."""
+        exchange: Exchange | None = None
+        try:
+            exchange = self._open(context, endpoint, path, model)
+            message = await answer(exchange)
+            exchange.responded(200)
+            return message
+        except asyncio.CancelledError:
+            raise  # the client left: the exchange closes unanswered (499)
+        except BaseException as exc:
+            if exchange is None:  # failed before its exchange opened: still one request, counted
+                exchange = self.service.open(endpoint, "GRPC", path, None, None, model=model, v2=True)
+            error = exchange.failed(exc)
+            context.set_code(grpc_code(error.status))
+            context.set_details(error.message)
+            return empty
+        finally:
+            if exchange is not None:
+                exchange.close()
+
+    # -- health and metadata -----------------------------------------------------------------------------
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        async def answer(exchange: Exchange) -> pb.ServerLiveResponse:
+            return pb.ServerLiveResponse(live=True)
+
+        return await self._call(context, "live", "/v2/health/live", "", answer, pb.ServerLiveResponse())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        async def answer(exchange: Exchange) -> pb.ServerReadyResponse:
+            return pb.ServerReadyResponse(ready=self.service.ready().status == 200 and not self.draining)
+
+        return await self._call(context, "ready", "/v2/health/ready", "", answer, pb.ServerReadyResponse())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        async def answer(exchange: Exchange) -> pb.ModelReadyResponse:
+            runtime = self.service.v2_runtime(request.name, request.version or None)
+            return pb.ModelReadyResponse(ready=runtime.ready)
+
+        path = f"/v2/models/{request.name}/ready"
+        return await self._call(context, "model_ready", path, request.name, answer, pb.ModelReadyResponse())
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        async def answer(exchange: Exchange) -> pb.ServerMetadataResponse:
+            return pb.ServerMetadataResponse(**orjson.loads(self.service.server_metadata().body))
+
+        return await self._call(context, "server_metadata", "/v2", "", answer, pb.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        async def answer(exchange: Exchange) -> pb.ModelMetadataResponse:
+            reply = self.service.v2_model_metadata(request.name, request.version or None)
+            return metadata_message(orjson.loads(reply.body))
+
+        path = f"/v2/models/{request.name}"
+        return await self._call(context, "v2_model_metadata", path, request.name, answer, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        async def answer(exchange: Exchange) -> pb.ModelConfigResponse:
+            reply = self.service.model_config(request.name, request.version or None)
+            return pb.ModelConfigResponse(config=config_message(orjson.loads(reply.body)))
+
+        path = f"/v2/models/{request.name}/config"
+        return await self._call(context, "model_config", path, request.name, answer, pb.ModelConfigResponse())
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        async def answer(exchange: Exchange) -> pb.ModelStatisticsResponse:
+            reply = self.service.model_stats(request.name or None, request.version or None)
+            return statistics_message(orjson.loads(reply.body)["model_stats"])
+
+        path = f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats"
+        return await self._call(context, "model_stats", path, request.name, answer, pb.ModelStatisticsResponse())
+
+    # -- inference -----------------------------------------------------------------------------------------
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        async def answer(exchange: Exchange) -> pb.ModelInferResponse:
+            return await self._infer(exchange, request, context)
+
+        path = f"/v2/models/{request.model_name}/infer"
+        return await self._call(context, "infer", path, request.model_name, answer, pb.ModelInferResponse())
+
+    async def _infer(
+        self, exchange: Exchange, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
+        """Admit from the message head, decode with the V2 codec, predict, encode."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down: send this request again")
+        metadata = _Metadata(context)
+        runtime = exchange.admit(
+            request.model_name,
+            request.model_version or None,
+            content_length=request.ByteSize(),
+            timeout_header=metadata.get(_TIMEOUT),
+            priority_header=metadata.get(_PRIORITY),
+        )
+        remaining = context.time_remaining()
+        if remaining is not None:  # the gRPC deadline, capped like a timeout header
+            exchange.deadline = self.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))
+        body, length = infer_body(request)
+        instances = await exchange.adecode(body, str(length))
+        outputs = await self.predict(runtime, instances, exchange.deadline)
+        reply = exchange.encode(outputs)
+        return infer_response(reply.body, _header_length(reply))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request of the stream answered in turn, each its own exchange; a failure is that request's
+        `error_message` and the stream goes on (Triton's behaviour)."""
+        async for request in request_iterator:
+            status: list[str] = []
+
+            async def answer(exchange: Exchange, request: pb.ModelInferRequest = request) -> pb.ModelInferResponse:
+                return await self._infer(exchange, request, _StreamContext(context, status))
+
+            path = f"/v2/models/{request.model_name}/infer"
+            response = await self._call(
+                _StreamContext(context, status), "infer", path, request.model_name, answer, pb.ModelInferResponse()
+            )
+            if status:
+                yield pb.ModelStreamInferResponse(error_message=status[-1])
+            else:
+                yield pb.ModelStreamInferResponse(infer_response=response)
+
+
+class _StreamContext:
+    """A stream's context for one of its messages: a failure becomes the message's `error_message`, not the
+    stream's status."""
+
+    def __init__(self, context: Any, details: list[str]) -> None:
+        self._context, self._details = context, details
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        pass
+
+    def set_details(self, details: str) -> None:
+        self._details.append(details)
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass  # each message's request id is its response's `id`
+
+
+async def start_grpc_server(service: Service, config: Config, predict: Predict) -> tuple[aio.Server, InferenceServicer]:
+    """A started `grpc.aio` server on `config.grpc_port`, on the running loop. Messages past `--max-body-bytes`
+    are refused by grpc itself (RESOURCE_EXHAUSTED) before they are read whole."""
+    assert config.grpc_port is not None
+    server = aio.server(
+        options=[
+            ("grpc.max_receive_message_length", config.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 1),  # worker processes share the port, as they share the HTTP socket
+        ]
+    )
+    servicer = InferenceServicer(service, predict)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    server.add_insecure_port(f"{host}:{config.grpc_port}")
+    await server.start()
+    return server, servicer
+
+
+async def stop_grpc_server(server: aio.Server, servicer: InferenceServicer, grace: float) -> None:
+    """Drain: refuse new calls, give those in flight `grace` seconds, then cancel what is left."""
+    servicer.draining = True
+    await server.stop(grace)
+
+
+class GrpcThread:
+    """The sync architecture's gRPC server: a `grpc.aio` server on an event loop of its own thread, whose predict
+    calls block worker threads (`ModelRuntime.predict`, the sync front's thread batcher) rather than the loop."""
+
+    def __init__(self, service: Service, config: Config) -> None:
+        self.service, self.config = service, config
+        self.loop = asyncio.new_event_loop()
+        self._server: tuple[aio.Server, InferenceServicer] | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="twinserve-grpc", daemon=True)
+
+    @staticmethod
+    async def _predict(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> list[Any]:
+        return await asyncio.to_thread(runtime.predict, instances, deadline)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+        if self._server is None:
+            raise RuntimeError(f"the gRPC server could not start on port {self.config.grpc_port}")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self._server = self.loop.run_until_complete(start_grpc_server(self.service, self.config, self._predict))
+        except Exception:
+            logger.exception("the gRPC server failed to start")
+        finally:
+            self._started.set()
+        if self._server is not None:
+            self.loop.run_forever()
+
+    def stop(self, grace: float) -> None:
+        """Drain the server (from any thread) and stop its loop."""
+        if self._server is None:
+            return
+        server, servicer = self._server
+        future = asyncio.run_coroutine_threadsafe(stop_grpc_server(server, servicer, grace), self.loop)
+        try:
+            future.result(grace + 5)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
