@@ -29,7 +29,10 @@ GRPC_MODELS = f"{ROOT}/tests/grpc_models.py"
 MODELS = (
     f"{GRPC_MODELS}:EveryType",
     f"{GRPC_MODELS}:EveryTypedType",
-    model_path("Affine"), model_path("Slow"), model_path("Faulty"))
+    model_path("Affine"),
+    model_path("Slow"),
+    model_path("Faulty"),
+)
 
 
 class GrpcServer(Server):
@@ -130,7 +133,9 @@ def test_metadata_and_config_match_rest(server: GrpcServer, client: triton.Infer
     rest = httpx.get(f"{server.url}/v2/models/everytype/config", headers=AUTH, timeout=30).json()
     config = client.get_model_config("everytype", headers=AUTH, as_json=True)["config"]
     assert config["name"] == rest["name"] and int(config["max_batch_size"]) == rest["max_batch_size"]
-    assert [(t["name"], t["data_type"]) for t in config["input"]] == [(t["name"], t["data_type"]) for t in rest["input"]]
+    assert [(t["name"], t["data_type"]) for t in config["input"]] == [
+        (t["name"], t["data_type"]) for t in rest["input"]
+    ]
     stats = client.get_inference_statistics("affine", headers=AUTH, as_json=True)["model_stats"]
     assert [s["name"] for s in stats] == ["affine"]
     every = client.get_inference_statistics(headers=AUTH, as_json=True)["model_stats"]
@@ -212,8 +217,8 @@ def test_the_same_predictions_as_rest(server: GrpcServer, client: triton.Inferen
     rest = httpx.post(f"{server.url}/v2/models/affine/infer", json=body, headers=AUTH, timeout=30).json()
     result = client.infer("affine", affine_inputs(rows, scales), headers=AUTH)
     by_name = {o["name"]: o["data"] for o in rest["outputs"]}
-    assert result.as_numpy("y").reshape(-1).tolist() == by_name["y"]  # type: ignore[union-attr]
-    assert result.as_numpy("total").tolist() == by_name["total"]  # type: ignore[union-attr]
+    assert result.as_numpy("y").reshape(-1).tolist() == by_name["y"]
+    assert result.as_numpy("total").tolist() == by_name["total"]
     assert result.get_response().model_version == rest["model_version"]
 
 
@@ -228,8 +233,14 @@ def test_errors_map_to_grpc_codes(client: triton.InferenceServerClient) -> None:
     expect_error(grpc.StatusCode.NOT_FOUND, "'nope'", client.get_model_metadata, "nope", headers=AUTH)
     bad_shape = affine_inputs([[1.0, 2.0]], [1.0, 2.0])
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, "disagree", client.infer, "affine", bad_shape, headers=AUTH)
-    expect_error(grpc.StatusCode.INVALID_ARGUMENT, "unknown input", client.infer, "affine", good[:1] + [
-        _renamed(good[1], "nope")], headers=AUTH)
+    expect_error(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown input",
+        client.infer,
+        "affine",
+        [*good[:1], _renamed(good[1], "nope")],
+        headers=AUTH,
+    )
     boom = triton.InferInput("input", [1], "BYTES")
     boom.set_data_from_numpy(np.array(["boom"], dtype=object))
     expect_error(grpc.StatusCode.INTERNAL, "", client.infer, "faulty", [boom], headers=AUTH)

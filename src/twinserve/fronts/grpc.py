@@ -93,7 +93,8 @@ class _Metadata(dict[str, str]):
 
 def _peer(context: aio.ServicerContext[Any, Any]) -> str | None:
     """The client's address from grpc's `ipv4:1.2.3.4:5` / `ipv6:[::1]:5` peer string."""
-    kind, _, rest = context.peer().partition(":")
+    peer: str = context.peer()
+    kind, _, rest = peer.partition(":")
     if kind == "ipv4":
         return rest.rpartition(":")[0]
     if kind == "ipv6":
@@ -211,9 +212,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         path = f"/v2/models/{request.model_name}/infer"
         return await self._call(context, "infer", path, request.model_name, answer, pb.ModelInferResponse())
 
-    async def _infer(
-        self, exchange: Exchange, request: pb.ModelInferRequest, context: Any
-    ) -> pb.ModelInferResponse:
+    async def _infer(self, exchange: Exchange, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """Admit from the message head, decode with the V2 codec, predict, encode."""
         if self.draining:
             raise ShuttingDown("the server is shutting down: send this request again")
@@ -240,19 +239,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Each request of the stream answered in turn, each its own exchange; a failure is that request's
         `error_message` and the stream goes on (Triton's behaviour)."""
         async for request in request_iterator:
-            status: list[str] = []
+            yield await self._stream_one(request, context)
 
-            async def answer(exchange: Exchange, request: pb.ModelInferRequest = request) -> pb.ModelInferResponse:
-                return await self._infer(exchange, request, _StreamContext(context, status))
+    async def _stream_one(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelStreamInferResponse:
+        details: list[str] = []
+        one = _StreamContext(context, details)
 
-            path = f"/v2/models/{request.model_name}/infer"
-            response = await self._call(
-                _StreamContext(context, status), "infer", path, request.model_name, answer, pb.ModelInferResponse()
-            )
-            if status:
-                yield pb.ModelStreamInferResponse(error_message=status[-1])
-            else:
-                yield pb.ModelStreamInferResponse(infer_response=response)
+        async def answer(exchange: Exchange) -> pb.ModelInferResponse:
+            return await self._infer(exchange, request, one)
+
+        path = f"/v2/models/{request.model_name}/infer"
+        response = await self._call(one, "infer", path, request.model_name, answer, pb.ModelInferResponse())
+        if details:
+            return pb.ModelStreamInferResponse(error_message=details[-1])
+        return pb.ModelStreamInferResponse(infer_response=response)
 
 
 class _StreamContext:
@@ -287,7 +287,7 @@ async def start_grpc_server(service: Service, config: Config, predict: Predict) 
         ]
     )
     servicer = InferenceServicer(service, predict)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{config.host}]" if ":" in config.host else config.host
     server.add_insecure_port(f"{host}:{config.grpc_port}")
     await server.start()
@@ -343,4 +343,3 @@ class GrpcThread:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5)
-

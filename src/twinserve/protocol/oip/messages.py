@@ -75,7 +75,7 @@ def _packed(tensor: pb.ModelInferRequest.InferInputTensor) -> bytes:
 
 
 def _contents_given(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
-    return tensor.HasField("contents")
+    return bool(tensor.HasField("contents"))
 
 
 def infer_body(request: pb.ModelInferRequest) -> tuple[bytes, int]:
