@@ -30,6 +30,7 @@ MODELS = (
     f"{GRPC_MODELS}:EveryType",
     f"{GRPC_MODELS}:EveryTypedType",
     model_path("Affine"),
+    "twinserve.examples.tokens:Tokens",
     model_path("Slow"),
     model_path("Faulty"),
 )
@@ -139,7 +140,7 @@ def test_metadata_and_config_match_rest(server: GrpcServer, client: triton.Infer
     stats = client.get_inference_statistics("affine", headers=AUTH, as_json=True)["model_stats"]
     assert [s["name"] for s in stats] == ["affine"]
     every = client.get_inference_statistics(headers=AUTH, as_json=True)["model_stats"]
-    assert {s["name"] for s in every} == {"everytype", "everytypedtype", "affine", "slow", "faulty"}
+    assert {s["name"] for s in every} == {"everytype", "everytypedtype", "affine", "tokens", "slow", "faulty"}
 
 
 # -- inference ----------------------------------------------------------------------------------------------------
@@ -300,6 +301,35 @@ def test_stream_infer_answers_each_request(client: triton.InferenceServerClient)
     assert e1 is None and first.as_numpy("y").tolist() == [[2.0, 4.0]] and first.get_response().id == "s1"
     assert first is not None and second is None and "'nope'" in str(e2)
     assert e3 is None and third.as_numpy("total").tolist() == [7.0]
+
+
+def test_stream_infer_streams_a_streaming_model(server: GrpcServer, client: triton.InferenceServerClient) -> None:
+    prompt = triton.InferInput("input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array(['{"text": "Why stream?", "max_tokens": 4}'], dtype=object))
+    answers: list[Any] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append((result, error))
+        if len(answers) == 4 or error is not None:
+            done.set()
+
+    client.start_stream(callback, headers=AUTH)
+    try:
+        client.async_stream_infer("tokens", [prompt], request_id="t1")
+        assert done.wait(30)
+    finally:
+        client.stop_stream()
+    assert [error for _, error in answers] == [None] * 4, [str(e) for _, e in answers]
+    words = [result.as_numpy("output").tolist()[0][0] for result, _ in answers]  # shape [1, 1]: one chunk
+    rest = httpx.post(
+        f"{server.url}/v1/models/tokens:stream",
+        json={"instances": [{"text": "Why stream?", "max_tokens": 4}]},
+        headers=AUTH,
+        timeout=30,
+    )
+    steps = [line for line in rest.text.splitlines() if line.startswith('data: {"predictions"')]
+    assert steps == [f'data: {{"predictions":["{word.decode()}"]}}' for word in words]  # the same words as :stream
 
 
 def test_sigterm_drains_grpc_calls() -> None:

@@ -45,13 +45,26 @@ from twinserve.protocol.oip.messages import (
 )
 from twinserve.protocol.v2 import HEADER_LENGTH
 
-__all__ = ["GRPC_CODES", "GrpcThread", "InferenceServicer", "Predict", "grpc_code", "start_grpc_server"]
+__all__ = [
+    "GRPC_CODES",
+    "GrpcThread",
+    "InferenceServicer",
+    "Predict",
+    "Stream",
+    "astream",
+    "grpc_code",
+    "start_grpc_server",
+    "stop_grpc_server",
+    "stream_on_threads",
+]
 
 logger = logging.getLogger("twinserve.grpc")
 
 M = TypeVar("M")
 #: How a front's predict waits: (runtime, instances, deadline) -> outputs.
 Predict = Callable[[ModelRuntime, list[Any], float | None], Awaitable[list[Any]]]
+#: How a front steps a streaming model: (runtime, instances, deadline) -> its steps.
+Stream = Callable[[ModelRuntime, list[Any], float | None], AsyncIterator[list[Any]]]
 
 #: HTTP status -> gRPC status. 429 (a rate limit, a key's own limit, a locked-out address) is RESOURCE_EXHAUSTED:
 #: the client asked for more than its share and should back off; 503 (queue full, loading, draining, a worker
@@ -110,19 +123,18 @@ def _header_length(reply: Reply) -> int | None:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over `service`, predicting with `predict` (the front's way of waiting)."""
 
-    def __init__(self, service: Service, predict: Predict) -> None:
+    def __init__(self, service: Service, predict: Predict, stream: Stream) -> None:
         self.service = service
         self.predict = predict
+        self.stream = stream
         #: Set when the server drains: new inference calls are refused with UNAVAILABLE.
         self.draining = False
 
     # -- the one lifecycle -------------------------------------------------------------------------------
-    def _open(self, context: aio.ServicerContext[Any, Any], endpoint: str, path: str, model: str = "") -> Exchange:
+    def _open(self, context: Any, endpoint: str, path: str, model: str = "") -> Exchange:
+        """The call's exchange; it must be closed once by the caller, and authenticated first thing."""
         metadata = _Metadata(context)
-        exchange = self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model, v2=True)
-        context.set_trailing_metadata(((_REQUEST_ID, exchange.request_id),))
-        exchange.authenticate(metadata, _peer(context))
-        return exchange
+        return self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model, v2=True)
 
     async def _call(
         self,
@@ -134,24 +146,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         empty: M,
     ) -> M:
         """Open the exchange, authenticate, `answer`, fail with the mapped status, close once."""
-        exchange: Exchange | None = None
+        exchange = self._open(context, endpoint, path, model)
+        context.set_trailing_metadata(((_REQUEST_ID, exchange.request_id),))
         try:
-            exchange = self._open(context, endpoint, path, model)
+            exchange.authenticate(_Metadata(context), _peer(context))
             message = await answer(exchange)
             exchange.responded(200)
             return message
         except asyncio.CancelledError:
             raise  # the client left: the exchange closes unanswered (499)
         except BaseException as exc:
-            if exchange is None:  # failed before its exchange opened: still one request, counted
-                exchange = self.service.open(endpoint, "GRPC", path, None, None, model=model, v2=True)
             error = exchange.failed(exc)
             context.set_code(grpc_code(error.status))
             context.set_details(error.message)
             return empty
         finally:
-            if exchange is not None:
-                exchange.close()
+            exchange.close()
 
     # -- health and metadata -----------------------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -214,6 +224,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, exchange: Exchange, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """Admit from the message head, decode with the V2 codec, predict, encode."""
+        runtime, instances = await self._decoded(exchange, request, context)
+        outputs = await self.predict(runtime, instances, exchange.deadline)
+        return _encoded(exchange, outputs)
+
+    async def _decoded(
+        self, exchange: Exchange, request: pb.ModelInferRequest, context: Any
+    ) -> tuple[ModelRuntime, list[Any]]:
+        """Admitted from the message head (the gRPC deadline too), then decoded by the V2 codec."""
         if self.draining:
             raise ShuttingDown("the server is shutting down: send this request again")
         metadata = _Metadata(context)
@@ -228,54 +246,77 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if remaining is not None:  # the gRPC deadline, capped like a timeout header
             exchange.deadline = self.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))
         body, length = infer_body(request)
-        instances = await exchange.adecode(body, str(length))
-        outputs = await self.predict(runtime, instances, exchange.deadline)
-        reply = exchange.encode(outputs)
-        return infer_response(reply.body, _header_length(reply))
+        return runtime, await exchange.adecode(body, str(length))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request of the stream answered in turn, each its own exchange; a failure is that request's
-        `error_message` and the stream goes on (Triton's behaviour)."""
+        """Each request of the stream answered in turn, each its own exchange: one response, or one per step of a
+        streaming model. A failure is that request's `error_message` and the stream goes on (as in Triton)."""
         async for request in request_iterator:
-            yield await self._stream_one(request, context)
+            async for response in self._streamed(request, context):
+                yield response
 
-    async def _stream_one(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelStreamInferResponse:
-        details: list[str] = []
-        one = _StreamContext(context, details)
-
-        async def answer(exchange: Exchange) -> pb.ModelInferResponse:
-            return await self._infer(exchange, request, one)
-
+    async def _streamed(
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         path = f"/v2/models/{request.model_name}/infer"
-        response = await self._call(one, "infer", path, request.model_name, answer, pb.ModelInferResponse())
-        if details:
-            return pb.ModelStreamInferResponse(error_message=details[-1])
-        return pb.ModelStreamInferResponse(infer_response=response)
+        exchange = self._open(context, "infer", path, request.model_name)
+        try:
+            exchange.authenticate(_Metadata(context), _peer(context))
+            runtime, instances = await self._decoded(exchange, request, context)
+            if not runtime.spec.streams:
+                outputs = await self.predict(runtime, instances, exchange.deadline)
+                yield pb.ModelStreamInferResponse(infer_response=_encoded(exchange, outputs))
+                return
+            first = True
+            async for step in self.stream(runtime, instances, exchange.deadline):
+                if first:
+                    self.service.first_chunk(exchange.context, runtime.name)
+                    first = False
+                # ModelInfer collects a stream: each instance's output is the list of its chunks. A step is then a
+                # slice of that output, one chunk per instance, with the tensors ModelMetadata describes.
+                chunks = [[chunk] for chunk in step]
+                yield pb.ModelStreamInferResponse(infer_response=_encoded(exchange, chunks))
+            exchange.succeeded()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            yield pb.ModelStreamInferResponse(error_message=exchange.failed(exc).message)
+        finally:
+            exchange.close()
 
 
-class _StreamContext:
-    """A stream's context for one of its messages: a failure becomes the message's `error_message`, not the
-    stream's status."""
-
-    def __init__(self, context: Any, details: list[str]) -> None:
-        self._context, self._details = context, details
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        pass
-
-    def set_details(self, details: str) -> None:
-        self._details.append(details)
-
-    def set_trailing_metadata(self, metadata: Any) -> None:
-        pass  # each message's request id is its response's `id`
+def _encoded(exchange: Exchange, outputs: Any) -> pb.ModelInferResponse:
+    reply = exchange.encode(outputs)
+    return infer_response(reply.body, _header_length(reply))
 
 
-async def start_grpc_server(service: Service, config: Config, predict: Predict) -> tuple[aio.Server, InferenceServicer]:
+async def astream(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> AsyncIterator[list[Any]]:
+    """A streaming model's steps on the event loop (async, hybrid)."""
+    steps = await runtime.astream(instances, deadline)
+    try:
+        async for step in steps:
+            yield step
+    finally:
+        await steps.aclose()
+
+
+async def stream_on_threads(
+    runtime: ModelRuntime, instances: list[Any], deadline: float | None
+) -> AsyncIterator[list[Any]]:
+    """A streaming model's steps from its blocking generator, each stepped on a worker thread (sync)."""
+    steps = await asyncio.to_thread(runtime.stream, instances, deadline)
+    try:
+        while (step := await asyncio.to_thread(next, steps, None)) is not None:
+            yield step
+    finally:
+        await asyncio.to_thread(steps.close)
+
+
+async def start_grpc_server(
+    service: Service, config: Config, predict: Predict, stream: Stream = astream
+) -> tuple[aio.Server, InferenceServicer]:
     """A started `grpc.aio` server on `config.grpc_port`, on the running loop. Messages past `--max-body-bytes`
     are refused by grpc itself (RESOURCE_EXHAUSTED) before they are read whole."""
     assert config.grpc_port is not None
@@ -286,7 +327,7 @@ async def start_grpc_server(service: Service, config: Config, predict: Predict) 
             ("grpc.so_reuseport", 1),  # worker processes share the port, as they share the HTTP socket
         ]
     )
-    servicer = InferenceServicer(service, predict)
+    servicer = InferenceServicer(service, predict, stream)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{config.host}]" if ":" in config.host else config.host
     server.add_insecure_port(f"{host}:{config.grpc_port}")
@@ -324,7 +365,9 @@ class GrpcThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self._server = self.loop.run_until_complete(start_grpc_server(self.service, self.config, self._predict))
+            self._server = self.loop.run_until_complete(
+                start_grpc_server(self.service, self.config, self._predict, stream_on_threads)
+            )
         except Exception:
             logger.exception("the gRPC server failed to start")
         finally:
