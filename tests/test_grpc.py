@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from tests.conftest import ARCHS
 from tests.grpc_models import DATATYPES, TYPED
 from tests.serving import ROOT, Server, free_port, model_path, sample, scrape, servers_per_arch
+from twinserve.lab.servers import announced_grpc
 
 KEY = "grpc-test-key-0123456789"
 AUTH = {"x-api-key": KEY}
@@ -355,6 +356,19 @@ def _wait_until_requested(server: GrpcServer) -> None:
     while sample(scrape(server), "twinserve_in_flight_requests") < 2:  # the scrape itself is one
         assert time.monotonic() < deadline, "the call never arrived"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_grpc_port_zero_is_chosen_once_and_announced(arch: str) -> None:
+    """`--grpc-port 0`: one free port for every worker process, said in the start-up line."""
+    with Server([model_path("Affine")], arch, "--workers", "2", "--grpc-port", "0") as server:
+        target = announced_grpc(server.output())
+        assert target is not None and not target.endswith(":0"), server.output()
+        with triton.InferenceServerClient(target) as grpc_client:
+            for _ in range(4):
+                assert grpc_client.infer("affine", affine_inputs([[1.0, 2.0]], [2.0])).as_numpy("total").tolist() == [
+                    6.0
+                ]
 
 
 def test_the_checked_in_stubs_are_current() -> None:
