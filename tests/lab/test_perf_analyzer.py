@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving import ROOT, Server
+from tests.serving import ROOT, Server, free_port
 from twinserve.lab import perf_analyzer
 from twinserve.lab.bench import BenchPlan
 from twinserve.lab.drivers import DriverError, drive
@@ -117,6 +117,21 @@ def test_perf_analyzer_drives_every_architecture(installation: perf_analyzer.Ins
     summary = perf_analyzer.summary_lines(measured.stdout)
     assert any(line.startswith("Concurrency: 4, throughput: ") and "infer/sec" in line for line in summary)
     assert any(line.startswith("Avg request latency: ") and "queue" in line for line in summary)
+
+
+@pytest.mark.parametrize("arch", ["async", "hybrid", "sync"])
+def test_perf_analyzer_drives_grpc(installation: perf_analyzer.Installation, arch: str) -> None:
+    """`perf_analyzer -i grpc` against `--grpc-port`: its metadata, config and statistics calls and raw tensors."""
+    grpc_port = free_port()
+    with Server([TABULAR], arch, "--grpc-port", str(grpc_port)) as server:
+        data = perf_analyzer.input_data([perf_analyzer.v2_example(server.url, "iris")])
+        before = successes(server)
+        target = f"127.0.0.1:{grpc_port}"
+        measured = perf_analyzer.measure(installation, server.url, "iris", data, [2], duration_s=1, grpc_target=target)
+        answered = successes(server) - before
+    (level,) = measured.levels
+    assert level["sent"] == level["ok"] > 0 and level["server_side_ms"]["server_compute_infer"] > 0
+    assert answered >= level["sent"]
 
 
 def test_the_script_measures_a_server(installation: perf_analyzer.Installation) -> None:

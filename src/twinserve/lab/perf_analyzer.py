@@ -280,13 +280,19 @@ def measure(
     concurrency: Sequence[int],
     duration_s: float,
     warmup_s: float = 0.0,
+    grpc_target: str | None = None,
 ) -> Measured:
-    """Closed-loop levels (perf_analyzer's sync mode: one thread per outstanding request) over JSON tensors.
+    """Closed-loop levels (perf_analyzer's sync mode: one thread per outstanding request) over JSON tensors, or
+    over gRPC (`-i grpc`, raw tensor contents) to `grpc_target` (`host:port`, the server's `--grpc-port`).
 
     Each level is three windows of `duration_s / 3` and perf_analyzer reports their mean: stability is not
     awaited (so the run is bounded), as the other drivers measure a fixed time. `warmup_s` runs first, unmeasured.
     """
     host = url.removeprefix("http://").rstrip("/")
+    # The tensor formats are HTTP's choice (JSON or binary); gRPC always carries raw contents.
+    protocol = ["-u", grpc_target, "-i", "grpc"] if grpc_target is not None else [
+        "-u", host, "-i", "http", "--input-tensor-format=json", "--output-tensor-format=json",
+    ]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="twinserve-perf-analyzer-") as tmp:
         data_file, report = Path(tmp) / "input-data.json", Path(tmp) / "report.csv"
         data_file.write_bytes(orjson.dumps(data))
@@ -294,8 +300,7 @@ def measure(
         def run(level: int, seconds: float, report_file: Path | None) -> str:
             window_ms = max(100, round(seconds * 1000 / 3))
             args = [
-                "-m", model, "-u", host, "-i", "http",
-                "--input-tensor-format=json", "--output-tensor-format=json",
+                "-m", model, *protocol,
                 "--input-data", str(data_file),
                 "--measurement-mode", "time_windows", "-p", str(window_ms),
                 "--stability-percentage", "1000000", "--max-trials", "3",
