@@ -9,6 +9,7 @@ glibc 2.38, hence the pins.
 
     python -m twinserve.lab.perf_analyzer install            # idempotent; prints the binary's path
     python -m twinserve.lab.perf_analyzer measure URL MODEL --concurrency 1,8 --duration 5
+    python -m twinserve.lab.perf_analyzer measure URL MODEL --grpc 127.0.0.1:8001  # over gRPC (-i grpc)
     python -m twinserve.lab.perf_analyzer -- -m iris -u 127.0.0.1:8000 ...   # any perf_analyzer arguments
 
 `scripts/perf-analyzer.sh` runs this module; `twinserve bench --driver perf_analyzer` and the tests use it too.
@@ -359,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--concurrency", type=_levels, default=[1, 8], help="default 1,8")
     run.add_argument("--duration", type=float, default=5.0, metavar="SECONDS", help="measured seconds per level")
     run.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS")
+    run.add_argument(
+        "--grpc", metavar="HOST:PORT", help="drive the server's gRPC service (--grpc-port) instead of HTTP"
+    )
     args = parser.parse_args(argv)
     try:
         installation = install(quiet=args.command == "measure")
@@ -367,7 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         url = args.url.rstrip("/")
         data = input_data([v2_example(url, args.model)])
-        measured = measure(installation, url, args.model, data, args.concurrency, args.duration, args.warmup)
+        measured = measure(
+            installation, url, args.model, data, args.concurrency, args.duration, args.warmup, grpc_target=args.grpc
+        )
     except (PerfAnalyzerError, httpx.HTTPError) as exc:
         print(f"perf_analyzer: error: {exc}", file=sys.stderr)
         return 1
