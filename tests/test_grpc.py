@@ -333,9 +333,10 @@ def test_stream_infer_streams_a_streaming_model(server: GrpcServer, client: trit
     assert steps == [f'data: {{"predictions":["{word.decode()}"]}}' for word in words]  # the same words as :stream
 
 
-def test_sigterm_drains_grpc_calls() -> None:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sigterm_drains_grpc_calls(arch: str) -> None:
     """A call in flight when SIGTERM arrives is answered; the server then exits cleanly."""
-    server = GrpcServer("async").start()
+    server = GrpcServer(arch, "--workers", "1").start()
     try:
         with triton.InferenceServerClient(server.target) as grpc_client:
             x = triton.InferInput("input", [1], "BYTES")
