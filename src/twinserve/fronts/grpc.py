@@ -131,9 +131,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.draining = False
 
     # -- the one lifecycle -------------------------------------------------------------------------------
-    def _open(self, context: Any, endpoint: str, path: str, model: str = "") -> Exchange:
-        """The call's exchange; it must be closed once by the caller, and authenticated first thing."""
-        metadata = _Metadata(context)
+    def _open(self, context: Any, metadata: _Metadata, endpoint: str, path: str, model: str) -> Exchange:
+        """The call's exchange; the caller authenticates it first thing and closes it once."""
         return self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model, v2=True)
 
     async def _call(
@@ -142,20 +141,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         endpoint: str,
         path: str,
         model: str,
-        answer: Callable[[Exchange], Awaitable[M]],
+        answer: Callable[[Exchange, _Metadata], Awaitable[M]],
         empty: M,
     ) -> M:
         """Open the exchange, authenticate, `answer`, fail with the mapped status, close once."""
-        exchange = self._open(context, endpoint, path, model)
+        metadata = _Metadata(context)
+        exchange = self._open(context, metadata, endpoint, path, model)
         context.set_trailing_metadata(((_REQUEST_ID, exchange.request_id),))
         try:
-            exchange.authenticate(_Metadata(context), _peer(context))
-            message = await answer(exchange)
+            exchange.authenticate(metadata, _peer(context))
+            message = await answer(exchange, metadata)
             exchange.responded(200)
             return message
         except asyncio.CancelledError:
             raise  # the client left: the exchange closes unanswered (499)
-        except BaseException as exc:
+        except Exception as exc:
             error = exchange.failed(exc)
             context.set_code(grpc_code(error.status))
             context.set_details(error.message)
@@ -165,19 +165,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- health and metadata -----------------------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
-        async def answer(exchange: Exchange) -> pb.ServerLiveResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ServerLiveResponse:
             return pb.ServerLiveResponse(live=True)
 
         return await self._call(context, "live", "/v2/health/live", "", answer, pb.ServerLiveResponse())
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
-        async def answer(exchange: Exchange) -> pb.ServerReadyResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ServerReadyResponse:
             return pb.ServerReadyResponse(ready=self.service.ready().status == 200 and not self.draining)
 
         return await self._call(context, "ready", "/v2/health/ready", "", answer, pb.ServerReadyResponse())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        async def answer(exchange: Exchange) -> pb.ModelReadyResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ModelReadyResponse:
             runtime = self.service.v2_runtime(request.name, request.version or None)
             return pb.ModelReadyResponse(ready=runtime.ready)
 
@@ -185,13 +185,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, "model_ready", path, request.name, answer, pb.ModelReadyResponse())
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
-        async def answer(exchange: Exchange) -> pb.ServerMetadataResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ServerMetadataResponse:
             return pb.ServerMetadataResponse(**orjson.loads(self.service.server_metadata().body))
 
         return await self._call(context, "server_metadata", "/v2", "", answer, pb.ServerMetadataResponse())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        async def answer(exchange: Exchange) -> pb.ModelMetadataResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ModelMetadataResponse:
             reply = self.service.v2_model_metadata(request.name, request.version or None)
             return metadata_message(orjson.loads(reply.body))
 
@@ -199,7 +199,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, "v2_model_metadata", path, request.name, answer, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        async def answer(exchange: Exchange) -> pb.ModelConfigResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ModelConfigResponse:
             reply = self.service.model_config(request.name, request.version or None)
             return pb.ModelConfigResponse(config=config_message(orjson.loads(reply.body)))
 
@@ -207,7 +207,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, "model_config", path, request.name, answer, pb.ModelConfigResponse())
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
-        async def answer(exchange: Exchange) -> pb.ModelStatisticsResponse:
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ModelStatisticsResponse:
             reply = self.service.model_stats(request.name or None, request.version or None)
             return statistics_message(orjson.loads(reply.body)["model_stats"])
 
@@ -216,25 +216,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -----------------------------------------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        async def answer(exchange: Exchange) -> pb.ModelInferResponse:
-            return await self._infer(exchange, request, context)
+        async def answer(exchange: Exchange, metadata: _Metadata) -> pb.ModelInferResponse:
+            return await self._infer(exchange, metadata, request, context)
 
         path = f"/v2/models/{request.model_name}/infer"
         return await self._call(context, "infer", path, request.model_name, answer, pb.ModelInferResponse())
 
-    async def _infer(self, exchange: Exchange, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def _infer(
+        self, exchange: Exchange, metadata: _Metadata, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
         """Admit from the message head, decode with the V2 codec, predict, encode."""
-        runtime, instances = await self._decoded(exchange, request, context)
+        runtime, instances = await self._decoded(exchange, metadata, request, context)
         outputs = await self.predict(runtime, instances, exchange.deadline)
         return _encoded(exchange, outputs)
 
     async def _decoded(
-        self, exchange: Exchange, request: pb.ModelInferRequest, context: Any
+        self, exchange: Exchange, metadata: _Metadata, request: pb.ModelInferRequest, context: Any
     ) -> tuple[ModelRuntime, list[Any]]:
         """Admitted from the message head (the gRPC deadline too), then decoded by the V2 codec."""
         if self.draining:
             raise ShuttingDown("the server is shutting down: send this request again")
-        metadata = _Metadata(context)
         runtime = exchange.admit(
             request.model_name,
             request.model_version or None,
@@ -261,10 +262,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         path = f"/v2/models/{request.model_name}/infer"
-        exchange = self._open(context, "infer", path, request.model_name)
+        metadata = _Metadata(context)
+        exchange = self._open(context, metadata, "infer", path, request.model_name)
         try:
-            exchange.authenticate(_Metadata(context), _peer(context))
-            runtime, instances = await self._decoded(exchange, request, context)
+            exchange.authenticate(metadata, _peer(context))
+            runtime, instances = await self._decoded(exchange, metadata, request, context)
             if not runtime.spec.streams:
                 outputs = await self.predict(runtime, instances, exchange.deadline)
                 yield pb.ModelStreamInferResponse(infer_response=_encoded(exchange, outputs))
