@@ -67,11 +67,13 @@ def _packed(tensor: pb.ModelInferRequest.InferInputTensor) -> bytes:
     values = getattr(tensor.contents, field)
     if tensor.datatype == "BYTES":
         return b"".join(_LENGTH.pack(len(v)) + v for v in values)
-    dtype = NUMPY_DTYPES[tensor.datatype].newbyteorder("<")
-    try:
-        return np.asarray(values, dtype=dtype).tobytes()
-    except OverflowError:
-        raise InvalidTensor(f"input {tensor.name!r}: a value is out of the range of {tensor.datatype}") from None
+    dtype = NUMPY_DTYPES[tensor.datatype]
+    array = np.asarray(list(values))  # the field's own type (int32 holds INT8 too): range-checked before the cast
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise InvalidTensor(f"input {tensor.name!r}: a value is out of the range of {tensor.datatype}")
+    return array.astype(dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def _contents_given(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
