@@ -48,6 +48,15 @@ CONTENTS_FIELD = {
     "BYTES": "bytes_contents",
 }
 _LENGTH = struct.Struct("<I")
+_FIELD_DTYPES = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
+}
 
 
 def parameters_dict(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
@@ -68,7 +77,9 @@ def _packed(tensor: pb.ModelInferRequest.InferInputTensor) -> bytes:
     if tensor.datatype == "BYTES":
         return b"".join(_LENGTH.pack(len(v)) + v for v in values)
     dtype = NUMPY_DTYPES[tensor.datatype]
-    array = np.asarray(list(values))  # the field's own type (int32 holds INT8 too): range-checked before the cast
+    # In the field's own type first (int_contents holds INT8 as int32, which protobuf has checked), then
+    # range-checked for the datatype before the cast, which would wrap silently.
+    array = np.asarray(values, dtype=_FIELD_DTYPES[field])
     if dtype.kind in "iu" and array.size:
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
