@@ -79,7 +79,7 @@ def _packed(tensor: pb.ModelInferRequest.InferInputTensor) -> bytes:
     dtype = NUMPY_DTYPES[tensor.datatype]
     # In the field's own type first (int_contents holds INT8 as int32, which protobuf has checked), then
     # range-checked for the datatype before the cast, which would wrap silently.
-    array = np.asarray(values, dtype=_FIELD_DTYPES[field])
+    array: np.ndarray[Any, Any] = np.asarray(values, dtype=_FIELD_DTYPES[field])
     if dtype.kind in "iu" and array.size:
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
