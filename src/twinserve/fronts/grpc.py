@@ -22,6 +22,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -332,7 +333,8 @@ async def start_grpc_server(
     servicer = InferenceServicer(service, predict, stream)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{config.host}]" if ":" in config.host else config.host
-    server.add_insecure_port(f"{host}:{config.grpc_port}")
+    if server.add_insecure_port(f"{host}:{config.grpc_port}") == 0:  # some grpcio versions say so, not raise
+        raise RuntimeError(f"--grpc-port {config.grpc_port}: the port could not be bound on {config.host}")
     await server.start()
     return server, servicer
 
@@ -350,6 +352,8 @@ class GrpcThread:
     def __init__(self, service: Service, config: Config) -> None:
         self.service, self.config = service, config
         self.loop = asyncio.new_event_loop()
+        # As many calls computing at once as the worker's HTTP threads (`--threads`), not asyncio's default pool.
+        self.loop.set_default_executor(ThreadPoolExecutor(config.threads, thread_name_prefix="twinserve-grpc"))
         self._server: tuple[aio.Server, InferenceServicer] | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="twinserve-grpc", daemon=True)
