@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ARCHS
 from tests.grpc_models import DATATYPES, TYPED
-from tests.serving import ROOT, Server, free_port, model_path, sample, scrape, servers_per_arch
+from tests.serving import ROOT, Server, free_port, model_path, sample, scrape, servers_per_arch, wait_for_file
 from twinserve.lab.servers import announced_grpc
 
 KEY = "grpc-test-key-0123456789"
@@ -331,6 +331,41 @@ def test_stream_infer_streams_a_streaming_model(server: GrpcServer, client: trit
     )
     steps = [line for line in rest.text.splitlines() if line.startswith('data: {"predictions"')]
     assert steps == [f'data: {{"predictions":["{word.decode()}"]}}' for word in words]  # the same words as :stream
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_calls_past_the_queue_bound_are_unavailable(arch: str, tmp_path: Path) -> None:
+    """With the model busy and its queue full, the next calls are refused at once with UNAVAILABLE (503), the
+    ones admitted are answered once the model is free."""
+    gate = tmp_path / "gate"
+    flags = ("--workers", "1", "--threads", "1", "--max-queue", "1", "--max-batch-size", "1")
+    with Server([model_path("Gate")], arch, "--grpc-port", "0", *flags) as server:
+        target = announced_grpc(server.output())
+        assert target is not None
+        held = triton.InferInput("input", [1], "BYTES")
+        held.set_data_from_numpy(np.array([f'{{"gate": "{gate}"}}'], dtype=object))
+        answers: list[tuple[Any, Any]] = []
+        everyone = threading.Semaphore(0)
+
+        def callback(result: Any, error: Any) -> None:
+            answers.append((result, error))
+            everyone.release()
+
+        with triton.InferenceServerClient(target) as grpc_client:
+            grpc_client.async_infer("gate", [held], callback)
+            wait_for_file(gate.with_suffix(".started"))
+            for _ in range(4):
+                grpc_client.async_infer("gate", [held], callback)
+            deadline = time.monotonic() + 30
+            while not any(error is not None for _, error in answers):  # a refusal needs no free model
+                assert time.monotonic() < deadline, answers
+                time.sleep(0.01)
+            gate.with_suffix(".release").touch()
+            for _ in range(5):
+                assert everyone.acquire(timeout=60)
+    errors = [error for _, error in answers if error is not None]
+    assert errors and all(e.status() == "StatusCode.UNAVAILABLE" for e in errors), [str(e) for e in errors]
+    assert sum(result is not None for result, _ in answers) >= 2  # the held call and one queued behind it
 
 
 @pytest.mark.parametrize("arch", ARCHS)

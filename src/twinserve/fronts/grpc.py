@@ -124,10 +124,14 @@ def _header_length(reply: Reply) -> int | None:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Every RPC of the service over `service`, predicting with `predict` (the front's way of waiting)."""
 
-    def __init__(self, service: Service, predict: Predict, stream: Stream) -> None:
+    def __init__(
+        self, service: Service, predict: Predict, stream: Stream, backlog: Callable[[], int | None] = lambda: None
+    ) -> None:
         self.service = service
         self.predict = predict
         self.stream = stream
+        #: How many calls wait for a thread (the sync architecture's shedding, as its HTTP front's); None: none.
+        self.backlog = backlog
         #: Set when the server drains: new inference calls are refused with UNAVAILABLE.
         self.draining = False
 
@@ -243,6 +247,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             content_length=request.ByteSize(),
             timeout_header=metadata.get(_TIMEOUT),
             priority_header=metadata.get(_PRIORITY),
+            backlog=self.backlog(),
         )
         remaining = context.time_remaining()
         if remaining is not None:  # the gRPC deadline, capped like a timeout header
@@ -318,7 +323,11 @@ async def stream_on_threads(
 
 
 async def start_grpc_server(
-    service: Service, config: Config, predict: Predict, stream: Stream = astream
+    service: Service,
+    config: Config,
+    predict: Predict,
+    stream: Stream = astream,
+    backlog: Callable[[], int | None] = lambda: None,
 ) -> tuple[aio.Server, InferenceServicer]:
     """A started `grpc.aio` server on `config.grpc_port`, on the running loop. Messages past `--max-body-bytes`
     are refused by grpc itself (RESOURCE_EXHAUSTED) before they are read whole."""
@@ -330,7 +339,7 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 1),  # worker processes share the port, as they share the HTTP socket
         ]
     )
-    servicer = InferenceServicer(service, predict, stream)
+    servicer = InferenceServicer(service, predict, stream, backlog)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{config.host}]" if ":" in config.host else config.host
     if server.add_insecure_port(f"{host}:{config.grpc_port}") == 0:  # some grpcio versions say so, not raise
@@ -356,11 +365,19 @@ class GrpcThread:
         self.loop.set_default_executor(ThreadPoolExecutor(config.threads, thread_name_prefix="twinserve-grpc"))
         self._server: tuple[aio.Server, InferenceServicer] | None = None
         self._started = threading.Event()
+        self._calls = 0
         self._thread = threading.Thread(target=self._run, name="twinserve-grpc", daemon=True)
 
-    @staticmethod
-    async def _predict(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> list[Any]:
-        return await asyncio.to_thread(runtime.predict, instances, deadline)
+    async def _predict(self, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> list[Any]:
+        self._calls += 1  # on the loop's one thread: no lock
+        try:
+            return await asyncio.to_thread(runtime.predict, instances, deadline)
+        finally:
+            self._calls -= 1
+
+    def _backlog(self) -> int:
+        """Calls waiting for one of the `--threads` threads: past `--max-queue`, the next is shed (503)."""
+        return max(0, self._calls - self.config.threads)
 
     def start(self) -> None:
         self._thread.start()
@@ -372,7 +389,7 @@ class GrpcThread:
         asyncio.set_event_loop(self.loop)
         try:
             self._server = self.loop.run_until_complete(
-                start_grpc_server(self.service, self.config, self._predict, stream_on_threads)
+                start_grpc_server(self.service, self.config, self._predict, stream_on_threads, self._backlog)
             )
         except Exception:
             logger.exception("the gRPC server failed to start")
