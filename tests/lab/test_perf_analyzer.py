@@ -186,6 +186,39 @@ def test_bench_with_the_perf_analyzer_driver(installation: perf_analyzer.Install
     assert (out / "report.html").exists()
 
 
+@pytest.mark.parametrize(("protocol", "driver"), [("grpc", "perf_analyzer"), ("v2", "twinserve")])
+def test_bench_protocols(installation: perf_analyzer.Installation, tmp_path: Path, protocol: str, driver: str) -> None:
+    """`twinserve bench --protocol grpc` (perf_analyzer over --grpc-port) and `--protocol v2` (V2 /infer JSON)."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "twinserve", "bench", TABULAR, "--out", str(out), "--arch", "async",
+            "--concurrency", "2", "--duration", "1", "--warmup", "0.2", "--driver", driver,
+            "--protocol", protocol, "--ceiling-sizes", "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = load_results(out / "results.json").runs
+    assert run.error is None
+    assert ("--grpc-port" in run.command) == (protocol == "grpc")  # the server was started with the port
+    [level] = run.levels
+    assert level.protocol == protocol and level.driver == driver and level.errors == 0 and level.ok > 0
+    assert level.server is not None and level.server.requests >= level.ok  # counted by the server as requests
+
+
+def test_grpc_needs_the_perf_analyzer_driver(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve", "bench", TABULAR, "--out", str(tmp_path), "--protocol", "grpc"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "--driver perf_analyzer" in done.stderr
+
+
 def test_the_driver_refuses_a_v1_payload(installation: perf_analyzer.Installation, tmp_path: Path) -> None:
     payload = tmp_path / "bodies.jsonl"
     body = b'{"instances": [{"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]}'
