@@ -41,6 +41,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests scripts benchmarks examples
 	$(BIN)/ruff format --check src tests scripts benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/python scripts/gen_grpc.py --check
 	$(MAKE) docs-check
 	$(BIN)/python -m pytest --cov --cov-report=term
 

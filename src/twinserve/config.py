@@ -86,6 +86,12 @@ class Config(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind (0: any free port).")
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Also serve the Open Inference Protocol over gRPC on this port (0: any free port; off by default).",
+    )
     workers: int | None = Field(
         None, ge=1, le=512, description="Server processes (default: CPU cores for sync, 1 for async)."
     )

@@ -143,6 +143,19 @@ def test_ports_probes_and_shutdown_agree_with_the_server(arch: str) -> None:
     assert {isvc[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")} <= route_paths()
 
 
+def test_the_grpc_port_is_exposed() -> None:
+    docs = by_kind(docs_of(plan_for("async", port=9000, grpc_port=9001)))
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 9000, "grpc": 9001}
+    assert container["command"][container["command"].index("--grpc-port") + 1] == "9001"
+    grpc_port = next(p for p in docs["Service"]["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc_port["port"] == 9001 and grpc_port["targetPort"] == "grpc" and grpc_port["appProtocol"] == "grpc"
+    (isvc,) = docs["InferenceService"]["spec"]["predictor"]["containers"]
+    assert [p["name"] for p in isvc["ports"]] == ["http1"]  # Knative takes one port per container
+    with pytest.raises(ConfigError, match="--grpc-port"):
+        k8s_config({"arch": "async", "grpc_port": 0})
+
+
 def pod_labels(docs: dict[str, dict[str, Any]]) -> dict[str, str]:
     labels: dict[str, str] = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
     return labels

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving import ROOT, Server
+from tests.serving import ROOT, Server, free_port
 from twinserve.lab import perf_analyzer
 from twinserve.lab.bench import BenchPlan
 from twinserve.lab.drivers import DriverError, drive
@@ -119,6 +119,21 @@ def test_perf_analyzer_drives_every_architecture(installation: perf_analyzer.Ins
     assert any(line.startswith("Avg request latency: ") and "queue" in line for line in summary)
 
 
+@pytest.mark.parametrize("arch", ["async", "hybrid", "sync"])
+def test_perf_analyzer_drives_grpc(installation: perf_analyzer.Installation, arch: str) -> None:
+    """`perf_analyzer -i grpc` against `--grpc-port`: its metadata, config and statistics calls and raw tensors."""
+    grpc_port = free_port()
+    with Server([TABULAR], arch, "--grpc-port", str(grpc_port)) as server:
+        data = perf_analyzer.input_data([perf_analyzer.v2_example(server.url, "iris")])
+        before = successes(server)
+        target = f"127.0.0.1:{grpc_port}"
+        measured = perf_analyzer.measure(installation, server.url, "iris", data, [2], duration_s=1, grpc_target=target)
+        answered = successes(server) - before
+    (level,) = measured.levels
+    assert level["sent"] == level["ok"] > 0 and level["server_side_ms"]["server_compute_infer"] > 0
+    assert answered >= level["sent"]
+
+
 def test_the_script_measures_a_server(installation: perf_analyzer.Installation) -> None:
     env = {**os.environ, "TWINSERVE_PYTHON": sys.executable}
     script = str(ROOT / "scripts" / "perf-analyzer.sh")
@@ -169,6 +184,39 @@ def test_bench_with_the_perf_analyzer_driver(installation: perf_analyzer.Install
         assert level.server_side_ms["server_compute_infer"] > 0
         assert level.server is not None and level.server.requests >= level.sent  # the server's own /metrics
     assert (out / "report.html").exists()
+
+
+@pytest.mark.parametrize(("protocol", "driver"), [("grpc", "perf_analyzer"), ("v2", "twinserve")])
+def test_bench_protocols(installation: perf_analyzer.Installation, tmp_path: Path, protocol: str, driver: str) -> None:
+    """`twinserve bench --protocol grpc` (perf_analyzer over --grpc-port) and `--protocol v2` (V2 /infer JSON)."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "twinserve", "bench", TABULAR, "--out", str(out), "--arch", "async",
+            "--concurrency", "2", "--duration", "1", "--warmup", "0.2", "--driver", driver,
+            "--protocol", protocol, "--ceiling-sizes", "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = load_results(out / "results.json").runs
+    assert run.error is None
+    assert ("--grpc-port" in run.command) == (protocol == "grpc")  # the server was started with the port
+    [level] = run.levels
+    assert level.protocol == protocol and level.driver == driver and level.errors == 0 and level.ok > 0
+    assert level.server is not None and level.server.requests >= level.ok  # counted by the server as requests
+
+
+def test_grpc_needs_the_perf_analyzer_driver(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve", "bench", TABULAR, "--out", str(tmp_path), "--protocol", "grpc"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "--driver perf_analyzer" in done.stderr
 
 
 def test_the_driver_refuses_a_v1_payload(installation: perf_analyzer.Installation, tmp_path: Path) -> None:

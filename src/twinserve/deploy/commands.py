@@ -111,6 +111,10 @@ def k8s_config(overrides: dict[str, Any]) -> Config:
         raise ConfigError(
             f"--port: the container runs as a non-root user and needs a fixed port >= 1024, not {config.port}"
         )
+    if config.grpc_port is not None and config.grpc_port < 1024:
+        raise ConfigError(
+            f"--grpc-port: the container runs as a non-root user and needs a fixed port >= 1024, not {config.grpc_port}"
+        )
     return config
 
 

@@ -59,6 +59,7 @@ __all__ = [
 Doc = dict[str, Any]
 
 HTTP_PORT_NAME = "http"
+GRPC_PORT_NAME = "grpc"
 LIVE_PATH = "/v2/health/live"
 READY_PATH = "/v2/health/ready"
 METRICS_PATH = "/metrics"
@@ -190,7 +191,11 @@ def _container(plan: K8sPlan, port_name: str, probes: dict[str, Doc]) -> Doc:
         "name": "twinserve" if port_name == HTTP_PORT_NAME else "kserve-container",
         "image": plan.image,
         "command": serve_command(plan.config),
-        "ports": [{"name": port_name, "containerPort": plan.config.port, "protocol": "TCP"}],
+        # Knative (KServe) takes one port per container: there gRPC stays off the manifest (see inference_service).
+        "ports": [
+            {"name": port_name, "containerPort": plan.config.port, "protocol": "TCP"},
+            *(_grpc_ports(plan) if port_name == HTTP_PORT_NAME else []),
+        ],
         # TMPDIR, not a fixed PROMETHEUS_MULTIPROC_DIR: the server makes a fresh metrics directory under it on
         # each start, while a fixed one on the emptyDir would keep a crashed container's stale files.
         "env": _env(plan),
@@ -278,13 +283,30 @@ def deployment(plan: K8sPlan) -> Doc:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(plan), "spec": spec}
 
 
+def _grpc_ports(plan: K8sPlan) -> list[Doc]:
+    """The container's gRPC port (`--grpc-port`), when it serves one."""
+    port = plan.config.grpc_port
+    if port is None:
+        return []
+    return [{"name": GRPC_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
+
+
 def service(plan: K8sPlan) -> Doc:
     port = {"name": HTTP_PORT_NAME, "port": plan.config.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}
+    ports = [port]
+    if plan.config.grpc_port is not None:
+        # appProtocol tells meshes and gateways that this port speaks HTTP/2 gRPC (one connection, many calls:
+        # a plain L4 Service balances connections, not calls; a mesh or a headless Service balances calls).
+        grpc_port = plan.config.grpc_port
+        ports.append(
+            {"name": GRPC_PORT_NAME, "port": grpc_port, "targetPort": GRPC_PORT_NAME, "protocol": "TCP",
+             "appProtocol": "grpc"}
+        )  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(plan),
-        "spec": {"type": "ClusterIP", "selector": _labels(plan), "ports": [port]},
+        "spec": {"type": "ClusterIP", "selector": _labels(plan), "ports": ports},
     }
 
 
@@ -366,7 +388,9 @@ def manifests(plan: K8sPlan) -> list[Doc]:
 def inference_service(plan: K8sPlan) -> Doc:
     """A KServe InferenceService running the same command (twinserve speaks V1 `:predict` and V2 itself).
 
-    Knative owns the port (named `http1`, probes without a port), start-up and draining, so the container has
+    Knative owns the one port a container may declare (named `http1`, probes without a port; `--grpc-port`
+    is not exposed there: KServe serves gRPC from a second InferenceService whose port is named `h2c`), start-up
+    and draining, so the container has
     no startupProbe, preStop or grace period; it scales on concurrency (async, hybrid) or CPU (sync).
     """
     container = _container(

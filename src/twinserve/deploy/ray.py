@@ -8,6 +8,10 @@ requests the shared front handles, and would bypass twinserve's admission, deadl
 against a bare `@serve.batch` deployment of the same model in `benchmarks/ray_batching.py`). Ray's HTTP proxy
 routes every path to the app (`route_prefix="/"`).
 
+gRPC (`--grpc-port`): the lifespan of each replica also starts twinserve's `grpc.aio` server on that port, on the
+replica's node and event loop (replicas on one node share it through SO_REUSEPORT). Ray's own gRPC proxy is not
+used: it routes only to Ray-defined servicer methods, not to `inference.GRPCInferenceService`.
+
 Backpressure: Ray lets a replica take up to `max_ongoing_requests` requests, set above what its batcher holds
 (`replica_capacity`), so a full replica still receives the next request and its own admission answers 503 with
 twinserve's body and `Retry-After`, exactly as `twinserve serve` does. Ray's proxy queues requests only while no

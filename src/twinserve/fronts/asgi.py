@@ -237,9 +237,16 @@ class _AsgiFront:
         try:
             for runtime in service.runtimes.values():
                 await runtime.aload()
+            grpc = None
+            if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
+                from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server
+
+                grpc = await start_grpc_server(service, service.config, _apredict)
             await send({"type": "lifespan.startup.complete"})
             started = True
             await receive()  # lifespan.shutdown
+            if grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
+                await stop_grpc_server(*grpc, service.config.graceful_timeout)
             for runtime in service.runtimes.values():
                 await runtime.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
@@ -250,6 +257,11 @@ class _AsgiFront:
             await send({"type": failed, "message": traceback.format_exc()})
             raise
         await send({"type": "lifespan.shutdown.complete"})
+
+
+async def _apredict(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> list[Any]:
+    """gRPC's predict on the event loop: into the same batcher as HTTP's (a cancelled call leaves its queue)."""
+    return await runtime.apredict(instances, deadline)
 
 
 def _route_path(scope: Scope) -> str:

@@ -24,7 +24,7 @@ from twinserve.lab import drivers
 from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
 from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
-from twinserve.lab.servers import ServerFailed, TwinserveServer, request_bodies
+from twinserve.lab.servers import ServerFailed, TwinserveServer, free_port, request_bodies
 from twinserve.lab.variants import SWEEPABLE, Arch, Variant, variants
 from twinserve.lab.verdicts import verdicts
 
@@ -44,6 +44,8 @@ class BenchPlan:
     payload: Path | None = None
     slo_p95_ms: float | None = None
     driver: Literal["twinserve", "wrk", "locust", "perf_analyzer"] = "twinserve"
+    #: v1 `:predict`, v2 `/infer` (JSON tensors), or grpc (`--grpc-port`; perf_analyzer is the only gRPC driver).
+    protocol: Literal["v1", "v2", "grpc"] = "v1"
     ceiling_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     ready_timeout_s: float = 300.0
 
@@ -107,10 +109,12 @@ def settings_flags(settings: dict[str, Any]) -> list[str]:
 
 def _measure(plan: BenchPlan, variant: Variant, progress: Progress, sent: _Sent) -> Run:
     slug = variant.label.replace(" ", "_").replace("=", "-")
+    grpc_port = free_port() if plan.protocol == "grpc" else None
     server = TwinserveServer(
         [plan.model],
         variant.arch,
         *settings_flags(variant.settings),
+        *(["--grpc-port", str(grpc_port)] if grpc_port is not None else []),
         env={"TWINSERVE_LOG_FORMAT": "json"},
         log_path=plan.out / "logs" / f"{slug}.log",
         ready_timeout=plan.ready_timeout_s,
@@ -123,6 +127,10 @@ def _measure(plan: BenchPlan, variant: Variant, progress: Progress, sent: _Sent)
             name, bodies = request_bodies(server.url, plan.payload)
             sent.model_name, sent.bodies = name, bodies
             url = f"{server.url}/v1/models/{name}:predict"
+            if plan.protocol == "v2":
+                url, bodies = drivers.v2_requests(server.url, name, bodies, plan.payload)
+                sent.bodies = bodies
+            grpc_target = f"127.0.0.1:{grpc_port}" if grpc_port is not None else None
             snapshot = scrape(server.url)
             roles = snapshot.roles if snapshot is not None else {}
             with TreeSampler(server.pid, roles=roles) as idle:
@@ -134,7 +142,7 @@ def _measure(plan: BenchPlan, variant: Variant, progress: Progress, sent: _Sent)
                 progress("level", variant.label, _describe(mode, load), plan.warmup_s + plan.duration_s)
                 before = scrape(server.url)
                 with TreeSampler(server.pid, roles=roles) as sampler:
-                    figures = drivers.drive(plan, url, bodies, mode, load)
+                    figures = drivers.drive(plan, url, bodies, mode, load, grpc_target)
                 level = Level.model_validate(
                     {**figures, "resources": sampler.result(), "server": server_stats(before, scrape(server.url))}
                 )

@@ -66,6 +66,12 @@ def add_bench(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--payload", type=Path, metavar="FILE", help="request bodies, one JSON object per line")
     bench.add_argument("--slo-p95-ms", type=float, help="advise for this P95 objective")
     bench.add_argument("--driver", choices=["twinserve", "wrk", "locust", "perf_analyzer"], default="twinserve")
+    bench.add_argument(
+        "--protocol",
+        choices=["v1", "v2", "grpc"],
+        default="v1",
+        help="v1 :predict, v2 /infer (JSON tensors), or grpc (--grpc-port; with --driver perf_analyzer)",
+    )
     bench.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
     bench.add_argument(
         "--ceiling-sizes", type=_list(int), default=[1, 8, 32], help="batch sizes timed in-process (default 1,8,32)"
@@ -125,7 +131,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     # A bad MODEL, a missing extra or tool: one line, before any server starts.
     import_model(args.model)
-    check_driver(args.driver)
+    check_driver(args.driver, args.protocol)
     # A stopped bench must stop the servers it started: SIGTERM unwinds through their context managers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -144,6 +150,7 @@ def _bench(args: argparse.Namespace) -> int:
         payload=args.payload,
         slo_p95_ms=args.slo_p95_ms,
         driver=args.driver,
+        protocol=args.protocol,
         ceiling_sizes=args.ceiling_sizes,
         ready_timeout_s=args.ready_timeout,
     )

@@ -38,8 +38,11 @@ class DriverError(RuntimeError):
     """The load driver could not run (missing tool, unsupported mode)."""
 
 
-def check_driver(driver: str) -> None:
-    """Fail before any server starts when `driver` cannot run here: ConfigError (MissingExtra for an extra)."""
+def check_driver(driver: str, protocol: str = "v1") -> None:
+    """Fail before any server starts when `driver` cannot run here, or cannot speak `protocol`: ConfigError
+    (MissingExtra for an extra)."""
+    if protocol == "grpc" and driver != "perf_analyzer":
+        raise ConfigError("--protocol grpc is driven by perf_analyzer only: add --driver perf_analyzer")
     if driver == "locust":
         require("locust", "--driver locust", "locust")
     elif driver == "wrk" and shutil.which("wrk") is None:
@@ -48,15 +51,54 @@ def check_driver(driver: str) -> None:
         raise ConfigError(_NO_PERF_ANALYZER)
 
 
+def _instances(body: dict[str, Any]) -> int:
+    """A V1 body's instances, or a V2 request's rows (its first input's batch dimension)."""
+    inputs = body.get("inputs")
+    if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict) and inputs[0].get("shape"):
+        return int(inputs[0]["shape"][0])
+    return len(body.get("instances", [None]))
+
+
 def instances_per_request(bodies: list[bytes]) -> float:
-    counts = [len(orjson.loads(b).get("instances", [None])) for b in bodies]
+    counts = [_instances(orjson.loads(b)) for b in bodies]
     return sum(counts) / len(counts) if counts else 1.0
 
 
+def v2_requests(base: str, model: str, bodies: list[bytes], payload: object) -> tuple[str, list[bytes]]:
+    """`--protocol v2`: the model's V2 infer URL and bodies: the payload's lines (V2 inference requests), else the
+    server's own V2 example of the model's examples() (the V1 bodies built from them only its code can convert)."""
+    url = f"{base}/v2/models/{model}/infer"
+    if payload is not None:
+        return url, bodies
+    try:
+        return url, [orjson.dumps(perf_analyzer.v2_example(base, model))]
+    except perf_analyzer.PerfAnalyzerError as exc:
+        raise DriverError(str(exc)) from None
+
+
 def drive(
-    plan: BenchPlan, url: str, bodies: list[bytes], mode: Literal["closed", "open"], load: float
+    plan: BenchPlan,
+    url: str,
+    bodies: list[bytes],
+    mode: Literal["closed", "open"],
+    load: float,
+    grpc_target: str | None = None,
 ) -> dict[str, Any]:
-    """Run one level with the plan's driver; returns `Level` fields."""
+    """Run one level with the plan's driver (over gRPC to `grpc_target` with `--protocol grpc`); returns `Level`
+    fields."""
+    if plan.protocol == "grpc" and plan.driver != "perf_analyzer":
+        raise DriverError("--protocol grpc is driven by perf_analyzer only: add --driver perf_analyzer")
+    return {**_drive(plan, url, bodies, mode, load, grpc_target), "protocol": plan.protocol}
+
+
+def _drive(
+    plan: BenchPlan,
+    url: str,
+    bodies: list[bytes],
+    mode: Literal["closed", "open"],
+    load: float,
+    grpc_target: str | None,
+) -> dict[str, Any]:
     if plan.driver == "twinserve":
         spec = LoadSpec(
             url=url,
@@ -73,7 +115,7 @@ def drive(
     if plan.driver == "wrk":
         return _wrk(url, bodies, int(load), plan.duration_s, plan.warmup_s)
     if plan.driver == "perf_analyzer":
-        return _perf_analyzer(plan, url, bodies, int(load))
+        return _perf_analyzer(plan, url, bodies, int(load), grpc_target)
     return _locust(url, bodies, int(load), plan.duration_s, plan.warmup_s)
 
 
@@ -268,12 +310,15 @@ def _locust(url: str, bodies: list[bytes], users: int, duration: float, warmup: 
 
 
 # -- perf_analyzer -------------------------------------------------------------------------------------------
-def _perf_analyzer(plan: BenchPlan, url: str, bodies: list[bytes], concurrency: int) -> dict[str, Any]:
+def _perf_analyzer(
+    plan: BenchPlan, url: str, bodies: list[bytes], concurrency: int, grpc_target: str | None = None
+) -> dict[str, Any]:
     installation = perf_analyzer.locate()
     if installation is None:
         raise DriverError(_NO_PERF_ANALYZER)
-    base, rest = url.split("/v1/models/", 1)
-    model = rest.removesuffix(":predict")
+    version = "/v2/models/" if "/v2/models/" in url else "/v1/models/"
+    base, rest = url.split(version, 1)
+    model = rest.removesuffix(":predict").removesuffix("/infer")
     requests = [orjson.loads(body) for body in bodies]
     v2 = all(isinstance(r, dict) and "inputs" in r for r in requests)
     if not v2 and plan.payload is not None:
@@ -285,7 +330,9 @@ def _perf_analyzer(plan: BenchPlan, url: str, bodies: list[bytes], concurrency: 
         # Without a payload the bodies are V1 ones built from examples(), which only the model's code turns into
         # tensors: the server's own V2 example of the same examples() is sent instead.
         data = perf_analyzer.input_data(requests if v2 else [perf_analyzer.v2_example(base, model)])
-        measured = perf_analyzer.measure(installation, base, model, data, [concurrency], plan.duration_s, plan.warmup_s)
+        measured = perf_analyzer.measure(
+            installation, base, model, data, [concurrency], plan.duration_s, plan.warmup_s, grpc_target=grpc_target
+        )
     except perf_analyzer.PerfAnalyzerError as exc:
         raise DriverError(str(exc)) from None
     return measured.levels[0]

@@ -9,6 +9,7 @@ glibc 2.38, hence the pins.
 
     python -m twinserve.lab.perf_analyzer install            # idempotent; prints the binary's path
     python -m twinserve.lab.perf_analyzer measure URL MODEL --concurrency 1,8 --duration 5
+    python -m twinserve.lab.perf_analyzer measure URL MODEL --grpc 127.0.0.1:8001  # over gRPC (-i grpc)
     python -m twinserve.lab.perf_analyzer -- -m iris -u 127.0.0.1:8000 ...   # any perf_analyzer arguments
 
 `scripts/perf-analyzer.sh` runs this module; `twinserve bench --driver perf_analyzer` and the tests use it too.
@@ -280,13 +281,19 @@ def measure(
     concurrency: Sequence[int],
     duration_s: float,
     warmup_s: float = 0.0,
+    grpc_target: str | None = None,
 ) -> Measured:
-    """Closed-loop levels (perf_analyzer's sync mode: one thread per outstanding request) over JSON tensors.
+    """Closed-loop levels (perf_analyzer's sync mode: one thread per outstanding request) over JSON tensors, or
+    over gRPC (`-i grpc`, raw tensor contents) to `grpc_target` (`host:port`, the server's `--grpc-port`).
 
     Each level is three windows of `duration_s / 3` and perf_analyzer reports their mean: stability is not
     awaited (so the run is bounded), as the other drivers measure a fixed time. `warmup_s` runs first, unmeasured.
     """
     host = url.removeprefix("http://").rstrip("/")
+    # The tensor formats are HTTP's choice (JSON or binary); gRPC always carries raw contents.
+    protocol = ["-u", grpc_target, "-i", "grpc"] if grpc_target is not None else [
+        "-u", host, "-i", "http", "--input-tensor-format=json", "--output-tensor-format=json",
+    ]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="twinserve-perf-analyzer-") as tmp:
         data_file, report = Path(tmp) / "input-data.json", Path(tmp) / "report.csv"
         data_file.write_bytes(orjson.dumps(data))
@@ -294,8 +301,7 @@ def measure(
         def run(level: int, seconds: float, report_file: Path | None) -> str:
             window_ms = max(100, round(seconds * 1000 / 3))
             args = [
-                "-m", model, "-u", host, "-i", "http",
-                "--input-tensor-format=json", "--output-tensor-format=json",
+                "-m", model, *protocol,
                 "--input-data", str(data_file),
                 "--measurement-mode", "time_windows", "-p", str(window_ms),
                 "--stability-percentage", "1000000", "--max-trials", "3",
@@ -354,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--concurrency", type=_levels, default=[1, 8], help="default 1,8")
     run.add_argument("--duration", type=float, default=5.0, metavar="SECONDS", help="measured seconds per level")
     run.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS")
+    run.add_argument(
+        "--grpc", metavar="HOST:PORT", help="drive the server's gRPC service (--grpc-port) instead of HTTP"
+    )
     args = parser.parse_args(argv)
     try:
         installation = install(quiet=args.command == "measure")
@@ -362,7 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         url = args.url.rstrip("/")
         data = input_data([v2_example(url, args.model)])
-        measured = measure(installation, url, args.model, data, args.concurrency, args.duration, args.warmup)
+        measured = measure(
+            installation, url, args.model, data, args.concurrency, args.duration, args.warmup, grpc_target=args.grpc
+        )
     except (PerfAnalyzerError, httpx.HTTPError) as exc:
         print(f"perf_analyzer: error: {exc}", file=sys.stderr)
         return 1

@@ -78,6 +78,8 @@ class Level(_Model):
     """One load level against one server: the load generator's figures, plus the server's resources."""
 
     driver: Literal["twinserve", "locust", "wrk", "perf_analyzer"] = "twinserve"
+    #: What was sent: V1 `:predict`, V2 `/infer` JSON, or the Open Inference Protocol over gRPC (`--grpc-port`).
+    protocol: Literal["v1", "v2", "grpc"] = "v1"
     mode: Literal["closed", "open"]
     concurrency: int | None = None
     rate: float | None = None

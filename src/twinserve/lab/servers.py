@@ -39,6 +39,7 @@ __all__ = [
     "ServerFailed",
     "ServerProcess",
     "TwinserveServer",
+    "announced_grpc",
     "announced_url",
     "free_port",
     "http_ready",
@@ -55,6 +56,7 @@ _POLL_S = 0.05
 _QUOTED_CHARS = 20_000
 #: twinserve's start-up line on a terminal: `twinserve: serving NAME (ARCH) on URL; ready once ...`.
 _CONSOLE_ANNOUNCE = re.compile(r"^twinserve: serving .* on (https?://\S+); ready once", re.M)
+_CONSOLE_GRPC = re.compile(r"^twinserve: gRPC \(inference\.GRPCInferenceService\) on (\S+)$", re.M)
 
 
 class ServerFailed(RuntimeError):
@@ -70,6 +72,18 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def announced_grpc(output: str) -> str | None:
+    """The `host:port` of the gRPC service (`--grpc-port`) from the start-up line, or None if it has not said it."""
+    for line in output.splitlines():
+        if line.startswith("{") and '"serving"' in line:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("event") == "serving" and isinstance(event.get("grpc"), str):
+                    return str(event["grpc"])
+    match = _CONSOLE_GRPC.search(output)
+    return match.group(1) if match else None
 
 
 def announced_url(output: str) -> str | None:

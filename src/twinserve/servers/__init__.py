@@ -52,6 +52,7 @@ def announce(config: Config, port: int) -> None:
 
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    grpc = None if config.grpc_port is None else f"{'[' + host + ']' if ':' in host else host}:{config.grpc_port}"
     try:
         spec = ModelSpec(import_model(config.models[0])())
         name, curl = spec.name, _curl(base, spec)
@@ -64,9 +65,11 @@ def announce(config: Config, port: int) -> None:
         )
         if curl:
             print(f"try: {curl}", file=sys.stderr)
+        if grpc is not None:
+            print(f"twinserve: gRPC (inference.GRPCInferenceService) on {grpc}", file=sys.stderr)
         return
     structlog.get_logger().bind(logger="twinserve.serve").info(
-        "serving", arch=config.arch, url=base, models=list(config.models), curl=curl
+        "serving", arch=config.arch, url=base, models=list(config.models), curl=curl, grpc=grpc
     )
 
 
@@ -77,7 +80,20 @@ def serve(config: Config) -> None:
     for target in config.models:
         import_model(target)
     _share_admission_state(config)
-    _runner(config.arch)(config)
+    _runner(config.arch)(_grpc_port_chosen(config))
+
+
+def _grpc_port_chosen(config: Config) -> Config:
+    """`--grpc-port 0` resolved here, once: every worker process binds the same port (SO_REUSEPORT), so the kernel
+    must not pick one per worker. The port is free when chosen; the workers bind it moments later."""
+    if config.grpc_port != 0:
+        return config
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as probe:
+        probe.bind((config.host, 0))
+        port = probe.getsockname()[1]
+    return config.model_copy(update={"grpc_port": port})
 
 
 def _share_admission_state(config: Config) -> None:

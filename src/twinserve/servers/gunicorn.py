@@ -31,7 +31,18 @@ def build_wsgi_app(config: Config) -> Flask:
     runtimes = load_runtimes(config)
     for runtime in runtimes.values():
         runtime.load()
-    return create_wsgi_app(Service(runtimes, config, tracer))
+    service = Service(runtimes, config, tracer)
+    if config.grpc_port is not None:
+        global _grpc
+        from twinserve.fronts.grpc import GrpcThread  # imported only then: its stubs fill protobuf's global pool
+
+        _grpc = GrpcThread(service, config)
+        _grpc.start()
+    return create_wsgi_app(service)
+
+
+#: This worker's gRPC server (`--grpc-port`), drained when the worker exits.
+_grpc: Any = None
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -39,6 +50,8 @@ def _child_exit(server: Any, worker: Any) -> None:
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
+    if _grpc is not None:  # after gunicorn's own drain of HTTP: gRPC calls in flight get the same grace
+        _grpc.stop(server.cfg.graceful_timeout)
     shutdown_tracing()  # in the exiting worker: export the spans it still holds
 
 
