@@ -138,7 +138,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- the one lifecycle -------------------------------------------------------------------------------
     def _open(self, context: Any, metadata: _Metadata, endpoint: str, path: str, model: str) -> Exchange:
         """The call's exchange; the caller authenticates it first thing and closes it once."""
-        return self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model, v2=True)
+        return self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model)
 
     async def _call(
         self,
