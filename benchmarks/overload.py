@@ -34,7 +34,7 @@ from twinserve.lab.servers import ServerProcess, free_port
 
 MODEL = "twinserve.examples.tabular:Classifier"
 BODY = b'{"instances": [{"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]}'
-FLAGS = ("--max-queue", "32", "--priority-levels", "3")
+FLAGS = ("--max-queue", "32")  # and the default three priority levels (an older checkout ignores X-Priority)
 CROWD = 1000
 
 
