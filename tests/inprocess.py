@@ -254,6 +254,21 @@ def build(arch: str, models: list[str] | tuple[str, ...], **overrides: Any) -> S
 
 
 @contextmanager
+def served_per_arch(
+    models: list[str] | tuple[str, ...], **overrides: Any
+) -> Iterator[dict[str, SyncClient | AsyncClient]]:
+    """One app per architecture, same models and settings (a module's fixture), all closed on the way out."""
+    built: dict[str, SyncClient | AsyncClient] = {}
+    try:
+        for arch in ARCHS_IN_PROCESS:
+            built[arch] = build(arch, models, **overrides)
+        yield built
+    finally:
+        for client in built.values():
+            client.close()
+
+
+@contextmanager
 def served(arch: str, models: list[str] | tuple[str, ...], **overrides: Any) -> Iterator[SyncClient | AsyncClient]:
     """`build(...)`, closed on the way out (async: lifespan shutdown, which also stops hybrid's model workers)."""
     client = build(arch, models, **overrides)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, build, served
+from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, served, served_per_arch
 from tests.serving import model_path
 
 MAX_BODY = 65536
@@ -36,14 +36,8 @@ Client = SyncClient | AsyncClient
 
 @pytest.fixture(scope="module")
 def apps() -> Iterator[dict[str, Client]]:
-    built: dict[str, Client] = {}
-    try:
-        for arch in ARCHS_IN_PROCESS:
-            built[arch] = build(arch, MODELS, max_body_bytes=MAX_BODY, threads=4)
+    with served_per_arch(MODELS, max_body_bytes=MAX_BODY, threads=4) as built:
         yield built
-    finally:
-        for client in built.values():
-            client.close()
 
 
 @pytest.fixture(params=ARCHS_IN_PROCESS)

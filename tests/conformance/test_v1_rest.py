@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, build
+from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, served_per_arch
 from tests.serving import model_path
 
 MODELS = ("twinserve.examples.tabular:Classifier", model_path("Echo"))
@@ -33,14 +33,8 @@ Client = SyncClient | AsyncClient
 
 @pytest.fixture(scope="module")
 def apps() -> Iterator[dict[str, Client]]:
-    built: dict[str, Client] = {}
-    try:
-        for arch in ARCHS_IN_PROCESS:
-            built[arch] = build(arch, MODELS, threads=4, cors_origins=["https://app.example"])
+    with served_per_arch(MODELS, threads=4, cors_origins=["https://app.example"]) as built:
         yield built
-    finally:
-        for client in built.values():
-            client.close()
 
 
 @pytest.fixture(params=ARCHS_IN_PROCESS)

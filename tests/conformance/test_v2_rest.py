@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, build
+from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served_per_arch
 from tests.serving import model_path
 
 MODELS = ("twinserve.examples.tabular:Classifier", model_path("RawBytes"), model_path("Counters"))
@@ -31,14 +31,8 @@ Client = SyncClient | AsyncClient
 
 @pytest.fixture(scope="module")
 def apps() -> Iterator[dict[str, Client]]:
-    built: dict[str, Client] = {}
-    try:
-        for arch in ARCHS_IN_PROCESS:
-            built[arch] = build(arch, MODELS, threads=4)
+    with served_per_arch(MODELS, threads=4) as built:
         yield built
-    finally:
-        for client in built.values():
-            client.close()
 
 
 @pytest.fixture(params=ARCHS_IN_PROCESS)

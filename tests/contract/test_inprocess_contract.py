@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.errors import error_fields, without_request_id
-from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, build, served
+from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, served, served_per_arch
 from tests.serving import model_path
 from twinserve.fronts.routes import ROUTES
 
@@ -43,14 +43,8 @@ Client = SyncClient | AsyncClient
 @pytest.fixture(scope="module")
 def apps() -> Iterator[dict[str, Client]]:
     """One app per architecture, same models and settings (as the contract suite's servers)."""
-    built: dict[str, Client] = {}
-    try:
-        for arch in ARCHS_IN_PROCESS:
-            built[arch] = build(arch, MODELS, max_body_bytes=MAX_BODY, threads=8)
+    with served_per_arch(MODELS, max_body_bytes=MAX_BODY, threads=8) as built:
         yield built
-    finally:
-        for client in built.values():
-            client.close()
 
 
 @pytest.fixture(params=ARCHS_IN_PROCESS)
