@@ -127,7 +127,18 @@ class Config(BaseSettings):
         "is free; batches still form while it is busy).",
     )
     max_queue: int = Field(
-        1024, ge=1, description="Most instances waiting for a model worker; past it requests get 503 + Retry-After."
+        1024,
+        ge=1,
+        description="Instances admitted at once to wait for a model worker; past it a request waits only as long "
+        "as --max-queue-wait-ms allows, else 503 + Retry-After.",
+    )
+    max_queue_wait_ms: float = Field(
+        1000.0,
+        ge=0,
+        le=60_000,
+        description="Past --max-queue, a request is still queued while the measured wait ahead of it is under "
+        "this (its level's share of it, as of the queue): a crowd of retrying clients waits instead of being "
+        "refused and coming straight back. 0: refuse at once.",
     )
     priority_levels: int = Field(
         3,

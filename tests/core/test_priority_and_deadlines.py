@@ -108,6 +108,47 @@ def test_the_estimate_counts_only_the_work_ahead_of_the_request() -> None:
     assert q.expected_wait(1, priority=1) == pytest.approx(0.2)  # the running batch finishes first
 
 
+def test_past_the_count_bound_a_request_queues_while_the_wait_ahead_fits_the_wait_bound() -> None:
+    q: BatchQueue[str] = BatchQueue(1, 0.0, 2, 1, max_wait=0.35)
+    q.put(pending("a"))
+    q.put(pending("b"))
+    with pytest.raises(QueueFull):
+        q.put(pending("c"))  # nothing measured yet: the count bound alone decides
+    q.drain()
+    _measured(q, 0.1)
+    for tag in ("a", "b", "c"):  # waits of 0.1, 0.2 and 0.3 s: "c" is past the count but within 0.35 s
+        q.put(pending(tag))
+    with pytest.raises(QueueFull) as refused:
+        q.put(pending("d"))  # 0.4 s
+    assert refused.value.message == (
+        "the queue holds 3 instances (--max-queue 2; the wait ahead, 400 ms, is past --max-queue-wait-ms); "
+        "retry shortly"
+    )
+
+
+def test_each_level_may_wait_only_its_share_of_the_wait_bound() -> None:
+    bound = QueueBound(3, levels=3, max_wait=0.9)
+    assert [bound.wait_for(p) for p in (1, 2, 3)] == pytest.approx([0.9, 0.6, 0.3])
+    bound.check(5, 1, "5 wait", 1, wait=0.8)
+    bound.check(5, 1, "5 wait", 2, wait=0.5)
+    with pytest.raises(QueueFull):
+        bound.check(5, 1, "5 wait", 3, wait=0.5)  # the lowest level is refused first in time too
+    with pytest.raises(QueueFull):
+        QueueBound(3, levels=3).check(5, 1, "5 wait", 1, wait=0.0)  # no wait bound: the count decides
+
+
+def test_the_sync_backlog_waits_by_the_measured_time_per_request_over_the_threads() -> None:
+    admission = Admission(load_config(arch="sync", threads=2, max_queue=2, max_queue_wait_ms=500))
+    with pytest.raises(QueueFull):
+        admission.shed(5)  # nothing measured: 5 waiting is past the count
+    for _ in range(8):
+        admission.served(0.1)
+    assert admission.backlog_wait(5) == pytest.approx(0.25)
+    admission.shed(5)  # 5 requests over 2 threads at 0.1 s: a quarter second, within 0.5 s
+    with pytest.raises(QueueFull):
+        admission.shed(11)  # 0.55 s
+
+
 def test_batch_time_is_a_moving_average() -> None:
     q: BatchQueue[str] = BatchQueue(1, 0.0, 100, 1)
     _measured(q, 0.1)

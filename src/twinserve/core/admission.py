@@ -43,30 +43,54 @@ __all__ = [
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
 PRIORITY_HEADER = "X-Priority"
 _RETRY_SOON = {"Retry-After": "1"}
+#: Requests measured before the sync backlog trusts its estimate of a thread's time per request.
+_WARM_REQUESTS = 8
+#: Weight of the newest request in that moving average.
+_SMOOTHING = 0.2
 
 
 @dataclass(frozen=True)
 class QueueBound:
     """At most `limit` waiting at once (instances, requests or streams: the caller counts), of which priority
     level p of `levels` may fill only its share, (levels - p + 1) / levels: the lowest level is refused first, and
-    the highest (1) may fill the whole queue."""
+    the highest (1) may fill the whole queue.
+
+    Past its share a request is still let in while the measured wait ahead of it is at most its share of
+    `max_wait` seconds: a closed-loop client refused at once comes straight back, so refusing a crowd that could
+    be served within a second only spends the CPU on refusals that serving would have spent on answers. The bound
+    on time is what keeps latency bounded then; the bound on count is what holds before any wait is measured.
+    """
 
     limit: int
     levels: int = 1
+    max_wait: float = 0.0
+
+    def _share(self, priority: int) -> int:
+        """The numerator of priority's share: level p of L may fill (L - p + 1) / L."""
+        return self.levels - min(max(priority, 1), self.levels) + 1
 
     def limit_for(self, priority: int) -> int:
-        level = min(max(priority, 1), self.levels)
-        return max(1, self.limit * (self.levels - level + 1) // self.levels)
+        return max(1, self.limit * self._share(priority) // self.levels)
 
-    def check(self, waiting: int, incoming: int, holds: str, priority: int = 1) -> None:
-        """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound of `priority`'s level;
-        `holds` says what waits, for the message ("the queue holds 12 instances")."""
+    def wait_for(self, priority: int) -> float:
+        """Seconds a request at `priority` may expect to wait past its count share and still be let in."""
+        return self.max_wait * self._share(priority) / self.levels
+
+    def check(self, waiting: int, incoming: int, holds: str, priority: int = 1, wait: float | None = None) -> None:
+        """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound of `priority`'s level and
+        the expected `wait` (seconds, None when not yet measured) is past its share of `max_wait`; `holds` says
+        what waits, for the message ("the queue holds 12 instances")."""
         limit = self.limit_for(priority)
         # A request larger than its level's share still goes in alone, into an empty queue: else it would be told
         # to retry for ever (--max-instances is held to the whole bound at start-up, not to each share).
-        if waiting + incoming > limit and (waiting or incoming > self.limit):
-            share = "" if limit == self.limit else f", {limit} of it for priority {priority}"
-            raise QueueFull(f"{holds} (--max-queue {self.limit}{share}); retry shortly", headers=_RETRY_SOON)
+        if waiting + incoming <= limit or not (waiting or incoming > self.limit):
+            return
+        if self.max_wait and wait is not None and wait <= self.wait_for(priority):
+            return
+        share = "" if limit == self.limit else f", {limit} of it for priority {priority}"
+        if self.max_wait and wait is not None:
+            share += f"; the wait ahead, {wait * 1000:.0f} ms, is past --max-queue-wait-ms"
+        raise QueueFull(f"{holds} (--max-queue {self.limit}{share}); retry shortly", headers=_RETRY_SOON)
 
 
 @dataclass(frozen=True)
@@ -182,7 +206,11 @@ class Admission:
         #: Key id -> the highest priority level (and the default) of that key's requests.
         self.key_priorities = dict(key_priorities or {})
         #: Requests waiting for a request thread (the sync front), and streams waiting for a model worker.
-        self.backlog = QueueBound(config.max_queue, config.priority_levels)
+        self.backlog = QueueBound(config.max_queue, config.priority_levels, config.max_queue_wait_ms / 1000)
+        #: Moving average of the seconds a request thread spends on one answered request (None until measured),
+        #: and how many went into it: the sync backlog's expected wait is its length times this over the threads.
+        self.thread_seconds: float | None = None
+        self._threads_measured = 0
         ids = sorted(set(key_ids))  # every process numbers the keys' slots alike
         count = shared_slot_count(config, len(ids))
         if slots is None and count and config.effective_workers > 1:
@@ -196,8 +224,24 @@ class Admission:
             self._keys = {kid: _bucket(rate, burst, config, slots, first + i) for i, kid in enumerate(ids)}
 
     def shed(self, backlog: int, priority: int = 1) -> None:
-        """503 when more requests wait for a request thread than the queue bound allows `priority`."""
-        self.backlog.check(backlog, 0, f"{backlog} requests are waiting for a request thread", priority)
+        """503 when more requests wait for a request thread than the queue bound allows `priority` (by count,
+        and by the wait they make: `QueueBound`)."""
+        holds = f"{backlog} requests are waiting for a request thread"
+        self.backlog.check(backlog, 0, holds, priority, self.backlog_wait(backlog))
+
+    def backlog_wait(self, backlog: int) -> float | None:
+        """Seconds the request threads need for `backlog` requests, from their measured time per request."""
+        seconds = self.thread_seconds
+        if seconds is None or self._threads_measured < _WARM_REQUESTS:
+            return None
+        return backlog * seconds / max(1, self.config.threads)
+
+    def served(self, seconds: float) -> None:
+        """A request thread answered a request in `seconds` (the sync front's measure for `backlog_wait`). Threads
+        race on the average; a lost update only delays it by one sample."""
+        self._threads_measured += 1
+        average = self.thread_seconds
+        self.thread_seconds = seconds if average is None else average + _SMOOTHING * (seconds - average)
 
     def priority(self, value: str | int | None, source: str = PRIORITY_HEADER, key_id: str | None = None) -> int:
         """The priority level of a request that asks for `value` (`X-Priority`, or V2 `parameters.priority`): a

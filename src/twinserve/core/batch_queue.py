@@ -119,7 +119,13 @@ class BatchQueue(Generic[W]):
     """The batching and admission policy. Not thread-safe: each driver serialises access itself."""
 
     def __init__(
-        self, max_batch_size: int, max_delay: float, max_queue: int, max_in_flight: int, levels: int = 1
+        self,
+        max_batch_size: int,
+        max_delay: float,
+        max_queue: int,
+        max_in_flight: int,
+        levels: int = 1,
+        max_wait: float = 0.0,
     ) -> None:
         if max_batch_size < 1 or max_delay < 0 or max_queue < 1 or max_in_flight < 1:
             raise ValueError("batch size, queue and in-flight bounds must be >= 1 and the delay >= 0")
@@ -127,7 +133,7 @@ class BatchQueue(Generic[W]):
         self.max_delay = max_delay
         self.max_queue = max_queue
         self.max_in_flight = max_in_flight
-        self.bound = QueueBound(max_queue, levels)
+        self.bound = QueueBound(max_queue, levels, max_wait)
         #: One lane per priority level, the highest (1) first.
         self._lanes: list[deque[Pending[W]]] = [deque() for _ in range(levels)]
         #: Instances queued per lane.
@@ -149,9 +155,9 @@ class BatchQueue(Generic[W]):
         when the work queued ahead of it would outlast its deadline."""
         lane = self._lane(request.priority)
         queued = self.queued_instances
-        self.bound.check(queued, request.size, f"the queue holds {queued} instances", lane + 1)
+        wait = self.expected_wait(request.size, lane + 1)
+        self.bound.check(queued, request.size, f"the queue holds {queued} instances", lane + 1, wait)
         if request.deadline is not None:
-            wait = self.expected_wait(request.size, lane + 1)
             now = time.monotonic() if now is None else now
             if wait is not None and now + wait > request.deadline:
                 raise DeadlineUnmeetable(

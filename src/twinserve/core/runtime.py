@@ -101,7 +101,8 @@ class ModelRuntime:
     def _new_queue(self, max_in_flight: int) -> BatchQueue[Any]:
         config = self.config
         delay = config.max_batch_delay_ms / 1000
-        return BatchQueue(self.max_batch_size, delay, config.max_queue, max_in_flight, config.priority_levels)
+        levels, wait = config.priority_levels, config.max_queue_wait_ms / 1000
+        return BatchQueue(self.max_batch_size, delay, config.max_queue, max_in_flight, levels, wait)
 
     def _new_executor(self) -> Executor:
         return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config))
@@ -202,7 +203,8 @@ class ModelRuntime:
         queue = batcher.queue
         queued = queue.queued_instances
         try:
-            queue.bound.check(queued, 1, f"the queue holds {queued} instances", priority)
+            wait = queue.expected_wait(1, priority)
+            queue.bound.check(queued, 1, f"the queue holds {queued} instances", priority, wait)
         except QueueFull:
             batcher.stats.rejected += 1
             raise

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -109,6 +110,7 @@ class Exchange:
         "_inference",
         "_lenient",
         "_open",
+        "_threaded",
         "context",
         "deadline",
         "endpoint",
@@ -148,6 +150,8 @@ class Exchange:
         #: Whether a V1 request came columnar (`inputs`): answered with `outputs`.
         self._columnar = False
         self._answered = False
+        #: Whether a request thread took it from a backlog (the sync front): its time feeds the backlog's estimate.
+        self._threaded = False
         self._open = True
         service.in_flight.inc()
 
@@ -185,6 +189,7 @@ class Exchange:
         priority = self.context.priority = admission.priority(priority_header, key_id=self.key_id)
         if backlog is not None:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
+            self._threaded = True
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
         self._lenient = service.admit(runtime, self.endpoint, content_type, content_length, origin, host)
@@ -307,9 +312,12 @@ class Exchange:
         if not self._open:
             return
         self._open = False
+        service = self.service
+        if self._threaded and self.status == 200:
+            service.admission.served(time.perf_counter() - self.context.started)
         try:
-            self.service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
+            service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
         finally:
-            self.service.in_flight.dec()
+            service.in_flight.dec()
             if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
                 release_free_memory()  # the refused body and what its decoding built are freed by now
