@@ -1,0 +1,324 @@
+"""`--device`: its spelling, how `auto` and `cuda` resolve (a faked machine), the start-up errors, `self.device` in
+every architecture, and the per-thread streams (a faked CUDA backend at the `DeviceBackend` seam)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import twinserve
+from tests.conftest import ARCHS
+from tests.inprocess import served
+from tests.serving import ROOT
+from twinserve.config import load_config
+from twinserve.core.device import CpuBackend, Placement, current_placement, resolve_device, to_device
+from twinserve.core.executors import ModelHandle, ThreadExecutor
+from twinserve.errors import ConfigError, MissingExtra
+from twinserve.model import ModelSpec
+
+DEVICE_REPORT = "tests.test_device:DeviceReport"
+
+
+class DeviceReport(twinserve.Model):
+    """Says the device it was given at load and at predict, and the placement its batch ran under."""
+
+    name = "device"
+
+    def load(self) -> None:
+        self.loaded_on = self.device
+
+    def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
+        placement = current_placement()
+        placed = None if placement is None else placement.device
+        return [{"device": self.device, "loaded_on": self.loaded_on, "placed": placed} for _ in batch]
+
+
+# -- the setting --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:12", "auto"])
+def test_the_device_setting_takes_cpu_cuda_cuda_n_and_auto(device: str) -> None:
+    assert load_config(device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "CPU", "cuda:", "cuda:x", "cuda0", "mps", ""])
+def test_another_device_is_a_config_error_naming_the_flag(device: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--device: .*expected cpu, cuda, cuda:N or auto"):
+        load_config(device=device)
+
+
+def test_the_device_defaults_to_cpu_and_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_config().device == "cpu"
+    monkeypatch.setenv("TWINSERVE_DEVICE", "auto")
+    assert load_config().device == "auto"
+
+
+# -- resolution, on a faked machine -------------------------------------------------------------------------------
+class FakeMachine:
+    def __init__(self, torch: bool, gpus: int) -> None:
+        self.torch, self.gpus = torch, gpus
+        self.asked = 0
+
+    def torch_installed(self) -> bool:
+        self.asked += 1
+        return self.torch
+
+    def device_count(self) -> int:
+        assert self.torch, "device_count needs torch"
+        return self.gpus
+
+
+def test_cpu_never_asks_the_machine() -> None:
+    machine = FakeMachine(torch=True, gpus=1)
+    assert resolve_device("cpu", machine) == "cpu"
+    assert machine.asked == 0
+
+
+@pytest.mark.parametrize(("torch", "gpus", "device"), [(False, 0, "cpu"), (True, 0, "cpu"), (True, 2, "cuda")])
+def test_auto_is_cuda_only_when_torch_sees_a_gpu(torch: bool, gpus: int, device: str) -> None:
+    assert resolve_device("auto", FakeMachine(torch, gpus)) == device
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_is_kept_when_the_gpu_is_there(device: str) -> None:
+    assert resolve_device(device, FakeMachine(torch=True, gpus=2)) == device
+
+
+def test_cuda_without_torch_names_the_extra() -> None:
+    with pytest.raises(MissingExtra, match=r"^--device cuda needs the 'torch' extra: pip install 'twinserve\[torch\]'$"):
+        resolve_device("cuda", FakeMachine(torch=False, gpus=0))
+
+
+def test_cuda_without_a_gpu_or_past_the_gpus_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"^--device cuda: torch sees no CUDA device here"):
+        resolve_device("cuda", FakeMachine(torch=True, gpus=0))
+    with pytest.raises(ConfigError, match=r"^--device cuda:2: only 2 CUDA device\(s\) visible \(cuda:0\.\.cuda:1\)$"):
+        resolve_device("cuda:2", FakeMachine(torch=True, gpus=2))
+
+
+# -- start-up errors, from the command line -----------------------------------------------------------------------
+def _serve(argv: list[str], hidden: list[str]) -> subprocess.CompletedProcess[str]:
+    code = f"import sys; [sys.modules.__setitem__(m, None) for m in {hidden!r}]; from twinserve.cli import main; "
+    code += f"sys.exit(main({argv!r}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_without_torch_fails_at_start_up_in_one_line(arch: str) -> None:
+    done = _serve(["serve", "--arch", arch, "--device", "cuda:0", "--port", "1"], hidden=["torch"])
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "twinserve: error: --device cuda:0 needs the 'torch' extra: pip install 'twinserve[torch]'"
+    )
+
+
+@pytest.mark.torch
+def test_cuda_where_torch_sees_no_gpu_fails_at_start_up_in_one_line() -> None:
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        pytest.skip("this machine has a GPU")
+    done = _serve(["serve", "--arch", "hybrid", "--device", "cuda", "--port", "1"], hidden=[])
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "twinserve: error: --device cuda: torch sees no CUDA device here (use --device cpu or auto)"
+    ]
+
+
+# -- what the model sees, in every architecture -------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("flags", [{}, {"max_batch_size": 4}], ids=["default-batching", "batch-4"])
+def test_the_model_sees_its_device_at_load_and_in_predict(arch: str, flags: dict[str, Any]) -> None:
+    with served(arch, [DEVICE_REPORT], device="cpu", **flags) as client:
+        answer = client.request("POST", "/v1/models/device:predict", json={"instances": [1, 2]})
+    assert answer.status == 200, answer.text
+    assert answer.json()["predictions"] == [{"device": "cpu", "loaded_on": "cpu", "placed": "cpu"}] * 2
+
+
+def test_auto_resolves_once_here_and_the_model_sees_the_result() -> None:
+    with served("async", [DEVICE_REPORT], device="auto") as client:
+        answer = client.request("POST", "/v1/models/device:predict", json={"instances": [1]})
+    assert answer.status == 200, answer.text
+    device = resolve_device("auto")
+    assert answer.json()["predictions"] == [{"device": device, "loaded_on": device, "placed": device}]
+
+
+def test_core_imports_no_torch() -> None:
+    code = (
+        "import sys, twinserve.core.runtime, twinserve.core.device as d, twinserve.core.workers; "
+        "p = d.Placement(d.resolve_device('cpu'))\nwith p.computing(): pass\n"
+        "sys.exit('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+# -- streams, behind a faked CUDA backend -------------------------------------------------------------------------
+class FakeStream:
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
+class FakeCuda:
+    """A `DeviceBackend` that records what a CUDA one would be asked: streams made, made current, waited on."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeStream] = []
+        self.synchronized: list[FakeStream | None] = []
+        self.pinned: list[Any] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def current(self) -> FakeStream | None:
+        return getattr(self._local, "stream", None)
+
+    def stream(self) -> FakeStream:
+        with self._lock:
+            self.made.append(FakeStream(len(self.made)))
+            return self.made[-1]
+
+    @contextmanager
+    def use(self, stream: FakeStream) -> Iterator[None]:
+        before, self._local.stream = self.current(), stream
+        try:
+            yield
+        finally:
+            self._local.stream = before
+
+    def pin(self, tensor: Any) -> Any:
+        self.pinned.append(tensor)
+        return tensor
+
+    def move(self, tensor: Any) -> Any:
+        return ("on cuda:0", self.current(), tensor)
+
+    def synchronize(self, stream: FakeStream | None = None) -> None:
+        with self._lock:
+            self.synchronized.append(stream)
+
+
+def test_each_thread_computes_on_a_stream_of_its_own_and_keeps_it() -> None:
+    fake = FakeCuda()
+    placement = Placement("cuda:0", fake)
+    seen: dict[str, list[FakeStream | None]] = {}
+    start = threading.Barrier(3)
+
+    def worker() -> None:
+        start.wait(timeout=10)
+        for _ in range(2):
+            with placement.computing():
+                assert current_placement() is placement
+                seen.setdefault(threading.current_thread().name, []).append(fake.current())
+            assert fake.current() is None and current_placement() is None
+
+    threads = [threading.Thread(target=worker, name=f"model-worker-{i}") for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(fake.made) == 3  # one per thread, made on its first batch
+    streams = [batches[0] for batches in seen.values()]
+    assert len({id(stream) for stream in streams}) == 3
+    for batches in seen.values():
+        assert batches[0] is batches[1] is not None  # the same stream for the thread's every batch
+    # each batch waited for its own stream at its end, never for the whole device
+    assert sorted(id(s) for s in fake.synchronized) == sorted(id(s) for s in streams for _ in range(2))
+
+
+def test_a_failing_batch_leaves_its_stream_and_placement() -> None:
+    fake = FakeCuda()
+    placement = Placement("cuda:0", fake)
+    with pytest.raises(RuntimeError), placement.computing():
+        raise RuntimeError("predict failed")
+    assert fake.current() is None and current_placement() is None
+    assert fake.synchronized == []
+    placement.loaded()
+    assert fake.synchronized == [None]  # after load: the whole device
+
+
+class Rendezvous:
+    """Two batches that must compute at the same time (each waits for the other), reporting their stream."""
+
+    def __init__(self, fake: FakeCuda) -> None:
+        self.fake = fake
+        self.both = threading.Barrier(2)
+
+    def predict(self, batch: list[int]) -> list[int]:
+        self.both.wait(timeout=10)
+        stream = self.fake.current()
+        assert stream is not None
+        return [stream.number for _ in batch]
+
+
+def test_the_thread_executor_runs_concurrent_batches_on_their_own_streams() -> None:
+    fake = FakeCuda()
+    model = Rendezvous(fake)
+    config = load_config(arch="async", model_workers=2)
+    executor = ThreadExecutor(ModelHandle("unused:Rendezvous", ModelSpec(model), config, Placement("cuda:0", fake)))
+
+    async def two_batches() -> list[Any]:
+        return list(await asyncio.gather(executor.arun([1]), executor.arun([2, 3])))
+
+    try:
+        first, second = asyncio.run(two_batches())
+    finally:
+        executor.close()
+    assert {first[0], second[0]} == {0, 1}  # two pool threads, two streams
+    assert second[0] == second[1]
+
+
+def test_without_a_placement_an_executor_computes_on_the_cpu() -> None:
+    model = DeviceReport()
+    model.device, model.loaded_on = "cpu", "cpu"
+    handle = ModelHandle(DEVICE_REPORT, ModelSpec(model), load_config(arch="async"))
+    assert isinstance(handle.placement.backend, CpuBackend)
+    assert handle.placement.device == "cpu"
+
+
+@pytest.mark.torch
+def test_to_device_pins_and_copies_on_the_batch_stream_inside_a_batch() -> None:
+    import torch
+
+    fake = FakeCuda()
+    placement = Placement("cuda:0", fake)
+    ids = np.arange(6).reshape(2, 3)
+    with placement.computing():
+        where, stream, tensor = to_device(ids, "cuda:0")
+        features = to_device({"input_ids": ids, "mask": torch.ones(2, 3), "modality": "text"}, "cuda:0")
+    assert where == "on cuda:0" and stream is fake.made[0]
+    assert isinstance(tensor, torch.Tensor) and tensor.tolist() == ids.tolist()
+    assert len(fake.pinned) == 3  # the array, and both tensors of the mapping; the string is left as it is
+    assert features["modality"] == "text" and features["input_ids"][0] == "on cuda:0"
+
+
+@pytest.mark.torch
+def test_to_device_is_a_plain_tensor_on_the_cpu_inside_a_batch_or_not() -> None:
+    import torch
+
+    ids = np.arange(3)
+    outside = to_device(ids, "cpu")
+    with Placement("cpu").computing():
+        inside = to_device({"input_ids": ids, "modality": "text"}, "cpu")
+    assert isinstance(outside, torch.Tensor) and outside.device.type == "cpu"
+    assert torch.equal(inside["input_ids"], outside) and inside["modality"] == "text"
+
+
+@pytest.mark.torch
+def test_minilm_computes_on_its_device() -> None:
+    from twinserve.examples.embed import MiniLM
+
+    model = MiniLM()
+    model.device = "cpu"
+    model.load()
+    assert model.encoder.device.type == "cpu"
+    sentences = list(model.examples())
+    with Placement("cpu").computing():
+        vectors = np.asarray(model.predict(sentences))
+    expected = model.encoder.encode(sentences, batch_size=len(sentences), normalize_embeddings=True)
+    np.testing.assert_allclose(vectors, expected, atol=1e-6)
