@@ -4,6 +4,7 @@ every architecture, and the per-thread streams (a faked CUDA backend at the `Dev
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from tests.serving import ROOT
 from twinserve.config import load_config
 from twinserve.core.device import CpuBackend, Placement, current_placement, resolve_device, to_device
 from twinserve.core.executors import ModelHandle, ThreadExecutor
+from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ConfigError, MissingExtra
 from twinserve.model import ModelSpec
 
@@ -91,7 +93,8 @@ def test_cuda_is_kept_when_the_gpu_is_there(device: str) -> None:
 
 
 def test_cuda_without_torch_names_the_extra() -> None:
-    with pytest.raises(MissingExtra, match=r"^--device cuda needs the 'torch' extra: pip install 'twinserve\[torch\]'$"):
+    message = r"^--device cuda needs the 'torch' extra: pip install 'twinserve\[torch\]'$"
+    with pytest.raises(MissingExtra, match=message):
         resolve_device("cuda", FakeMachine(torch=False, gpus=0))
 
 
@@ -103,10 +106,12 @@ def test_cuda_without_a_gpu_or_past_the_gpus_is_a_config_error() -> None:
 
 
 # -- start-up errors, from the command line -----------------------------------------------------------------------
-def _serve(argv: list[str], hidden: list[str]) -> subprocess.CompletedProcess[str]:
+def _serve(argv: list[str], hidden: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     code = f"import sys; [sys.modules.__setitem__(m, None) for m in {hidden!r}]; from twinserve.cli import main; "
     code += f"sys.exit(main({argv!r}))"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    environ = {**os.environ, **(env or {})}
+    command = [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT, env=environ)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -120,11 +125,9 @@ def test_cuda_without_torch_fails_at_start_up_in_one_line(arch: str) -> None:
 
 @pytest.mark.torch
 def test_cuda_where_torch_sees_no_gpu_fails_at_start_up_in_one_line() -> None:
-    import torch
-
-    if torch.cuda.device_count() > 0:
-        pytest.skip("this machine has a GPU")
-    done = _serve(["serve", "--arch", "hybrid", "--device", "cuda", "--port", "1"], hidden=[])
+    # No GPU visible, on any machine: torch's count (NVML's or CUDA's) honours CUDA_VISIBLE_DEVICES.
+    argv = ["serve", "--arch", "hybrid", "--device", "cuda", "--port", "1"]
+    done = _serve(argv, hidden=[], env={"CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         "twinserve: error: --device cuda: torch sees no CUDA device here (use --device cpu or auto)"
@@ -273,6 +276,44 @@ def test_the_thread_executor_runs_concurrent_batches_on_their_own_streams() -> N
     assert second[0] == second[1]
 
 
+class StreamReport(twinserve.Model):
+    """Says the number of the (fake) stream its batch ran on."""
+
+    name = "streams"
+
+    def predict(self, batch: list[Any]) -> list[int]:
+        placement = current_placement()
+        assert placement is not None
+        stream = placement.backend.current()  # type: ignore[attr-defined]  # FakeCuda's
+        return [stream.number for _ in batch]
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 4], ids=["request-thread", "batcher-threads"])
+def test_the_sync_runtime_computes_each_thread_on_its_own_stream(max_batch_size: int) -> None:
+    fake = FakeCuda()
+    runtime = ModelRuntime("tests.test_device:StreamReport", load_config(arch="sync", max_batch_size=max_batch_size))
+    runtime.placement = Placement("cuda:0", fake)
+    runtime.load()
+    seen: dict[str, list[int]] = {}
+
+    def requests() -> None:
+        seen[threading.current_thread().name] = [runtime.predict([1])[0] for _ in range(2)]
+
+    try:
+        for number in range(2):  # one after the other: the batcher reuses its thread, request threads differ
+            thread = threading.Thread(target=requests, name=f"request-{number}")
+            thread.start()
+            thread.join(timeout=30)
+    finally:
+        runtime.close()
+    streams = [number for numbers in seen.values() for number in numbers]
+    assert len(streams) == 4 and set(streams) <= {stream.number for stream in fake.made}
+    for numbers in seen.values():
+        assert numbers[0] == numbers[1]  # a thread keeps its stream
+    if max_batch_size == 1:  # predict in the request thread: one stream per request thread
+        assert sorted(set(streams)) == [0, 1]
+
+
 def test_without_a_placement_an_executor_computes_on_the_cpu() -> None:
     model = DeviceReport()
     model.device, model.loaded_on = "cpu", "cpu"
@@ -307,18 +348,3 @@ def test_to_device_is_a_plain_tensor_on_the_cpu_inside_a_batch_or_not() -> None:
         inside = to_device({"input_ids": ids, "modality": "text"}, "cpu")
     assert isinstance(outside, torch.Tensor) and outside.device.type == "cpu"
     assert torch.equal(inside["input_ids"], outside) and inside["modality"] == "text"
-
-
-@pytest.mark.torch
-def test_minilm_computes_on_its_device() -> None:
-    from twinserve.examples.embed import MiniLM
-
-    model = MiniLM()
-    model.device = "cpu"
-    model.load()
-    assert model.encoder.device.type == "cpu"
-    sentences = list(model.examples())
-    with Placement("cpu").computing():
-        vectors = np.asarray(model.predict(sentences))
-    expected = model.encoder.encode(sentences, batch_size=len(sentences), normalize_embeddings=True)
-    np.testing.assert_allclose(vectors, expected, atol=1e-6)

@@ -96,7 +96,9 @@ def resolve_device(setting: str, probe: CudaProbe | None = None) -> str:
 def device_for(setting: str) -> str:
     """`resolve_device(setting)` on this machine, once per process, and logged."""
     device = resolve_device(setting)
-    logger.info("models compute on %s (--device %s)", device, setting)
+    # The default says nothing new; a device that was asked for (or found) is worth a line at start-up.
+    level = logging.DEBUG if setting == "cpu" else logging.INFO
+    logger.log(level, "models compute on %s (--device %s)", device, setting)
     return device
 
 
