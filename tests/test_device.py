@@ -4,12 +4,14 @@ every architecture, and the per-thread streams (a faked CUDA backend at the `Dev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,8 @@ from tests.conftest import ARCHS
 from tests.inprocess import served
 from tests.serving import ROOT
 from twinserve.config import load_config
-from twinserve.core.device import CpuBackend, Placement, current_placement, resolve_device, to_device
+from twinserve.core import device as device_module
+from twinserve.core.device import CpuBackend, CudaBackend, Placement, current_placement, resolve_device, to_device
 from twinserve.core.executors import ModelHandle, ThreadExecutor
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ConfigError, MissingExtra
@@ -348,3 +351,59 @@ def test_to_device_is_a_plain_tensor_on_the_cpu_inside_a_batch_or_not() -> None:
         inside = to_device({"input_ids": ids, "modality": "text"}, "cpu")
     assert isinstance(outside, torch.Tensor) and outside.device.type == "cpu"
     assert torch.equal(inside["input_ids"], outside) and inside["modality"] == "text"
+
+
+class FakeTensor:
+    def __init__(self, where: str = "cpu", pinned: bool = False) -> None:
+        self.device = SimpleNamespace(type=where)
+        self.pinned = pinned
+        self.copied: tuple[Any, bool] | None = None
+
+    def is_pinned(self) -> bool:
+        return self.pinned
+
+    def pin_memory(self) -> FakeTensor:
+        return FakeTensor(pinned=True)
+
+    def to(self, device: Any, non_blocking: bool = False) -> FakeTensor:
+        moved = FakeTensor(where="cuda")
+        moved.copied = (device, non_blocking)
+        return moved
+
+
+def test_the_cuda_backend_asks_torch_for_streams_pinned_memory_and_non_blocking_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one part that needs CUDA to run, checked against a stand-in for torch: what it calls, with what."""
+    calls: list[tuple[str, Any]] = []
+    stream = SimpleNamespace(synchronize=lambda: calls.append(("stream.synchronize", None)))
+
+    def make_stream(device: Any) -> Any:
+        calls.append(("Stream", device))
+        return stream
+
+    def use(s: Any) -> contextlib.AbstractContextManager[None]:
+        calls.append(("use", s))
+        return contextlib.nullcontext()
+
+    torch = SimpleNamespace(
+        device=lambda name: f"device({name})",
+        cuda=SimpleNamespace(
+            Stream=make_stream, stream=use, synchronize=lambda device: calls.append(("synchronize", device))
+        ),
+    )
+    monkeypatch.setattr(device_module, "import_extra", lambda *args: torch)
+    backend = CudaBackend("cuda:1")
+    assert backend.stream() is stream and calls == [("Stream", "device(cuda:1)")]
+    with backend.use(stream):
+        pass
+    assert calls[-1] == ("use", stream)
+    host = FakeTensor()
+    pinned = backend.pin(host)
+    assert pinned.pinned and backend.pin(pinned) is pinned  # pinned once
+    on_gpu = FakeTensor(where="cuda")
+    assert backend.pin(on_gpu) is on_gpu  # already on a device: nothing to pin
+    assert backend.move(pinned).copied == ("device(cuda:1)", True)
+    backend.synchronize(stream)
+    backend.synchronize()
+    assert calls[-2:] == [("stream.synchronize", None), ("synchronize", "device(cuda:1)")]

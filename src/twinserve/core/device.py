@@ -41,6 +41,7 @@ __all__ = [
     "TorchProbe",
     "backend_for",
     "current_placement",
+    "device_for",
     "resolve_device",
     "to_device",
 ]
@@ -154,7 +155,9 @@ class CudaBackend:
         return self._torch.cuda.stream(stream)  # type: ignore[no-any-return]
 
     def pin(self, tensor: Any) -> Any:
-        return tensor if tensor.is_pinned() else tensor.pin_memory()
+        if tensor.device.type != "cpu" or tensor.is_pinned():  # already on a device, or pinned
+            return tensor
+        return tensor.pin_memory()
 
     def move(self, tensor: Any) -> Any:
         # From pinned memory, non_blocking lets this copy overlap another stream's kernels.
