@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 if _typing.TYPE_CHECKING:
     from twinserve.config import Config, load_config
+    from twinserve.core.device import to_device
     from twinserve.errors import (
         ClientError,
         ModelFailed,
@@ -47,6 +48,7 @@ __all__ = [
     "request_id",
     "request_ids",
     "serve",
+    "to_device",
 ]
 
 #: Each lazily exported name -> the module that defines it.
@@ -68,6 +70,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("load_onnx", "load_pickle", "load_sklearn", "load_torch_weights"), "twinserve.loading"),
     **dict.fromkeys(("Model", "Tensor", "import_model"), "twinserve.model"),
     **dict.fromkeys(("request_id", "request_ids"), "twinserve.observability.context"),
+    "to_device": "twinserve.core.device",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -111,6 +112,11 @@ class Config(BaseSettings):
     )
     model_workers: int = Field(
         1, ge=1, le=256, description="Threads (thread executor) or processes (process executor) running predict."
+    )
+    device: str = Field(
+        "cpu",
+        description="Where models compute, as `self.device`: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU, "
+        "else cpu); each model worker thread or process runs its batches on a CUDA stream of its own.",
     )
     max_batch_size: int | None = Field(
         None,
@@ -295,6 +301,14 @@ class Config(BaseSettings):
         for key in keys:
             _check_key(key)
         return keys
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, device: str) -> str:
+        # Only the spelling here: whether torch and the GPU are there is asked at start-up (core.device).
+        if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", device):
+            raise ValueError(f"expected cpu, cuda, cuda:N or auto, got {device!r}")
+        return device
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -123,6 +123,8 @@ class Model:
     version: ClassVar[str] = "1"
     #: Set by twinserve before `load()` is called.
     config: Config
+    #: Where to compute, set before `load()` too: `cpu`, `cuda` or `cuda:N` (`--device`, resolved).
+    device: str
     #: The V2 input and output tensors; None: derived from the instance and output types.
     inputs: ClassVar[Sequence[Tensor] | None] = None
     outputs: ClassVar[Sequence[Tensor] | None] = None

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Executor as PoolExecutor
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from twinserve.config import Config
 from twinserve.core.bridge import run_in_executor
+from twinserve.core.device import Placement
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.streams import AsyncGeneratorSteps, AsyncSteps, GeneratorSteps, Steps, ThreadedSteps
 from twinserve.core.workers import ProcessPool, WorkerStream
@@ -31,6 +32,8 @@ class ModelHandle:
     target: str  # import string, for processes that import the model themselves
     spec: ModelSpec
     config: Config
+    #: The device and the per-thread streams predict runs on (`--device`).
+    placement: Placement = field(default_factory=lambda: Placement("cpu"))
 
 
 class Executor(Protocol):
@@ -55,6 +58,7 @@ class InlineExecutor:
     def __init__(self, model: ModelHandle) -> None:
         self.spec = model.spec
         self.max_in_flight = model.config.model_workers
+        self.placement = model.placement
 
     async def astart(self) -> None:
         pass
@@ -63,11 +67,12 @@ class InlineExecutor:
         pass
 
     async def arun(self, instances: list[Any]) -> Any:
-        with model_code(self.spec.name, "predict"):
+        # On the loop's thread, shared with every other coroutine: no stream of its own (see `Placement.entered`).
+        with self.placement.entered(), model_code(self.spec.name, "predict"):
             return await call_async(self.spec.apredict, instances, offload=None)
 
     def run(self, instances: list[Any]) -> Any:
-        with model_code(self.spec.name, "predict"):
+        with self.placement.computing(), model_code(self.spec.name, "predict"):
             return call_blocking(self.spec.predict, instances)
 
     def astream(self, instances: list[Any], deadline: float | None) -> AsyncSteps:
@@ -121,7 +126,7 @@ class ProcessExecutor:
 
     def __init__(self, model: ModelHandle) -> None:
         self.max_in_flight = model.config.model_workers
-        self.pool = ProcessPool(model.target, model.config, self.max_in_flight)
+        self.pool = ProcessPool(model.target, model.config, self.max_in_flight, model.placement.device)
         # One thread per worker waits on its pipe, so the event loop never blocks on a worker.
         self._waiters = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-pool-io")
         # Streams wait for a worker on threads of their own: a stream that holds a worker always finds a thread

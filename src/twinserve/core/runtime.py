@@ -31,6 +31,7 @@ from twinserve.core.batch_queue import BatchQueue
 from twinserve.core.batcher import AsyncBatcher, BatchStats, ThreadBatcher, deadline_passed
 from twinserve.core.bridge import run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
+from twinserve.core.device import Placement, device_for
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
@@ -55,6 +56,12 @@ class ModelRuntime:
         self.model = import_model(target)()
         with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
+        #: `--device` resolved (once per process): a GPU asked for and not there fails here, at start-up.
+        self.device = device_for(config.device)
+        with contextlib.suppress(AttributeError):
+            self.model.device = self.device
+        #: The stream each thread that runs predict computes on (a pass-through on the CPU).
+        self.placement = Placement(self.device)
         self.spec = ModelSpec(self.model)
         self.name = self.spec.name
         self.ready = False
@@ -105,7 +112,7 @@ class ModelRuntime:
         return BatchQueue(self.max_batch_size, delay, config.max_queue, max_in_flight, levels, wait)
 
     def _new_executor(self) -> Executor:
-        return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config))
+        return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config, self.placement))
 
     @property
     def _loads_in_process(self) -> bool:
@@ -119,6 +126,7 @@ class ModelRuntime:
         if self.spec.load is not None and self._loads_in_process:
             with model_code(self.name, "load"):
                 call_blocking(self.spec.load)
+            self.placement.loaded()
         if self.max_batch_size > 1 or self.executor_name == "process":
             executor = self.executor = self._new_executor()
             executor.start()
@@ -137,6 +145,7 @@ class ModelRuntime:
         if self.spec.load is not None and self._loads_in_process:
             with model_code(self.name, "load"):
                 await call_async(self.spec.load, offload=self._offload)
+            self.placement.loaded()
         executor = self.executor = self._new_executor()
         await executor.astart()
         self._async_batcher = AsyncBatcher(
@@ -287,7 +296,7 @@ class ModelRuntime:
             return [call_blocking(pre, i) for i in instances]
 
     def _predict_here(self, instances: list[Any]) -> list[Any]:
-        with model_code(self.name, "predict"):
+        with self.placement.computing(), model_code(self.name, "predict"):
             return call_blocking(self.spec.predict, instances)  # type: ignore[no-any-return]
 
     async def _apredict(

@@ -87,10 +87,11 @@ class StepReply:
     error_private: str | None = None
 
 
-def _worker_main(target: str, config_json: str, conn: Connection) -> None:
-    """Entry point of a model-worker process."""
+def _worker_main(target: str, config_json: str, device: str, conn: Connection) -> None:
+    """Entry point of a model-worker process; `device` is `--device` as the server process resolved it."""
     import os
 
+    from twinserve.core.device import Placement
     from twinserve.core.hooks import call_blocking, model_code
     from twinserve.model import ModelSpec, import_model
     from twinserve.observability.logging import configure_logging
@@ -102,10 +103,13 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
     start_memory_sampler("model_worker")
     model = import_model(target)()
     model.config = config
+    model.device = device
+    placement = Placement(device)  # this process's one thread: one stream
     spec = ModelSpec(model)
     if spec.load is not None:
         with model_code(spec.name, "load"):
             call_blocking(spec.load)
+        placement.loaded()
     conn.send(WorkerReady(os.getpid()))
     while True:
         try:
@@ -119,7 +123,7 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
         if not isinstance(message, PredictBatch):
             return  # None: the server is stopping
         try:
-            with computing(message.request_ids), model_code(spec.name, "predict"):
+            with computing(message.request_ids), placement.computing(), model_code(spec.name, "predict"):
                 outputs = call_blocking(spec.predict, message.instances)
             reply = BatchReply(outputs=list(outputs) if not isinstance(outputs, list) else outputs)
         except TwinserveError as exc:
@@ -186,9 +190,10 @@ class _Worker:
 class ProcessPool:
     """`size` model-worker processes, each fed one whole batch at a time."""
 
-    def __init__(self, target: str, config: Config, size: int) -> None:
+    def __init__(self, target: str, config: Config, size: int, device: str = "cpu") -> None:
         self.target = target
         self.config = config
+        self.device = device
         self._bound = QueueBound(config.max_queue)
         self.size = size
         self._context = multiprocessing.get_context("spawn")  # never fork a process that runs an event loop
@@ -274,7 +279,7 @@ class ProcessPool:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self.target, self.config.model_dump_json(), child),
+            args=(self.target, self.config.model_dump_json(), self.device, child),
             name="twinserve-model-worker",
             daemon=True,
         )

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from twinserve.config import Config
+from twinserve.core.device import resolve_device
 from twinserve.model import ModelSpec, import_model
 from twinserve.observability.tracing import check_tracing
 
@@ -74,9 +75,10 @@ def announce(config: Config, port: int) -> None:
 
 
 def serve(config: Config) -> None:
-    """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs, or tracing that cannot work here,
-    fail before a port is bound."""
+    """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs, tracing that cannot work here, or a
+    --device that is not here, fail before a port is bound."""
     check_tracing(config)
+    resolve_device(config.device)
     for target in config.models:
         import_model(target)
     _share_admission_state(config)
