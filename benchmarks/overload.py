@@ -103,6 +103,8 @@ def measure(src: str | None, arch: str, seconds: float) -> list[Row]:
             p99 = _p99(result)
             ratio = None if p99 is None or not unloaded else p99 / unloaded
             codes = ", ".join(f"{k}: {v}" for k, v in sorted(result.http_errors.items()))
+            if result.generator_limited:
+                codes += " (the load generator was short of CPU: latencies include its lag)"
             return Row(name, result.ok / result.duration_s / capacity, ratio, cpu_us, _lost(result), codes)
 
         cpu = _cpu_seconds(server.pid)
@@ -144,6 +146,8 @@ def _priorities(url: str, seconds: float, capacity: float, unloaded: float | Non
     ratio = None if p99 is None or not unloaded else p99 / unloaded
     goodput = (high.ok + low.ok) / high.duration_s / capacity
     note = f"high: {high.ok / sent:.1%} ok, P99 {p99 or 0:.1f} ms; low: {low.ok / max(1, low.sent):.1%} ok"
+    if high.generator_limited or low.generator_limited:
+        note += " (the load generator was short of CPU: latencies include its lag)"
     return Row("(d) priorities 3x open", goodput, ratio, None, _lost(high) + _lost(low), note)
 
 
