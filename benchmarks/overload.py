@@ -5,7 +5,8 @@ iris example is served with `--max-queue 32` and driven by twinserve's own load 
 
 - capacity: 200s per second at 16 closed-loop connections (the comfortable load), and its P99;
 - (a) crowd: 1,000 closed-loop connections; a closed-loop client sends its next request as soon as it has an
-  answer, so a refusal is retried at once, ignoring Retry-After: this is also the retry storm;
+  answer, so a refusal is retried at once, ignoring Retry-After: this is also the retry storm. Driven by the
+  Python load generator and, where wrk is installed, by wrk too (a client in C leaves the server more CPU);
 - (b) flood: open loop (Poisson) at 10x capacity, up to 1,000 connections;
 - (d) priorities: two open-loop streams at once, 3x capacity in all: `X-Priority: 1` at half the capacity (the
   traffic that must be served) and `X-Priority: 3` at 2.5x (the traffic that may be shed).
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from common import wrk
 
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
 from twinserve.lab.servers import ServerProcess, free_port
@@ -109,6 +112,15 @@ def measure(src: str | None, arch: str, seconds: float) -> list[Row]:
 
         cpu = _cpu_seconds(server.pid)
         rows.append(row("(a) crowd 1,000 closed", _level(url, seconds, concurrency=CROWD)))
+        if shutil.which("wrk"):  # the same crowd from a client in C, which leaves the server more of the CPU
+            cpu = _cpu_seconds(server.pid)
+            crowd = wrk(url, BODY, CROWD, seconds)
+            answers = crowd["rps"] * seconds
+            good = max(0.0, answers - crowd["errors"]) / seconds
+            used = (_cpu_seconds(server.pid) - cpu) / max(1.0, answers) * 1e6
+            ratio = crowd["p99"] / unloaded if unloaded else None
+            note = f"wrk: {crowd['rps']:,.0f} answers/s, {crowd['errors']:,.0f} not 200"
+            rows.append(Row("(a) crowd 1,000 closed, wrk", good / capacity, ratio, used, 0, note))
         cpu = _cpu_seconds(server.pid)
         flood = _level(url, seconds, rate=10 * capacity, max_connections=CROWD)
         rows.append(row("(b) flood 10x open", flood, per_refusal=True))
