@@ -1,0 +1,214 @@
+"""`twinserve tune`: the search policy on made-up probe results, the settings file it writes, and one small run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from twinserve.lab.results import Ceiling
+from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search
+from twinserve.lab.tune_space import ModelFacts, search_space
+from twinserve.lab.variants import Variant
+
+SLO = 50.0
+
+
+def _facts(rows_1: float, rows_32: float, cpus: int = 4) -> ModelFacts:
+    ceiling = [
+        Ceiling(batch_size=1, batch_ms_median=1000 / rows_1, instances_per_s=rows_1),
+        Ceiling(batch_size=8, batch_ms_median=8000 / ((rows_1 + rows_32) / 2), instances_per_s=(rows_1 + rows_32) / 2),
+        Ceiling(batch_size=32, batch_ms_median=32000 / rows_32, instances_per_s=rows_32),
+    ]
+    return ModelFacts(ceiling, cpus)
+
+
+# -- pruning ----------------------------------------------------------------------------------------------------
+def test_no_batching_is_searched_when_batches_do_not_pay() -> None:
+    space = search_space(_facts(1000, 1100))
+    assert space.candidates
+    assert {v.settings["max_batch_size"] for v in space.candidates} == {1}
+    assert {v.settings["max_batch_delay_ms"] for v in space.candidates} == {0.0}
+    assert any("no batching" in note for note in space.notes)
+
+
+def test_batching_is_searched_when_batch_32_does_far_more_rows() -> None:
+    space = search_space(_facts(500, 8000))
+    sizes = {v.settings["max_batch_size"] for v in space.candidates}
+    assert sizes == {1, 32}
+    assert any(v.settings["max_batch_delay_ms"] > 0 for v in space.candidates)
+
+
+def test_processes_stop_at_the_cores_and_sync_threads_follow_littles_law() -> None:
+    space = search_space(_facts(100, 110, cpus=4), target_rps=150)  # 10 ms a request
+    for v in space.candidates:
+        assert v.settings.get("workers", 1) <= 4 and v.settings.get("model_workers", 1) <= 4
+    sync = [v for v in space.candidates if v.arch == "sync"]
+    assert sync
+    for v in sync:
+        # 150/s x 11 ms = 1.65 in flight, x2 for bursts, over the workers: a few threads, never dozens.
+        assert v.settings["threads"] == math.ceil(2 * 150 * 0.011 / v.settings["workers"])
+
+
+def test_candidates_that_cannot_reach_the_target_are_pruned_with_a_reason() -> None:
+    space = search_space(_facts(100, 105, cpus=4), target_rps=300)  # one process does at most 100/s
+    assert all(space.priors[v.label] >= 0.8 * 300 for v in space.candidates)
+    assert any("short of 300" in p.reason for p in space.pruned)
+    assert not any(v.settings.get("workers") == 1 and v.arch != "hybrid" for v in space.candidates)
+
+
+def test_hybrid_is_pruned_for_a_model_faster_than_a_process_hop() -> None:
+    space = search_space(_facts(50_000, 60_000))
+    assert not any(v.arch == "hybrid" for v in space.candidates)
+    assert any(p.label == "hybrid" for p in space.pruned)
+
+
+def test_candidates_come_most_promising_first() -> None:
+    space = search_space(_facts(100, 2000))
+    priors = [space.priors[v.label] for v in space.candidates]
+    assert priors == sorted(priors, reverse=True)
+
+
+# -- the policy, on made-up results -------------------------------------------------------------------------------
+def _variants(n: int) -> list[Variant]:
+    return [Variant("async", {"workers": i + 1}) for i in range(n)]
+
+
+Measure = Callable[[Probe, int], ProbeResult]
+
+
+def _server(capacity: dict[str, float], rss: float = 100.0) -> Measure:
+    """A made-up server: P95 grows as the rate nears the candidate's capacity; past it the SLO is missed."""
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        cap = capacity[probe.candidate.label]
+        load = probe.rate / cap
+        p95 = 5.0 / max(1 - load, 1e-3) if load < 1 else 10 * SLO
+        return ProbeResult(probe, 100, 0, probe.rate, probe.rate, p95 / 2, p95, p95 * 1.2, rss, probe.seconds + 1)
+
+    return measure
+
+
+def _run(plan: Plan, measure: Measure, limit: int = 500) -> tuple[Decision, list[ProbeResult]]:
+    results: list[ProbeResult] = []
+    spent = 0.0
+    for count in range(limit):
+        step = next_step(plan, results, spent)
+        if isinstance(step, Decision):
+            return step, results
+        result = measure(step, count)
+        results.append(result)
+        spent += result.wall_s + plan.overhead_s
+    raise AssertionError("the search never decided")
+
+
+def test_successive_halving_finds_the_best_and_halves_each_rung() -> None:
+    variants = _variants(8)
+    capacity = {v.label: 100.0 * (i + 1) for i, v in enumerate(variants)}  # the last is best
+    priors = {v.label: 400.0 for v in variants}
+    plan = plan_search(variants, priors, Goal(SLO), budget_s=10_000, repeats=3)
+    assert plan.n0 == 8
+    decision, results = _run(plan, _server(capacity))
+    assert decision.stopped == "done"
+    assert decision.winner is not None and decision.winner.candidate == variants[-1]
+    per_rung = {
+        stage: len({r.probe.candidate.label for r in results if r.probe.stage == stage})
+        for stage in ("rung0", "rung1", "rung2", "rung3")
+    }
+    assert per_rung == {"rung0": 8, "rung1": 4, "rung2": 2, "rung3": 1}
+    seconds = {r.probe.stage: r.probe.seconds for r in results}
+    assert seconds["rung1"] == 2 * seconds["rung0"] and seconds["rung2"] == 2 * seconds["rung1"]
+    assert {r.probe.stage for r in results} >= {"repeat1", "repeat2"}
+    assert len(decision.samples) == 3
+    # The capacity found is a rate that met the SLO, near the true one.
+    assert 0.6 * 800 <= decision.winner.rate <= 800
+    assert all(r.candidate.label != variants[0].label for r in decision.ranking[:1])
+
+
+def test_with_a_target_rate_every_probe_runs_at_it_and_the_lowest_p95_wins() -> None:
+    variants = _variants(4)
+    capacity = {v.label: 200.0 + 100 * i for i, v in enumerate(variants)}
+    plan = plan_search(variants, {v.label: 500.0 for v in variants}, Goal(SLO, target_rps=150), budget_s=10_000)
+    decision, results = _run(plan, _server(capacity))
+    assert {r.probe.rate for r in results} == {150}
+    assert decision.winner is not None and decision.winner.candidate == variants[-1]
+    assert decision.winner.p95_ms is not None and decision.winner.p95_ms < SLO
+
+
+def test_a_memory_limit_rules_a_candidate_out() -> None:
+    variants = _variants(2)
+    plan = plan_search(variants, {}, Goal(SLO, target_rps=10, max_memory_mib=50), budget_s=1000)
+    decision, _ = _run(plan, _server({v.label: 100.0 for v in variants}, rss=80))
+    assert decision.winner is None  # every probe used 80 MiB
+
+
+def test_the_budget_stops_the_search_and_it_still_decides() -> None:
+    variants = _variants(8)
+    capacity = {v.label: 100.0 * (i + 1) for i, v in enumerate(variants)}
+    priors = {v.label: 1000.0 - 100 * i for i, v in enumerate(variants)}  # the prior favours the worst: still
+    plan = plan_search(variants, priors, Goal(SLO), budget_s=40, overhead_s=1.0, min_probe_s=1.0)
+    assert plan.n0 < 8  # not every candidate fits: the most promising by prior are probed
+    decision, results = _run(plan, _server(capacity))
+    spent = sum(r.wall_s + plan.overhead_s for r in results)
+    assert spent <= 40
+    assert decision.winner is not None
+    assert {r.probe.candidate.label for r in results} <= {v.label for v in variants[: plan.n0]}
+
+
+def test_a_search_out_of_budget_before_any_probe_decides_nothing() -> None:
+    plan = plan_search(_variants(3), {}, Goal(SLO), budget_s=0.5)
+    decision = next_step(plan, [], 0.0)
+    assert isinstance(decision, Decision) and decision.winner is None and decision.stopped == "budget"
+
+
+def test_the_machine_was_too_noisy_when_the_runner_up_is_within_the_winners_spread() -> None:
+    a, b = _variants(2)
+    plan = plan_search([a, b], {}, Goal(SLO, target_rps=100), budget_s=1000, repeats=3)
+    p95s = {a.label: [10.0, 10.0, 30.0, 14.0], b.label: [12.0]}  # a wins the rungs, then its repeats wander
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        series = p95s[probe.candidate.label]
+        p95 = series.pop(0) if len(series) > 1 else series[0]
+        return ProbeResult(probe, 100, 0, 100, 100, p95 / 2, p95, p95, 10, probe.seconds)
+
+    decision, _ = _run(plan, measure)
+    assert decision.winner is not None and decision.winner.candidate == a
+    assert decision.runner_up is not None and decision.runner_up.candidate == b
+    assert decision.too_noisy
+
+
+def test_a_clear_winner_is_not_called_noisy() -> None:
+    a, b = _variants(2)
+    plan = plan_search([a, b], {}, Goal(SLO, target_rps=100), budget_s=1000, repeats=3)
+    p95s = {a.label: 10.0, b.label: 40.0}
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        p95 = p95s[probe.candidate.label] + (count % 2) * 0.5
+        return ProbeResult(probe, 100, 0, 100, 100, p95 / 2, p95, p95, 10, probe.seconds)
+
+    decision, _ = _run(plan, measure)
+    assert decision.winner is not None and decision.winner.candidate == a and not decision.too_noisy
+    assert decision.spread is not None and decision.spread[1] - decision.spread[0] <= 0.5
+
+
+def test_a_failed_server_loses_and_the_search_goes_on() -> None:
+    a, b = _variants(2)
+    plan = plan_search([a, b], {}, Goal(SLO, target_rps=100), budget_s=1000)
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        if probe.candidate == a:
+            return ProbeResult(probe, 0, 0, 0, 0, None, None, None, 0, 1, failed="the server exited with code 1")
+        return ProbeResult(probe, 100, 0, 100, 100, 5, 10, 12, 10, probe.seconds)
+
+    decision, _ = _run(plan, measure)
+    assert decision.winner is not None and decision.winner.candidate == b
+
+
+@pytest.mark.parametrize("budget", [30.0, 200.0, 2000.0])
+def test_the_plan_fits_its_budget(budget: float) -> None:
+    variants = _variants(12)
+    plan = plan_search(variants, {}, Goal(SLO), budget_s=budget, overhead_s=2.0)
+    decision, results = _run(plan, _server({v.label: 300.0 for v in variants}))
+    assert sum(r.wall_s - 1 + plan.overhead_s for r in results) <= budget
+    assert decision.stopped in ("done", "budget")
