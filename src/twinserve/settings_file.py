@@ -21,7 +21,7 @@ from twinserve.errors import ConfigError
 if TYPE_CHECKING:
     from twinserve.config import Config
 
-__all__ = ["check_settings_file", "settings_file_text"]
+__all__ = ["check_settings_file", "serve_command", "settings_file_text"]
 
 
 def check_settings_file(path: Path, fields: Iterable[str]) -> dict[str, Any]:
@@ -82,3 +82,22 @@ def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] 
             continue
         lines.append(f"{name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def serve_command(config: Config) -> list[str]:
+    """The `twinserve serve ...` line equivalent to `settings_file_text(config)`: the same fields, as flags."""
+    command = ["twinserve", "serve", *config.models]
+    for name, field in type(config).model_fields.items():
+        value = getattr(config, name)
+        if name in ("models", "api_keys") or value is None:
+            continue
+        if name != "arch" and value == field.get_default(call_default_factory=True):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            command.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            command += [flag, ",".join(value)]
+        else:
+            command += [flag, str(value)]
+    return command

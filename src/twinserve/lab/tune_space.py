@@ -10,6 +10,7 @@ sizes 1, 8, 32), hence its single-request service time, and the machine's cores.
   over the workers, with some headroom, and never fewer than one (nor than the batch size, which a worker's
   threads fill);
 - hybrid is dropped when one predict is shorter than a hop to a model process and back;
+- async and hybrid without batching are dropped once batching pays (their batches form only under load);
 - with a target rate, a setting whose processes cannot reach it even at the model's in-process speed is dropped.
 
 Each candidate gets a prior: the throughput its processes could reach at that speed. It orders the survivors,
@@ -89,8 +90,10 @@ def _batchings(facts: ModelFacts) -> list[tuple[int, float]]:
 
 
 def _prior(arch: str, processes: int, batch: int, facts: ModelFacts) -> float:
-    """Requests/s the model work of `processes` processes could do at the in-process speed (a ceiling)."""
-    return round(processes * facts.rows_per_s(batch), 1)
+    """Requests/s `processes` processes could serve: each request's share of a batch's predict plus what the
+    server spends on it around predict (FRONT_MS). An optimistic guess, where capacity searches start from."""
+    per_request_s = 1.0 / facts.rows_per_s(batch) + FRONT_MS / 1000.0
+    return round(processes / per_request_s, 1)
 
 
 def _process_counts(cpus: int) -> list[int]:
@@ -124,6 +127,10 @@ def search_space(facts: ModelFacts, target_rps: float | None = None, archs: Sequ
             continue
         for count in processes:
             for batch, delay in batchings:
+                if arch != "sync" and batch == 1 and len(batchings) > 1:
+                    # With no delay an async batch forms only while the model is busy: batch 32 costs an idle
+                    # server nothing and a busy one gains, so batch 1 is dominated once batching pays.
+                    continue
                 settings: dict[str, int | float] = {}
                 if arch == "hybrid":
                     settings.update(workers=1, model_workers=count)
