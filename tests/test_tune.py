@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from tests.serving import Server
+from twinserve.cli import build_parser
+from twinserve.config import DEFAULT_MODEL, load_config
 from twinserve.lab.results import Ceiling
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, probe_cost
 from twinserve.lab.tune_space import ModelFacts, search_space
 from twinserve.lab.variants import Variant
+from twinserve.settings_file import serve_command
 
 SLO = 50.0
 
@@ -160,10 +169,25 @@ def test_the_budget_stops_the_search_and_it_still_decides() -> None:
     assert {r.probe.candidate.label for r in results} <= {v.label for v in variants[: plan.n0]}
 
 
-def test_a_search_out_of_budget_before_any_probe_decides_nothing() -> None:
-    plan = plan_search(_variants(3), {}, Goal(SLO), budget_s=0.5)
-    decision = next_step(plan, [], 0.0)
-    assert isinstance(decision, Decision) and decision.winner is None and decision.stopped == "budget"
+def test_a_search_out_of_budget_still_makes_one_probe_then_decides() -> None:
+    variants = _variants(3)
+    plan = plan_search(variants, {}, Goal(SLO, target_rps=10), budget_s=0.5)
+    first = next_step(plan, [], 0.0)
+    assert isinstance(first, Probe)  # a search that measured nothing could say nothing
+    decision, results = _run(plan, _server({v.label: 100.0 for v in variants}))
+    assert len(results) == 1 and decision.stopped == "budget"
+    assert decision.winner is not None and decision.winner.candidate == first.candidate
+
+
+def test_a_winner_that_never_met_the_goal_is_not_repeated() -> None:
+    variants = _variants(1)
+    plan = plan_search(variants, {v.label: 400.0 for v in variants}, Goal(SLO), budget_s=1000, repeats=3)
+    # Capacity 0.5 req/s: every rate down to the floor misses; the search keeps halving, then gives up.
+    decision, results = _run(plan, _server({variants[0].label: 0.5}))
+    assert decision.winner is None and decision.stopped == "done"
+    assert not any(r.probe.stage.startswith("repeat") for r in results)
+    assert len(results) > plan.steps[0]  # past its steps while nothing had met the goal
+    assert min(r.probe.rate for r in results) >= 1.0
 
 
 def test_the_machine_was_too_noisy_when_the_runner_up_is_within_the_winners_spread() -> None:
@@ -216,3 +240,91 @@ def test_the_plan_fits_its_budget(budget: float) -> None:
     decision, results = _run(plan, _server({v.label: 300.0 for v in variants}))
     assert sum(r.wall_s for r in results) <= budget
     assert decision.stopped in ("done", "budget")
+
+
+# -- the settings file it writes, and one small real run ---------------------------------------------------------
+def test_the_winner_file_round_trips_into_serves_config(tmp_path: Path) -> None:
+    from twinserve.lab.tune import TuneOutcome, TuneRequest
+    from twinserve.lab.tune_report import winner_config, write_tune_outputs
+    from twinserve.lab.tune_search import Ranked
+
+    winner = Variant("sync", {"workers": 2, "threads": 8, "max_batch_size": 1, "max_batch_delay_ms": 0.0})
+    facts = _facts(100, 110)
+    space = search_space(facts)
+    plan = plan_search([winner], {winner.label: 100.0}, Goal(SLO), budget_s=10)
+    ranked = Ranked(winner, "rung0", 90.0, 90.0, 20.0)
+    decision = Decision(ranked, None, [90.0, 88.0], False, "done", [ranked])
+    request = TuneRequest("twinserve.examples.tabular:Classifier", Goal(SLO), 10, [b"{}"])
+    outcome = TuneOutcome(request, facts, space, plan, decision, [], "iris", 1.0)
+    written = write_tune_outputs(outcome, tmp_path, {"hostname": "h", "cpu_count": 2})
+    expected = winner_config(outcome)
+    assert expected is not None and (expected.arch, expected.workers, expected.threads) == ("sync", 2, 8)
+    assert load_config(config_file=written["settings"]) == expected
+    args = build_parser(["serve"]).parse_args(["serve", "--config", str(written["settings"])])
+    overrides = {k: v for k, v in vars(args).items() if k != "command" and k != "models"}
+    assert load_config(**overrides) == expected
+    # The printed command line says the same.
+    command = serve_command(expected)
+    parsed = build_parser(command[1:]).parse_args(command[1:])
+    assert load_config(**{k: v for k, v in vars(parsed).items() if k != "command"}) == expected
+
+
+def _twinserve(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "twinserve", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = _twinserve(
+        "tune",
+        "twinserve.examples.tabular:Classifier",
+        "--slo-p95-ms", "2000",
+        "--target-rps", "10",
+        "--arch", "async",
+        "--budget-s", "25",
+        "--probe-seconds", "0.5",
+        "--repeats", "2",
+        "--out", str(out),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((out / "results.json").read_text())
+    assert record["kind"] == "twinserve-tune" and 1 <= len(record["probes"]) <= 6
+    assert all(p["rate_rps"] == 10 and p["arch"] == "async" for p in record["probes"])
+    assert record["decision"]["winner"] is not None
+    report = (out / "report.html").read_text()
+    assert 'data-plot="pareto"' in report and '<circle class="point"' in report
+    config = load_config(config_file=out / "winner.toml")
+    assert config.arch == "async" and config.models == ["twinserve.examples.tabular:Classifier"]
+    assert record["serve_command"][:2] == ["twinserve", "serve"]
+    assert "twinserve serve --config" in done.stdout and shlex.join(record["serve_command"]) in done.stdout
+
+
+def test_verify_passes_a_server_that_meets_the_goal_and_fails_one_that_does_not(tmp_path: Path) -> None:
+    with Server([DEFAULT_MODEL], "async") as server:
+        passed = _twinserve(
+            "tune", "--verify", server.url, "--slo-p95-ms", "2000", "--rate", "20", "--seconds", "1",
+            "--out", str(tmp_path), cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        failed = _twinserve(
+            "tune", "--verify", server.url, "--slo-p95-ms", "0.001", "--rate", "20", "--seconds", "1",
+            cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert passed.stdout.startswith("twinserve tune --verify") and "PASS:" in passed.stdout
+    assert all(word in passed.stdout for word in ("p50", "p95", "p99", "errors: none", "achieved rate"))
+    evidence = json.loads((tmp_path / "verify.json").read_text())
+    assert evidence["passed"] and evidence["level"]["sent"] > 0 and evidence["level"]["latency_ms"]["p95"] > 0
+    assert failed.returncode == 1 and "FAIL:" in failed.stdout and "p95" in failed.stdout
+
+
+def test_verify_needs_a_rate() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve", "tune", "--verify", "http://127.0.0.1:1", "--slo-p95-ms", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--verify needs --rate" in done.stderr

@@ -308,7 +308,8 @@ def _step(
         return Ranked(candidate, stage, score, at, p95)
     same_server = bool(results) and results[-1].probe.candidate.label == candidate.label
     start_cost = 0.0 if same_server else _start_cost(plan, results)
-    if spent_s + start_cost + probe_cost(seconds) > plan.budget_s:
+    # The first probe runs whatever the budget: a search that measured nothing could not say anything.
+    if results and spent_s + start_cost + probe_cost(seconds) > plan.budget_s:
         return Decision(None, None, [], False, "budget")
     return Probe(candidate, stage, round(rate, 2), seconds)
 
