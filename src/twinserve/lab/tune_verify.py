@@ -80,7 +80,7 @@ def verify(
 ) -> Verification:
     """Drive `url`'s first model at `rate` req/s (Poisson) for `seconds`, after a short warm-up; judge it."""
     base = url.rstrip("/")
-    name, bodies = request_bodies(base, payload)
+    name, bodies = request_bodies(base, payload, headers)
     spec = LoadSpec(
         url=f"{base}/v1/models/{name}:predict",
         bodies=bodies,
