@@ -25,7 +25,17 @@ from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, 
 from twinserve.lab.tune_space import ModelFacts, Space, search_space
 from twinserve.lab.variants import Variant
 
-__all__ = ["CEILING_SIZES", "TuneOutcome", "TuneRequest", "model_bodies", "run_tune", "server_flags"]
+__all__ = [
+    "CEILING_SIZES",
+    "ProbeServers",
+    "TuneOutcome",
+    "TuneRequest",
+    "measure_facts",
+    "measure_probe",
+    "model_bodies",
+    "run_tune",
+    "server_flags",
+]
 
 #: Batch sizes the in-process curve is measured at.
 CEILING_SIZES = [1, 8, 32]
@@ -90,7 +100,7 @@ def server_flags(variant: Variant) -> list[str]:
     return flags
 
 
-class _Servers:
+class ProbeServers:
     """At most one probe server at a time, kept while the candidate stays the same."""
 
     def __init__(self, request: TuneRequest) -> None:
@@ -122,7 +132,9 @@ class _Servers:
         self._server, self._label = None, None
 
 
-def _measure(servers: _Servers, probe: Probe, name: str, request: TuneRequest, seed: int) -> ProbeResult:
+def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneRequest, seed: int) -> ProbeResult:
+    """Run one probe on the candidate's server (started if it is not the one running); a server that does not
+    start is a failed probe, not an error."""
     started = time.monotonic()
     try:
         server = servers.get(probe.candidate)
@@ -191,14 +203,14 @@ def run_tune(request: TuneRequest, name: str, cpus: int, on_probe: OnProbe | Non
     )
     clock_start = time.monotonic()
     results: list[ProbeResult] = []
-    servers = _Servers(request)
+    servers = ProbeServers(request)
     try:
         while True:
             step = next_step(plan, results, time.monotonic() - clock_start)
             if isinstance(step, Decision):
                 decision = step
                 break
-            result = _measure(servers, step, name, request, seed=len(results))
+            result = measure_probe(servers, step, name, request, seed=len(results))
             results.append(result)
             if on_probe is not None:
                 on_probe(len(results), result, time.monotonic() - started, plan)
