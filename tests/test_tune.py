@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -300,6 +301,9 @@ def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path) -> Non
     assert config.arch == "async" and config.models == ["twinserve.examples.tabular:Classifier"]
     assert record["serve_command"][:2] == ["twinserve", "serve"]
     assert "twinserve serve --config" in done.stdout and shlex.join(record["serve_command"]) in done.stdout
+    # Progress: one line per probe, numbered.
+    progress = re.compile(r"^\s*\d+\s+\d+/\d+\s*s\s+(rung|repeat)\d+\s")
+    assert sum(bool(progress.match(line)) for line in done.stdout.splitlines()) == len(record["probes"])
 
 
 def test_verify_passes_a_server_that_meets_the_goal_and_fails_one_that_does_not(tmp_path: Path) -> None:

@@ -167,6 +167,7 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
         rss_mib=sampler.result().rss_mib_max,
         wall_s=round(time.monotonic() - started, 3),
         failed=None if level.sent else "no request was sent",
+        generator_limited=level.generator_limited,
     )
 
 

@@ -72,6 +72,8 @@ def _probe_line(number: int, result: ProbeResult, spent: float, budget: float, p
         else "no responses".ljust(40)
     )
     mark = "[green]meets[/]" if ok else f"[red]{why}[/]"
+    if p.generator_limited:
+        mark += " [yellow](generator-limited)[/]"
     return (
         f"{number:>3} {spent:>5.0f}/{budget:<4.0f}s {p.probe.stage:<8} {p.probe.candidate.label:<52} "
         f"{p.probe.rate:>8,.1f}/s x {p.probe.seconds:g}s  {latency}  {p.rss_mib:>5,.0f} MiB  {mark}"

@@ -121,6 +121,7 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]
                 "rss_mib": r.rss_mib,
                 "wall_s": r.wall_s,
                 "failed": r.failed,
+                "generator_limited": r.generator_limited,
                 "meets": ok,
                 "why": why,
             }

@@ -77,6 +77,8 @@ class ProbeResult:
     rss_mib: float
     wall_s: float
     failed: str | None = None  # the server did not start, or the probe could not run
+    #: The load generator may have been the limit (it shares the machine): the latencies are an upper bound.
+    generator_limited: bool = False
 
 
 def meets(result: ProbeResult, goal: Goal) -> tuple[bool, str]:
