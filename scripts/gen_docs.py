@@ -121,9 +121,11 @@ def serve_flags_page() -> str:
         )
     intro = (
         "Every field of `twinserve.config.Config` is a flag of `twinserve serve` (and of `twinserve ray` and "
-        "`twinserve k8s`) and a `TWINSERVE_<NAME>` environment variable. Flags win over the environment, the "
-        "environment over the defaults; an invalid value fails with one line and exit code 2 before any port is "
-        "bound. `auto`: the default depends on other settings (see the meaning); `none`: off or unset. List settings "
+        '`twinserve k8s`), a key of the settings file `--config FILE.toml` (`arch = "async"`, `workers = 2`; '
+        "`twinserve tune` writes one) and a `TWINSERVE_<NAME>` environment variable. Flags win over the file, the "
+        "file over the environment, the environment over the defaults; an unknown key in the file or an invalid "
+        "value fails with one line and exit code 2 before any port is bound. `auto`: the default depends on other "
+        "settings (see the meaning); `none`: off or unset. List settings "
         "take the flag repeatedly or comma-separated values (`--api-key K1 --api-key K2`, `TWINSERVE_API_KEYS=K1,K2`)."
     )
     models = next(a for a in _own_actions(serve) if a.dest == "models")

@@ -43,6 +43,10 @@ COMMANDS: dict[str, Command] = {
         "pick the architecture and settings that meet a latency objective, from bench results",
         "twinserve.lab.commands:add_advise",
     ),
+    "tune": Command(
+        "search the settings that meet a latency objective (open-loop load, a server per probe); or --verify a URL",
+        "twinserve.lab.commands:add_tune",
+    ),
     "locustfile": Command(
         "write a Locust file that load-tests MODEL's predict endpoint with its examples",
         "twinserve.lab.commands:add_locustfile",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic_core import PydanticUndefined
@@ -41,7 +42,16 @@ def default_text(name: str) -> str:
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per Config field (but `models`), so the command line cannot drift from the Config."""
+    """One flag per Config field (but `models`), so the command line cannot drift from the Config, and `--config`
+    for a settings file (dest `config_file`, the keyword `load_config` takes)."""
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        type=Path,
+        metavar="FILE",
+        help='settings file (TOML; keys are the setting names: arch = "async", workers = 2): flags override it, '
+        "it overrides TWINSERVE_* and the defaults (`twinserve tune` writes one)",
+    )
     for name, field in Config.model_fields.items():
         if name == "models":
             continue

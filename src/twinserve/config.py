@@ -2,7 +2,8 @@
 
 Every setting is a field of `Config`. The CLI builds its flags from these fields (so `--help` can never drift
 from what the server accepts) and `TWINSERVE_<FIELD>` environment variables fill whatever the command line
-leaves unset. Cross-field rules live in `Config` too, so invalid settings fail before any port is bound.
+leaves unset; a settings file (`--config FILE.toml`, keys = field names) sits between the two. Cross-field rules
+live in `Config` too, so invalid settings fail before any port is bound.
 """
 
 from __future__ import annotations
@@ -10,11 +11,18 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from twinserve.errors import ConfigError
 
@@ -41,6 +49,9 @@ MAX_REQUEST_LINE = 8190
 #: Shorter API keys are refused at start-up (unless --allow-short-api-keys): 16 random characters from the
 #: visible ASCII set is about 100 bits, out of reach of any guessing the auth-failure lockout lets through.
 MIN_API_KEY_LENGTH = 16
+#: The settings file the Config being built reads (`load_config(config_file=...)`); a context variable because
+#: pydantic-settings builds its sources in a classmethod, and concurrent loads must not see each other's file.
+_SETTINGS_FILE: ContextVar[Path | None] = ContextVar("twinserve_settings_file", default=None)
 
 
 def read_key_file(path: Path) -> list[tuple[str, int | None]]:
@@ -287,6 +298,22 @@ class Config(BaseSettings):
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init) over the settings file over `TWINSERVE_*` over the defaults."""
+        path = _SETTINGS_FILE.get()
+        if path is None:
+            return init_settings, env_settings, dotenv_settings, file_secret_settings
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=path)
+        return init_settings, toml, env_settings, dotenv_settings, file_secret_settings
+
     @field_validator("api_keys", "cors_origins", "allowed_hosts", "forwarded_allow_ips", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
@@ -433,15 +460,26 @@ class Config(BaseSettings):
         return (os.cpu_count() or 1) if self.arch == "sync" else 1
 
 
-def load_config(**overrides: Any) -> Config:
-    """Build a Config from `overrides` (e.g. CLI flags) over `TWINSERVE_*` env vars over defaults.
+def load_config(config_file: str | Path | None = None, **overrides: Any) -> Config:
+    """Build a Config from `overrides` (e.g. CLI flags) over the settings file `config_file` (TOML, keys = field
+    names) over `TWINSERVE_*` env vars over defaults.
 
-    Raises ConfigError with a one-line message naming the offending flag.
+    Raises ConfigError with a one-line message naming the offending flag (or the file and its key).
     """
+    from twinserve.settings_file import check_settings_file
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    path = None if config_file is None else Path(config_file)
+    in_file = {} if path is None else check_settings_file(path, Config.model_fields)
+    token = _SETTINGS_FILE.set(path)
     try:
-        return Config(**{k: v for k, v in overrides.items() if v is not None})
+        return Config(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if isinstance(p, str)) or "config"
+        if field in in_file and field not in given:
+            raise ConfigError(f"--config: {path}: {field}: {first['msg']}") from None
         flag = "--" + field.replace("_", "-") if field != "config" else "settings"
         raise ConfigError(f"{flag}: {first['msg']}") from None
+    finally:
+        _SETTINGS_FILE.reset(token)

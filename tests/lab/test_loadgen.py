@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import re
+import statistics
 import threading
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -14,6 +16,7 @@ import pytest
 
 from tests.serving import free_port
 from twinserve.lab.loadgen import LevelResult, LoadSpec, _ResponseParser, run_level, run_level_sync
+from twinserve.lab.loadgen_run import arrival_times
 
 BODY = b'{"instances": [[5.1, 3.5, 1.4, 0.2]]}'
 SLOW_S = 0.1
@@ -290,3 +293,35 @@ def test_the_parser_waits_for_the_close_where_no_length_is_given() -> None:
 def test_the_parser_refuses_what_is_not_http(response: bytes) -> None:
     with pytest.raises(ValueError):
         _ResponseParser().feed(response)
+
+
+def test_poisson_arrivals_have_exponential_gaps_and_constant_ones_do_not() -> None:
+    # A Poisson process at rate r: gaps of mean 1/r whose standard deviation equals their mean (coefficient of
+    # variation 1), and about e^-1 of them longer than the mean. Pure arithmetic on the schedule, no clock.
+    rate, count = 50.0, 20_000
+    for arrivals, cv in (("poisson", 1.0), ("constant", 0.0)):
+        times = list(itertools.islice(arrival_times(10.0, rate, arrivals, seed=3), count + 1))
+        assert times[0] == 10.0
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        mean = statistics.fmean(gaps)
+        assert mean == pytest.approx(1 / rate, rel=0.03)
+        assert statistics.pstdev(gaps) / mean == pytest.approx(cv, abs=0.03)
+        if arrivals == "poisson":
+            assert sum(gap > mean for gap in gaps) / count == pytest.approx(math.exp(-1), abs=0.02)
+    seeded = list(itertools.islice(arrival_times(0.0, rate, "poisson", seed=1), 5))
+    assert seeded == list(itertools.islice(arrival_times(0.0, rate, "poisson", seed=1), 5))
+
+
+def test_remote_hosts_only_when_asked() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        LoadSpec("http://10.1.2.3:8000/predict", [BODY], duration_s=1, rate=1)
+    spec = LoadSpec("http://10.1.2.3:8000/predict", [BODY], duration_s=1, rate=1, remote=True)
+    assert spec.remote
+
+
+def test_a_remote_spec_drives_a_named_host(lab_server: LabServer) -> None:
+    # "localhost" spelled as a remote host still connects (by name, through the resolver) and counts the same.
+    url = lab_server.url.replace("127.0.0.1", "localhost") + "/ok"
+    result = run_level_sync(LoadSpec(url, [BODY], duration_s=0.3, rate=50, remote=True))
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0

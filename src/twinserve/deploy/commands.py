@@ -105,8 +105,10 @@ def k8s_config(overrides: dict[str, Any]) -> Config:
     container those would be the node's, not the pod's share.
     """
     settings = {k: v for k, v in overrides.items() if v is not None and v != []}
-    settings.update(host="0.0.0.0", workers=settings.get("workers") or 1)
+    settings.update(host="0.0.0.0")
     config = load_config(**settings)
+    if config.workers is None:  # neither a flag nor the --config file set it
+        config = load_config(**settings, workers=1)
     if config.port < 1024:
         raise ConfigError(
             f"--port: the container runs as a non-root user and needs a fixed port >= 1024, not {config.port}"
@@ -164,6 +166,7 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
 
 def _plan(args: argparse.Namespace) -> K8sPlan:
     overrides = {name: getattr(args, name) for name in Config.model_fields}
+    overrides["config_file"] = args.config_file  # load_config's keyword: the settings file `twinserve tune` writes
     config, targets = (k8s_config(overrides), None) if args.results is None else _targets(args, overrides)
     return K8sPlan(
         config=config,

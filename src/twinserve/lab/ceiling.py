@@ -1,6 +1,6 @@
 """The model's own inference time per batch size, in one process with no server: the ceiling no server beats.
 
-Run as `python -m twinserve.lab.ceiling MODEL BODIES.jsonl SIZES OUT.json` in a process of its own, so the
+Run as `python -m twinserve.lab.ceiling MODEL BODIES.jsonl SIZES OUT.json [SECONDS]` in a process of its own, so the
 model's memory leaves with it (and its prints cannot mix with the result).
 """
 
@@ -55,11 +55,15 @@ def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float =
     return rows
 
 
-def measure_in_subprocess(model: str, bodies: list[bytes], sizes: list[int], scratch: Path) -> list[Ceiling]:
+def measure_in_subprocess(
+    model: str, bodies: list[bytes], sizes: list[int], scratch: Path, budget_s: float = 2.0
+) -> list[Ceiling]:
+    """`measure` in a process of its own; `budget_s` per batch size."""
     path, out = scratch / "ceiling-bodies.jsonl", scratch / "ceiling.json"
     path.write_bytes(b"\n".join(bodies))
+    sizes_arg = ",".join(map(str, sizes))
     done = subprocess.run(
-        [sys.executable, "-m", "twinserve.lab.ceiling", model, str(path), ",".join(map(str, sizes)), str(out)],
+        [sys.executable, "-m", "twinserve.lab.ceiling", model, str(path), sizes_arg, str(out), str(budget_s)],
         capture_output=True,
         timeout=600,
         check=False,
@@ -74,5 +78,7 @@ def measure_in_subprocess(model: str, bodies: list[bytes], sizes: list[int], scr
 
 if __name__ == "__main__":
     target, bodies_file, sizes_arg, out_file = sys.argv[1:5]
-    rows = measure(target, Path(bodies_file).read_bytes().splitlines(), [int(s) for s in sizes_arg.split(",")])
+    budget = float(sys.argv[5]) if len(sys.argv) > 5 else 2.0
+    sizes = [int(s) for s in sizes_arg.split(",")]
+    rows = measure(target, Path(bodies_file).read_bytes().splitlines(), sizes, budget)
     Path(out_file).write_bytes(orjson.dumps([row.model_dump() for row in rows]))

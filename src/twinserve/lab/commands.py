@@ -1,4 +1,5 @@
-"""`twinserve bench`, `twinserve advise` and `twinserve locustfile`: arguments, progress, files written."""
+"""`twinserve bench`, `twinserve advise`, `twinserve tune` and `twinserve locustfile`: arguments, progress, files
+written (tune's handler is `twinserve.lab.tune_command`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
     from twinserve.lab.results import Results, Run
 
-__all__ = ["add_advise", "add_bench", "add_locustfile"]
+__all__ = ["add_advise", "add_bench", "add_locustfile", "add_tune"]
 
 DEFAULT_MODEL = "twinserve.examples.tabular:Classifier"
 
@@ -96,6 +97,52 @@ def add_advise(adv: argparse.ArgumentParser) -> None:
     adv.add_argument("--target-rps", type=float, help="throughput the choice must reach")
     adv.add_argument("--max-memory-mib", type=float, help="memory (RSS of the whole server) the choice may use")
     adv.set_defaults(handler=_advise)
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    from twinserve.cli_args import positive
+
+    return positive(kind)
+
+
+def add_tune(tune: argparse.ArgumentParser) -> None:
+    tune.description = (
+        "Search the settings (architecture, workers, threads, batch size and delay, model workers) that meet a "
+        "latency objective under open-loop Poisson load, a real server per candidate, pruned by the model's "
+        "in-process batch curve, then successive halving; write the winner as a `twinserve serve --config` file, "
+        "every probe to results.json and report.html. With --verify URL: a short pilot run against a deployment."
+    )
+    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    tune.add_argument("--slo-p95-ms", type=_positive(float), required=True, help="P95 objective")
+    tune.add_argument("--slo-p99-ms", type=_positive(float), help="P99 objective too")
+    tune.add_argument("--target-rps", type=_positive(float), help="the rate to meet it at (default: the highest)")
+    tune.add_argument("--max-memory-mib", type=_positive(float), help="RSS of the whole server process tree")
+    tune.add_argument("--budget-s", type=_positive(float), default=300.0, help="seconds the search may take")
+    tune.add_argument("--out", type=Path, help="default ./twinserve-tune/<timestamp>")
+    tune.add_argument("--arch", type=_archs, default=["sync", "async", "hybrid"], help="default sync,async,hybrid")
+    tune.add_argument("--repeats", type=_positive(int), default=3, help="times the winner is measured (default 3)")
+    tune.add_argument(
+        "--probe-seconds", type=_positive(float), default=1.0, help="the shortest probe, rung 0 (default 1)"
+    )
+    tune.add_argument("--payload", type=Path, metavar="FILE", help="request bodies, one JSON object per line")
+    tune.add_argument("--ready-timeout", type=_positive(float), default=120.0, metavar="SECONDS")
+    tune.add_argument("--verify", type=_url, metavar="URL", help="pilot: load this running server instead")
+    tune.add_argument("--rate", type=_positive(float), help="--verify: requests per second (Poisson)")
+    tune.add_argument("--seconds", type=_positive(float), default=10.0, help="--verify: measured seconds")
+    tune.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="--verify: a header for every request (Authorization: Bearer KEY); repeatable",
+    )
+    tune.set_defaults(handler=_tune)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from twinserve.lab.tune_command import run_tune_command
+
+    return run_tune_command(args)
 
 
 def add_locustfile(loc: argparse.ArgumentParser) -> None:

@@ -133,9 +133,9 @@ class _Connection:
     being made and cancelled per request.
     """
 
-    def __init__(self, run: _Run, port: int, clock: _ArrivalClock) -> None:
+    def __init__(self, run: _Run, address: str, port: int, clock: _ArrivalClock) -> None:
         self._run = run
-        self._port = port
+        self._address, self._port = address, port
         self.clock = clock
         self.loop = asyncio.get_running_loop()
         self._wire: _Wire | None = None
@@ -160,8 +160,7 @@ class _Connection:
         loop = self.loop
         try:
             async with asyncio.timeout(deadline - time.perf_counter()):
-                # The literal address, even for "localhost": no resolver call per connection, no IPv6 detour.
-                _, wire = await loop.create_connection(lambda: _Wire(self), "127.0.0.1", self._port)
+                _, wire = await loop.create_connection(lambda: _Wire(self), self._address, self._port)
         except OSError as error:
             self.on_failure(error)
             return

@@ -27,17 +27,22 @@ class _Endpoint:
     port: int
     authority: str
     target: str
+    #: Where connections go: the literal 127.0.0.1 for loopback (even for "localhost": no resolver call per
+    #: connection, no IPv6 detour), else the host as the URL names it.
+    address: str = "127.0.0.1"
 
     @classmethod
-    def parse(cls, url: str) -> _Endpoint:
+    def parse(cls, url: str, remote: bool = False) -> _Endpoint:
+        """`url`'s parts; a host other than this machine only with `remote` (a deliberate choice: see LoadSpec)."""
         parts = urlsplit(url)
         if parts.scheme != "http":
             raise ValueError(f"the load generator speaks plain http:// only, not {url!r}")
-        if parts.hostname not in LOOPBACK_HOSTS:
+        if not parts.hostname or (parts.hostname not in LOOPBACK_HOSTS and not remote):
             raise ValueError(f"the load generator drives loopback servers only (127.0.0.1 or localhost), not {url!r}")
         port = parts.port or 80
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        return cls(port, f"{parts.hostname}:{port}", target)
+        address = "127.0.0.1" if parts.hostname in LOOPBACK_HOSTS else parts.hostname
+        return cls(port, f"{parts.hostname}:{port}", target, address)
 
     def requests(self, spec: LoadSpec) -> list[bytes]:
         """Every distinct request of the level, encoded once."""

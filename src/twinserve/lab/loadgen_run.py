@@ -9,7 +9,7 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from twinserve.lab.loadgen_connection import _ArrivalClock, _Connection
@@ -17,12 +17,22 @@ from twinserve.lab.loadgen_http import _Endpoint
 from twinserve.lab.loadgen_spec import LoadSpec
 from twinserve.lab.loadgen_tally import LevelResult, Outcome, _Tally
 
-__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "_Run"]
+__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "_Run", "arrival_times"]
 
 #: The generator is one event-loop thread: at this share of one core it is probably the bottleneck.
 CPU_LIMIT_PERCENT = 90.0
 #: Open loop: sending this share fewer requests than were due, with connections to spare, means the generator lagged.
 RATE_SHORTFALL = 0.05
+
+
+def arrival_times(start: float, rate: float, arrivals: str, seed: int) -> Iterator[float]:
+    """The moments requests fall due, from `start`: a Poisson process (exponential gaps of mean 1/rate, seeded)
+    or evenly spaced. Each request's latency counts from its moment here, not from when it could be sent."""
+    rng = random.Random(seed)
+    due = start
+    while True:
+        yield due
+        due += rng.expovariate(rate) if arrivals == "poisson" else 1.0 / rate
 
 
 async def _sleep_until(moment: float) -> None:
@@ -40,8 +50,8 @@ class _Run:
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
-        endpoint = _Endpoint.parse(spec.url)
-        self._port = endpoint.port
+        endpoint = _Endpoint.parse(spec.url, spec.remote)
+        self._address, self._port = endpoint.address, endpoint.port
         self._requests = itertools.cycle(endpoint.requests(spec))
         self._timeout_s = spec.timeout_s
         self._closed_loop = spec.concurrency is not None
@@ -99,7 +109,7 @@ class _Run:
                 self._finished.set_exception(error)
 
     def _connect(self) -> _Connection:
-        connection = _Connection(self, self._port, self._clock)
+        connection = _Connection(self, self._address, self._port, self._clock)
         self._connections.append(connection)
         return connection
 
@@ -124,11 +134,11 @@ class _Run:
 
     async def _schedule(self) -> None:
         """Open loop: take up each request when it falls due; add a connection when none is idle."""
-        rng = random.Random(self.spec.seed)
         rate = self.spec.rate
         assert rate is not None
-        due = self._start
-        while due < self._window_end:
+        for due in arrival_times(self._start, rate, self.spec.arrivals, self.spec.seed):
+            if due >= self._window_end:
+                break
             await _sleep_until(due)
             if self._idle or len(self._connections) < self.spec.max_connections:
                 connection = self._idle.popleft() if self._idle else self._connect()
@@ -138,7 +148,6 @@ class _Run:
                 self._backlog.append(due)
                 if due >= self._window_start:
                     self._pool_exhausted = True
-            due += rng.expovariate(rate) if self.spec.arrivals == "poisson" else 1.0 / rate
         self._scheduled_all = True
         if self._active == 0 and not self._finished.done():
             self._finished.set_result(None)

@@ -21,6 +21,8 @@ class LoadSpec:
 
     `warmup_s` of load is discarded before `duration_s` is measured. `max_connections` caps the open-loop pool;
     `timeout_s` bounds each request from the moment it falls due. `seed` makes Poisson arrivals repeatable.
+    `remote` lets `url` name another host (`twinserve tune --verify` against a deployment); without it only
+    loopback servers are driven, so that a lab run cannot load someone else's machine by a typo.
     """
 
     url: str
@@ -34,6 +36,7 @@ class LoadSpec:
     timeout_s: float = 30.0
     headers: Mapping[str, str] = field(default_factory=dict)
     seed: int = 0
+    remote: bool = False
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -59,4 +62,4 @@ class LoadSpec:
                 raise ValueError(f"the load generator sets the {name} header itself")
             if any(c in name + value for c in "\r\n") or ":" in name:
                 raise ValueError(f"malformed header {name!r}: {value!r}")
-        _Endpoint.parse(self.url)
+        _Endpoint.parse(self.url, self.remote)

@@ -1,0 +1,190 @@
+"""Is `twinserve tune` honest against exhaustive search? (Issue 19, item 3; a benchmark, not CI.)
+
+For each built-in example: measure every point of an exhaustive grid (arch x workers x threads x max batch size x
+batch delay x model workers) for its capacity at the SLO — the highest open-loop Poisson rate whose P95 meets
+it, by the same ramp-and-bisect every point gets — and time it; then run `twinserve tune` with a quarter of the
+grid's time as its budget, and re-measure tune's pick with the grid's own method. Prints, per example, tune's
+pick and the grid's best with their capacities and P95 there, the time each took, and the two ratios the issue
+asks for: pick / best capacity (>= 0.90) and tune time / grid time (<= 0.25).
+
+    python benchmarks/tune_vs_grid.py [--examples tabular,embed,io] [--slo-p95-ms 50] [--seconds 3]
+
+The grid takes long (tens of minutes per example on a small machine): run it alone on a quiet machine. The io
+example needs `redis-server` (one is started); embed needs the `torch` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from twinserve.lab.servers import RedisServer
+from twinserve.lab.tune import ProbeServers, TuneRequest, measure_probe, model_bodies, run_tune
+from twinserve.lab.tune_search import Goal, Probe, ProbeResult, meets
+from twinserve.lab.variants import Variant
+
+EXAMPLES = {
+    "tabular": "twinserve.examples.tabular:Classifier",
+    "embed": "twinserve.examples.embed:MiniLM",
+    "io": "twinserve.examples.io:FeatureLookup",
+}
+PICK_WITHIN = 0.90  # tune's pick / the grid's best capacity
+TIME_AT_MOST = 0.25  # tune's time / the grid's
+
+
+def grid(cpus: int) -> list[Variant]:
+    """Every combination worth listing by hand, no pruning."""
+    workers = sorted({1, max(1, cpus // 2), cpus})
+    batchings = [(1, 0.0), (8, 0.0), (32, 0.0), (32, 2.0)]
+    points: list[Variant] = []
+    for count in workers:
+        for batch, delay in batchings:
+            for threads in (1, 4, 16, 32):
+                points.append(
+                    Variant(
+                        "sync",
+                        {"workers": count, "threads": threads, "max_batch_size": batch, "max_batch_delay_ms": delay},
+                    )
+                )
+            points.append(Variant("async", {"workers": count, "max_batch_size": batch, "max_batch_delay_ms": delay}))
+            points.append(
+                Variant(
+                    "hybrid",
+                    {"workers": 1, "model_workers": count, "max_batch_size": batch, "max_batch_delay_ms": delay},
+                )
+            )
+    return points
+
+
+@dataclass
+class Capacity:
+    variant: Variant
+    rate: float  # highest rate that met the goal (0: none did)
+    p95_ms: float | None
+    probes: int
+
+
+def capacity(
+    servers: ProbeServers, request: TuneRequest, name: str, variant: Variant, seconds: float, start: float
+) -> Capacity:
+    """Double/halve from `start` until met and missed are bracketed, then bisect to 10%, at most 10 probes."""
+    goal = request.goal
+    met: dict[float, ProbeResult] = {}
+    missed: list[float] = []
+    rate = start
+    for count in range(10):
+        result = measure_probe(servers, Probe(variant, "grid", round(rate, 2), seconds), name, request, count)
+        if meets(result, goal)[0]:
+            met[rate] = result
+        else:
+            missed.append(rate)
+        lo = max(met, default=None)
+        hi = min((m for m in missed if lo is None or m > lo), default=None)
+        if lo is not None and hi is not None:
+            if hi / lo <= 1.1:
+                break
+            rate = math.sqrt(lo * hi)
+        elif lo is not None:
+            rate = lo * 2
+        elif hi is not None and hi / 2 >= 1.0:
+            rate = hi / 2
+        else:
+            break
+    servers.close()
+    best = max(met, default=None)
+    return Capacity(variant, best or 0.0, met[best].p95_ms if best else None, count + 1)
+
+
+@contextlib.contextmanager
+def example_env(example: str) -> Iterator[None]:
+    if example != "io":
+        yield
+        return
+    from twinserve.examples.io import populate
+
+    redis = RedisServer()
+    try:
+        populate(redis.url)
+        os.environ["TWINSERVE_REDIS_URL"] = redis.url  # the probe servers inherit it
+        yield
+    finally:
+        redis.stop()
+
+
+def run_example(example: str, goal: Goal, seconds: float, cpus: int) -> dict[str, object]:
+    model = EXAMPLES[example]
+    name, bodies = model_bodies(model)
+    request = TuneRequest(model, goal, budget_s=0, bodies=bodies, min_probe_s=seconds)
+    servers = ProbeServers(request)
+    started = time.monotonic()
+    measured = []
+    for point in grid(cpus):
+        found = capacity(servers, request, name, point, seconds, start=100.0)
+        measured.append(found)
+        print(f"  grid {point.label:<64} {found.rate:>8,.1f} req/s  p95 {found.p95_ms or 0:6.1f} ms", flush=True)
+    grid_s = time.monotonic() - started
+    best = max(measured, key=lambda c: c.rate)
+
+    tune_started = time.monotonic()
+    tuned = run_tune(
+        TuneRequest(model, goal, budget_s=TIME_AT_MOST * grid_s, bodies=bodies, min_probe_s=seconds), name, cpus
+    )
+    tune_s = time.monotonic() - tune_started
+    winner = tuned.decision.winner
+    pick = (
+        capacity(servers, request, name, winner.candidate, seconds, start=max(winner.rate, 1.0))
+        if winner is not None
+        else None
+    )
+    return {
+        "example": example,
+        "pick": winner.candidate.label if winner else "none",
+        "pick_rps": pick.rate if pick else 0.0,
+        "pick_p95_ms": pick.p95_ms if pick else None,
+        "best": best.variant.label,
+        "best_rps": best.rate,
+        "best_p95_ms": best.p95_ms,
+        "tune_s": tune_s,
+        "grid_s": grid_s,
+        "too_noisy": tuned.decision.too_noisy,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", default="tabular,embed,io")
+    parser.add_argument("--slo-p95-ms", type=float, default=50.0)
+    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per grid probe (and tune's rung 0)")
+    args = parser.parse_args()
+    cpus = os.cpu_count() or 1
+    goal = Goal(args.slo_p95_ms)
+    rows = []
+    for example in args.examples.split(","):
+        print(f"{example}: grid of {len(grid(cpus))} points, then tune", flush=True)
+        with example_env(example):
+            rows.append(run_example(example, goal, args.seconds, cpus))
+    print()
+    print(f"{'example':<8} {'tune pick':<58} {'req/s':>8} {'p95':>6} {'grid best':<58} {'req/s':>8} {'p95':>6} "
+          f"{'tune s':>7} {'grid s':>7} {'pick/best':>9} {'time':>6}")  # fmt: skip
+    ok = True
+    for r in rows:
+        ratio = float(r["pick_rps"]) / float(r["best_rps"]) if r["best_rps"] else 0.0  # type: ignore[arg-type]
+        share = float(r["tune_s"]) / float(r["grid_s"])  # type: ignore[arg-type]
+        ok = ok and ratio >= PICK_WITHIN and share <= TIME_AT_MOST
+        print(
+            f"{r['example']:<8} {r['pick']:<58} {r['pick_rps']:>8,.1f} {r['pick_p95_ms'] or 0:>6.1f} "
+            f"{r['best']:<58} {r['best_rps']:>8,.1f} {r['best_p95_ms'] or 0:>6.1f} {r['tune_s']:>7.0f} "
+            f"{r['grid_s']:>7.0f} {ratio:>9.2f} {share:>6.2f}" + ("  (too noisy to decide)" if r["too_noisy"] else "")
+        )
+    print(f"\npick within {PICK_WITHIN:.0%} of the best and at most {TIME_AT_MOST:.0%} of its time: {ok}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""`twinserve tune`'s driver: measure the model in-process, then run each probe the policy asks for against a real
+server, open-loop Poisson load from the lab's own generator, until the policy decides or the budget is spent.
+
+The policy (`tune_search.next_step`) and the space (`tune_space.search_space`) are pure; this module is the part
+that starts servers (`TwinserveServer`, `--port 0`), drives them (`run_level_sync`, latency from each request's
+scheduled send time) and reads their process tree's memory (`TreeSampler`). A server is kept while consecutive
+probes are for the same candidate (a capacity search runs several rates on one server), and stopped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twinserve.lab.ceiling import measure_in_subprocess
+from twinserve.lab.loadgen import LoadSpec, run_level_sync
+from twinserve.lab.probe import TreeSampler
+from twinserve.lab.results import Ceiling
+from twinserve.lab.servers import ServerFailed, TwinserveServer
+from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search
+from twinserve.lab.tune_space import ModelFacts, Space, search_space
+from twinserve.lab.variants import Variant
+
+__all__ = [
+    "CEILING_SIZES",
+    "ProbeServers",
+    "TuneOutcome",
+    "TuneRequest",
+    "measure_facts",
+    "measure_probe",
+    "model_bodies",
+    "run_tune",
+    "server_flags",
+]
+
+#: Batch sizes the in-process curve is measured at.
+CEILING_SIZES = [1, 8, 32]
+#: Measured server start-up plus warm-up is unknown before the first probe: assume this much per probe.
+DEFAULT_OVERHEAD_S = 3.0
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What `twinserve tune MODEL ...` was asked."""
+
+    model: str
+    goal: Goal
+    budget_s: float
+    bodies: Sequence[bytes]
+    archs: Sequence[str] = ("sync", "async", "hybrid")
+    repeats: int = 3
+    min_probe_s: float = 1.0
+    max_probe_s: float = 10.0
+    log_dir: Path | None = None
+    ready_timeout_s: float = 120.0
+    ceiling_budget_s: float = 1.0
+
+
+@dataclass
+class TuneOutcome:
+    """Everything a tune run learned: the facts, the space, the plan, every probe, the decision."""
+
+    request: TuneRequest
+    facts: ModelFacts
+    space: Space
+    plan: Plan
+    decision: Decision
+    results: list[ProbeResult] = field(default_factory=list)
+    model_name: str = ""
+    elapsed_s: float = 0.0
+
+
+#: Told of each probe as it finishes: (its number, the result, seconds spent so far, the plan).
+OnProbe = Callable[[int, ProbeResult, float, Plan], None]
+
+
+def model_bodies(model: str) -> tuple[str, list[bytes]]:
+    """The model's name and one V1 request body per example (as `twinserve locustfile` builds them; none
+    when it has no examples)."""
+    import orjson
+
+    from twinserve.model import ModelSpec, import_model
+    from twinserve.protocol.v1 import json_default
+
+    spec = ModelSpec(import_model(model)())
+    examples = spec.examples() or []
+    return spec.name, [orjson.dumps({"instances": [e]}, default=json_default) for e in examples]
+
+
+def server_flags(variant: Variant) -> list[str]:
+    """The `twinserve serve` flags of a candidate."""
+    flags: list[str] = []
+    for name, value in variant.settings.items():
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+class ProbeServers:
+    """At most one probe server at a time, kept while the candidate stays the same."""
+
+    def __init__(self, request: TuneRequest) -> None:
+        self._request = request
+        self._label: str | None = None
+        self._server: TwinserveServer | None = None
+
+    def get(self, variant: Variant) -> TwinserveServer:
+        if self._label == variant.label and self._server is not None:
+            return self._server
+        self.close()
+        log_dir = self._request.log_dir
+        log = None if log_dir is None else log_dir / (variant.label.replace(" ", "_").replace("=", "-") + ".log")
+        server = TwinserveServer(
+            [self._request.model],
+            variant.arch,
+            *server_flags(variant),
+            log_path=log,
+            ready_timeout=self._request.ready_timeout_s,
+        )
+        self._label = variant.label
+        self._server = server.start()  # ServerFailed: nothing is left running
+        return server
+
+    def close(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(ServerFailed, OSError):
+                self._server.stop()
+        self._server, self._label = None, None
+
+
+def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneRequest, seed: int) -> ProbeResult:
+    """Run one probe on the candidate's server (started if it is not the one running); a server that does not
+    start is a failed probe, not an error."""
+    started = time.monotonic()
+    try:
+        server = servers.get(probe.candidate)
+    except ServerFailed as exc:
+        servers.close()
+        reason = str(exc).splitlines()[0]
+        return ProbeResult(probe, 0, 0, 0.0, 0.0, None, None, None, 0.0, time.monotonic() - started, reason)
+    spec = LoadSpec(
+        url=f"{server.url}/v1/models/{name}:predict",
+        bodies=list(request.bodies),
+        duration_s=probe.seconds,
+        warmup_s=min(1.0, 0.25 * probe.seconds),
+        rate=probe.rate,
+        # Past a few SLOs a request has missed it anyway: the probe need not wait longer for it.
+        timeout_s=max(1.0, 10 * request.goal.slo_p95_ms / 1000),
+        seed=seed,
+    )
+    with TreeSampler(server.pid, interval=0.2) as sampler:
+        level = run_level_sync(spec)
+    errors = sum(level.http_errors.values()) + sum(level.transport_errors.values())
+    return ProbeResult(
+        probe=probe,
+        sent=level.sent,
+        errors=errors,
+        achieved_rps=round(level.achieved_rate or 0.0, 1),
+        throughput_rps=round(level.throughput_rps, 1),
+        p50_ms=level.latency_ms.get("p50"),
+        p95_ms=level.latency_ms.get("p95"),
+        p99_ms=level.latency_ms.get("p99"),
+        rss_mib=sampler.result().rss_mib_max,
+        wall_s=round(time.monotonic() - started, 3),
+        failed=None if level.sent else "no request was sent",
+        generator_limited=level.generator_limited,
+    )
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="twinserve-tune-") as folder:
+        yield Path(folder)
+
+
+def measure_facts(request: TuneRequest, cpus: int) -> ModelFacts:
+    """The model's in-process batch curve (a subprocess, so its memory leaves with it) and the cores."""
+    with _scratch() as scratch:
+        ceiling: list[Ceiling] = measure_in_subprocess(
+            request.model, list(request.bodies), CEILING_SIZES, scratch, request.ceiling_budget_s
+        )
+    return ModelFacts(ceiling, cpus)
+
+
+def run_tune(request: TuneRequest, name: str, cpus: int, on_probe: OnProbe | None = None) -> TuneOutcome:
+    """Measure, prune, plan, then probe until the policy decides; every server is stopped on the way out."""
+    started = time.monotonic()
+    facts = measure_facts(request, cpus)
+    space = search_space(facts, request.goal.target_rps, request.archs)
+    left = request.budget_s - (time.monotonic() - started)
+    plan = plan_search(
+        space.candidates,
+        space.priors,
+        request.goal,
+        max(left, 0.0),
+        repeats=request.repeats,
+        min_probe_s=request.min_probe_s,
+        max_probe_s=request.max_probe_s,
+        overhead_s=DEFAULT_OVERHEAD_S,
+    )
+    clock_start = time.monotonic()
+    results: list[ProbeResult] = []
+    servers = ProbeServers(request)
+    try:
+        while True:
+            step = next_step(plan, results, time.monotonic() - clock_start)
+            if isinstance(step, Decision):
+                decision = step
+                break
+            result = measure_probe(servers, step, name, request, seed=len(results))
+            results.append(result)
+            if on_probe is not None:
+                on_probe(len(results), result, time.monotonic() - started, plan)
+    finally:
+        servers.close()
+    return TuneOutcome(request, facts, space, plan, decision, results, name, round(time.monotonic() - started, 2))

@@ -1,0 +1,301 @@
+"""What `twinserve tune` leaves in --out: `results.json` (every probe), `winner.toml` (a settings file
+`twinserve serve --config` reads), `report.html` (the decision, a Pareto plot of throughput vs P95 with memory as
+marker size, every probe), and the lines printed at the end.
+
+The HTML reuses the bench report's style sheet, table and SVG scales (`report_html`, `report_svg`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from twinserve import __version__
+from twinserve.config import Config, load_config
+from twinserve.lab.report_html import _CSS, _table
+from twinserve.lab.report_svg import _linear_ticks, _Scale, _svg_text
+from twinserve.lab.tune import TuneOutcome
+from twinserve.lab.tune_search import Ranked, meets
+from twinserve.settings_file import serve_command, settings_file_text
+
+__all__ = ["decision_lines", "tune_record", "winner_config", "write_tune_outputs"]
+
+_ARCH_COLOURS = {"sync": "#0072B2", "async": "#E69F00", "hybrid": "#009E73"}
+#: The Pareto plot's P95 axis stops at this many SLOs; points above sit on its edge.
+_Y_CAP_SLOS = 3.0
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _ranked(r: Ranked | None) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {
+        "label": r.candidate.label,
+        "arch": r.candidate.arch,
+        "settings": r.candidate.settings,
+        "stage": r.stage,
+        "score": _finite(r.score),
+        "rate_rps": r.rate,
+        "p95_ms": r.p95_ms,
+    }
+
+
+def winner_config(outcome: TuneOutcome) -> Config | None:
+    winner = outcome.decision.winner
+    if winner is None:
+        return None
+    return load_config(models=[outcome.request.model], arch=winner.candidate.arch, **winner.candidate.settings)
+
+
+def _score_text(outcome: TuneOutcome, r: Ranked) -> str:
+    goal = outcome.request.goal
+    if goal.target_rps is not None:
+        return f"P95 {r.p95_ms:.1f} ms at {goal.target_rps:g} req/s" if r.p95_ms is not None else "no P95"
+    p95 = f" (P95 {r.p95_ms:.1f} ms there)" if r.p95_ms is not None else ""
+    return f"{r.rate:,.0f} req/s within the SLO{p95}"
+
+
+def _samples_text(outcome: TuneOutcome, samples: list[float]) -> str:
+    if outcome.request.goal.target_rps is not None:
+        return ", ".join(f"{-s:.1f}" for s in samples if math.isfinite(s)) + " ms P95"
+    return ", ".join(f"{s:,.0f}" for s in samples) + " req/s"
+
+
+def decision_lines(outcome: TuneOutcome) -> list[str]:
+    """The verdict, as plain lines (the terminal and the report's first section)."""
+    d, goal = outcome.decision, outcome.request.goal
+    slo = f"P95 <= {goal.slo_p95_ms:g} ms" + (f", P99 <= {goal.slo_p99_ms:g} ms" if goal.slo_p99_ms else "")
+    lines: list[str] = []
+    if d.winner is None:
+        lines.append(f"No setting met {slo}" + (f" at {goal.target_rps:g} req/s" if goal.target_rps else "") + ".")
+        if d.ranking:
+            closest = d.ranking[0]
+            lines.append(f"Closest: {closest.candidate.label} ({_score_text(outcome, closest)}).")
+    else:
+        lines.append(f"Winner: {d.winner.candidate.label}: {_score_text(outcome, d.winner)}; goal {slo}.")
+        if len(d.samples) > 1 and d.spread is not None:
+            lines.append(f"Repeated {len(d.samples)} times: {_samples_text(outcome, d.samples)}.")
+        if d.runner_up is not None:
+            runner = f"the runner-up, {d.runner_up.candidate.label}, {_score_text(outcome, d.runner_up)}"
+            if d.too_noisy:
+                lines.append(f"The machine was too noisy to decide: {runner}, is within the winner's spread.")
+            else:
+                lines.append(f"Clear: {runner}, is outside the winner's spread.")
+    if d.stopped == "budget":
+        lines.append("The budget ran out before the search finished: the pick is the best measured so far.")
+    lines.append(
+        f"{len(outcome.results)} probes of {len(outcome.space.candidates)} candidates "
+        f"({len(outcome.space.pruned)} pruned) in {outcome.elapsed_s:.0f} s of a {outcome.request.budget_s:g} s budget."
+    )
+    return lines
+
+
+def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]:
+    """Everything for results.json."""
+    goal, d = outcome.request.goal, outcome.decision
+    probes = []
+    for number, r in enumerate(outcome.results, 1):
+        ok, why = meets(r, goal)
+        probes.append(
+            {
+                "n": number,
+                "label": r.probe.candidate.label,
+                "arch": r.probe.candidate.arch,
+                "settings": r.probe.candidate.settings,
+                "stage": r.probe.stage,
+                "rate_rps": r.probe.rate,
+                "seconds": r.probe.seconds,
+                "sent": r.sent,
+                "errors": r.errors,
+                "achieved_rps": r.achieved_rps,
+                "throughput_rps": r.throughput_rps,
+                "latency_ms": {"p50": r.p50_ms, "p95": r.p95_ms, "p99": r.p99_ms},
+                "rss_mib": r.rss_mib,
+                "wall_s": r.wall_s,
+                "failed": r.failed,
+                "generator_limited": r.generator_limited,
+                "meets": ok,
+                "why": why,
+            }
+        )
+    config = winner_config(outcome)
+    return {
+        "kind": "twinserve-tune",
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "twinserve_version": __version__,
+        "machine": machine,
+        "model": outcome.request.model,
+        "model_name": outcome.model_name,
+        "goal": {
+            "slo_p95_ms": goal.slo_p95_ms,
+            "slo_p99_ms": goal.slo_p99_ms,
+            "target_rps": goal.target_rps,
+            "max_memory_mib": goal.max_memory_mib,
+        },
+        "budget_s": outcome.request.budget_s,
+        "elapsed_s": outcome.elapsed_s,
+        "ceiling": [c.model_dump() for c in outcome.facts.ceiling],
+        "notes": outcome.space.notes,
+        "pruned": [{"label": p.label, "reason": p.reason} for p in outcome.space.pruned],
+        "candidates": [
+            {"label": v.label, "arch": v.arch, "settings": v.settings, "prior_rps": outcome.space.priors[v.label]}
+            for v in outcome.space.candidates
+        ],
+        "plan": {"n0": outcome.plan.n0, "base_s": outcome.plan.base_s, "repeats": outcome.plan.repeats},
+        "probes": probes,
+        "decision": {
+            "winner": _ranked(d.winner),
+            "runner_up": _ranked(d.runner_up),
+            "samples": [_finite(s) for s in d.samples],
+            "too_noisy": d.too_noisy,
+            "stopped": d.stopped,
+            "ranking": [_ranked(r) for r in d.ranking],
+            "lines": decision_lines(outcome),
+        },
+        "serve_command": None if config is None else serve_command(config),
+    }
+
+
+# -- the report -----------------------------------------------------------------------------------------------
+def _pareto_svg(record: dict[str, Any]) -> str:
+    """Throughput (x) vs P95 (y), one point per probe, radius by memory, colour by architecture; the frontier
+    (no other probe both faster and quicker) joined by a line."""
+    slo = record["goal"]["slo_p95_ms"]
+    points = [p for p in record["probes"] if p["latency_ms"]["p95"] is not None and p["throughput_rps"] > 0]
+    width, height, m = 1080, 420, {"left": 70, "right": 20, "top": 20, "bottom": 50}
+    if not points:
+        return f'<svg class="plot" viewBox="0 0 {width} 80">{_svg_text(width / 2, 40, "no measurements")}</svg>'
+    cap = _Y_CAP_SLOS * slo
+    xticks = _linear_ticks(1.06 * max(p["throughput_rps"] for p in points))
+    highest = max([slo, *(p["latency_ms"]["p95"] for p in points)])
+    yticks = _linear_ticks(min(cap, 1.06 * highest))
+    x = _Scale(0.0, xticks[-1], False, m["left"], width - m["right"])
+    y = _Scale(0.0, yticks[-1], False, height - m["bottom"], m["top"])
+    rss_max = max((p["rss_mib"] for p in points), default=1.0) or 1.0
+    out = [
+        f'<svg class="plot" data-plot="pareto" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="throughput vs P95, marker size = memory">',
+        f'<rect x="{m["left"]}" y="{m["top"]}" width="{width - m["left"] - m["right"]}" '
+        f'height="{height - m["top"] - m["bottom"]}" class="frame"/>',
+    ]
+    for t in yticks:
+        out.append(f'<line x1="{m["left"]}" x2="{width - m["right"]}" y1="{y(t):.1f}" y2="{y(t):.1f}" class="grid"/>')
+        out.append(_svg_text(m["left"] - 6, y(t) + 4, f"{t:g}", "end", "tick"))
+    for t in xticks:
+        out.append(_svg_text(x(t), height - m["bottom"] + 16, f"{t:,.0f}", cls="tick"))
+    out.append(_svg_text(width / 2, height - 10, "throughput (responses / s)"))
+    out.append(
+        f'<text x="16" y="{height / 2:.0f}" text-anchor="middle" transform="rotate(-90 16 {height / 2:.0f})">'
+        "P95 latency (ms)</text>"
+    )
+    out.append(f'<line x1="{m["left"]}" x2="{width - m["right"]}" y1="{y(slo):.1f}" y2="{y(slo):.1f}" class="slo"/>')
+    out.append(_svg_text(m["left"] + 6, y(slo) - 5, f"SLO p95 {slo:g} ms", "start", "slo-label"))
+    frontier, best = [], math.inf
+    for p in sorted(points, key=lambda p: (-p["throughput_rps"], p["latency_ms"]["p95"])):
+        if p["latency_ms"]["p95"] < best:
+            frontier.append(p)
+            best = p["latency_ms"]["p95"]
+    path = " ".join(f"{x(p['throughput_rps']):.1f},{y(min(p['latency_ms']['p95'], cap)):.1f}" for p in frontier)
+    out.append(f'<polyline points="{path}" stroke="#555" stroke-dasharray="4 3" class="line"/>')
+    for p in points:
+        p95 = p["latency_ms"]["p95"]
+        radius = 3 + 9 * math.sqrt(max(p["rss_mib"], 0.0) / rss_max)
+        title = (
+            f"{p['label']} · {p['stage']} · {p['rate_rps']:g} req/s asked · {p['throughput_rps']:,.0f}/s answered · "
+            f"p95 {p95:.1f} ms · {p['rss_mib']:,.0f} MiB · {p['why']}"
+        )
+        colour = _ARCH_COLOURS.get(p["arch"], "#777")
+        out.append(
+            f'<circle class="point" cx="{x(p["throughput_rps"]):.1f}" cy="{y(min(p95, cap)):.1f}" r="{radius:.1f}" '
+            f'fill="{colour}" fill-opacity="{0.85 if p["meets"] else 0.35}" data-arch="{p["arch"]}">'
+            f"<title>{html.escape(title)}</title></circle>"
+        )
+    legend_x = m["left"] + 10
+    for arch, colour in _ARCH_COLOURS.items():
+        out.append(f'<circle cx="{legend_x}" cy="{m["top"] + 14}" r="5" fill="{colour}"/>')
+        out.append(_svg_text(legend_x + 10, m["top"] + 18, arch, "start"))
+        legend_x += 80
+    out.append(_svg_text(legend_x, m["top"] + 18, "marker area: memory (RSS); faded: missed the goal", "start"))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _report_html(record: dict[str, Any]) -> str:
+    goal = record["goal"]
+    facts = {
+        "Model": f"{record['model_name']} ({record['model']})",
+        "Goal": f"P95 <= {goal['slo_p95_ms']:g} ms"
+        + (f", P99 <= {goal['slo_p99_ms']:g} ms" if goal["slo_p99_ms"] else "")
+        + (f" at {goal['target_rps']:g} req/s" if goal["target_rps"] else ", the highest rate")
+        + (f", memory <= {goal['max_memory_mib']:g} MiB" if goal["max_memory_mib"] else ""),
+        "Machine": f"{record['machine'].get('hostname')} · {record['machine'].get('cpu_count')} CPUs",
+        "Budget": f"{record['elapsed_s']:.0f} s used of {record['budget_s']:g} s",
+        "Created": record["created"],
+    }
+    dl = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in facts.items())
+    lines = "".join(f"<li>{html.escape(line)}</li>" for line in record["decision"]["lines"])
+    command = record["serve_command"]
+    serve = f"<p><code>{html.escape(' '.join(command))}</code></p>" if command else ""
+    search = "".join(f"<li>{html.escape(n)}</li>" for n in record["notes"])
+    search += "".join(
+        f"<li>pruned {html.escape(p['label'])}: {html.escape(p['reason'])}</li>" for p in record["pruned"]
+    )
+    headers = ("#", "candidate", "stage", "req/s asked", "answered/s", "p50", "p95", "p99", "errors", "MiB", "verdict")
+    rows = []
+    for p in record["probes"]:
+        lat = p["latency_ms"]
+        cells = [
+            str(p["n"]),
+            p["label"],
+            p["stage"],
+            f"{p['rate_rps']:,.1f}",
+            f"{p['throughput_rps']:,.1f}",
+            *(f"{lat[k]:.1f}" if lat[k] is not None else "-" for k in ("p50", "p95", "p99")),
+            str(p["errors"]),
+            f"{p['rss_mib']:,.0f}",
+            p["why"],
+        ]
+        rows.append(([html.escape(c) for c in cells], "" if p["meets"] else "err"))
+    sections = [
+        f"<section><h1>twinserve tune: {html.escape(record['model_name'])}</h1><dl>{dl}</dl></section>",
+        f'<section class="advice"><h2>Decision</h2><ul>{lines}</ul>{serve}</section>',
+        f"<section><h2>Throughput vs P95 (marker size: memory)</h2>{_pareto_svg(record)}</section>",
+        f"<section><h2>Search</h2><ul>{search}</ul></section>",
+        f"<section><h2>Every probe</h2>{_table(headers, rows, {0, 3, 4, 5, 6, 7, 8, 9})}</section>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>twinserve tune: {html.escape(record['model_name'])}</title><style>{_CSS}</style></head>"
+        "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
+    )
+
+
+def write_tune_outputs(outcome: TuneOutcome, out: Path, machine: dict[str, Any]) -> dict[str, Path]:
+    """Write results.json, report.html and (when there is a winner) winner.toml; their paths by name."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = tune_record(outcome, machine)
+    written = {"results": out / "results.json", "report": out / "report.html"}
+    written["results"].write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    written["report"].write_text(_report_html(record), encoding="utf-8")
+    config = winner_config(outcome)
+    if config is not None:
+        assert outcome.decision.winner is not None
+        header = "\n".join(
+            [
+                f"twinserve tune {outcome.request.model} ({datetime.date.today().isoformat()}): "
+                f"{outcome.decision.winner.candidate.label}",
+                *decision_lines(outcome),
+                "Serve with: twinserve serve --config THIS_FILE (flags override it)",
+            ]
+        )
+        written["settings"] = out / "winner.toml"
+        written["settings"].write_text(settings_file_text(config, header), encoding="utf-8")
+    return written

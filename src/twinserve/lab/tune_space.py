@@ -1,0 +1,160 @@
+"""What `twinserve tune` searches: the settings worth a real server, pruned with what is known of the model.
+
+Known before any server starts: the model's in-process batch curve (`twinserve.lab.ceiling`: rows/s at batch
+sizes 1, 8, 32), hence its single-request service time, and the machine's cores. From those:
+
+- batching is searched only when a batch of 32 does clearly more rows/s than a batch of 1 (else no batch size
+  above 1 and no batch delay: a batch would only make requests wait for each other);
+- processes (sync and async workers, hybrid model workers) go up to the cores, no further: predict is CPU work;
+- sync threads per worker follow Little's law: in-flight requests = arrival rate x time in the server, shared
+  over the workers, with some headroom, and never fewer than one (nor than the batch size, which a worker's
+  threads fill);
+- hybrid is dropped when one predict is shorter than a hop to a model process and back;
+- async and hybrid without batching are dropped once batching pays (their batches form only under load);
+- with a target rate, a setting whose processes cannot reach it even at the model's in-process speed is dropped.
+
+Each candidate gets a prior: the throughput its processes could reach at that speed. It orders the survivors,
+so that when the budget cannot cover them all, the most promising are probed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from twinserve.lab.results import Ceiling
+from twinserve.lab.variants import Variant
+
+__all__ = ["BATCHING_GAIN", "ModelFacts", "Pruned", "Space", "search_space"]
+
+#: Batching is searched when batch-32 rows/s beat batch-1 rows/s by at least this factor.
+BATCHING_GAIN = 1.3
+#: Below this single-request time (ms) a model process hop (pickling, a pipe, a wake-up) costs about as much as
+#: the work it moves off the event loop: hybrid cannot win.
+HYBRID_MIN_SERVICE_MS = 0.3
+#: Time in the server beyond predict (parse, route, encode, write), for Little's law, in ms.
+FRONT_MS = 1.0
+#: Little's law headroom for Poisson bursts.
+BURST = 2.0
+#: With a target rate, a candidate whose prior is below this share of it is dropped.
+REACH = 0.8
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the ceiling probe measured, and the machine."""
+
+    ceiling: Sequence[Ceiling]
+    cpus: int
+
+    def rows_per_s(self, batch_size: int) -> float:
+        """In-process rows/s at `batch_size`: measured, or the nearest measured size below (a floor)."""
+        known = sorted(self.ceiling, key=lambda c: c.batch_size)
+        below = [c for c in known if c.batch_size <= batch_size] or known[:1]
+        return below[-1].instances_per_s
+
+    @property
+    def single_ms(self) -> float:
+        """The service time of one request alone (batch 1), in ms."""
+        return 1000.0 / max(self.rows_per_s(1), 1e-9)
+
+    @property
+    def batching_helps(self) -> bool:
+        return self.rows_per_s(32) >= BATCHING_GAIN * self.rows_per_s(1)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    label: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Space:
+    """The candidates to probe, most promising first, each with its prior (req/s); and what was left out, why."""
+
+    candidates: list[Variant]
+    priors: dict[str, float]
+    pruned: list[Pruned]
+    notes: list[str]
+
+
+def _batchings(facts: ModelFacts) -> list[tuple[int, float]]:
+    """(max batch size, max batch delay ms) pairs worth trying."""
+    if not facts.batching_helps:
+        return [(1, 0.0)]
+    # A delay of about one service time lets a batch fill without doubling anyone's wait.
+    delay = round(min(max(facts.single_ms, 0.5), 20.0), 1)
+    return [(1, 0.0), (32, 0.0), (32, delay)]
+
+
+def _prior(arch: str, processes: int, batch: int, facts: ModelFacts) -> float:
+    """Requests/s `processes` processes could serve: each request's share of a batch's predict plus what the
+    server spends on it around predict (FRONT_MS). An optimistic guess, where capacity searches start from."""
+    per_request_s = 1.0 / facts.rows_per_s(batch) + FRONT_MS / 1000.0
+    return round(processes / per_request_s, 1)
+
+
+def _process_counts(cpus: int) -> list[int]:
+    return sorted({1, max(1, cpus // 2), cpus})
+
+
+def search_space(facts: ModelFacts, target_rps: float | None = None, archs: Sequence[str] = ()) -> Space:
+    """Every candidate worth a server for this model on this machine, and the reasons for the rest."""
+    archs = list(archs) or ["sync", "async", "hybrid"]
+    pruned: list[Pruned] = []
+    notes: list[str] = []
+    batchings = _batchings(facts)
+    if len(batchings) == 1:
+        notes.append(
+            f"no batching: batch-32 does {facts.rows_per_s(32):,.0f} rows/s in-process, batch-1 "
+            f"{facts.rows_per_s(1):,.0f} (less than x{BATCHING_GAIN:g})"
+        )
+    else:
+        notes.append(
+            f"batching searched: batch-32 does {facts.rows_per_s(32):,.0f} rows/s in-process, batch-1 "
+            f"{facts.rows_per_s(1):,.0f}"
+        )
+    processes = _process_counts(facts.cpus)
+    notes.append(f"processes up to the {facts.cpus} core(s): {', '.join(map(str, processes))}")
+    found: list[tuple[Variant, float]] = []
+    for arch in archs:
+        if arch == "hybrid" and facts.single_ms < HYBRID_MIN_SERVICE_MS:
+            pruned.append(
+                Pruned("hybrid", f"one predict takes {facts.single_ms:.3f} ms, less than a hop to a model process")
+            )
+            continue
+        for count in processes:
+            for batch, delay in batchings:
+                if arch != "sync" and batch == 1 and len(batchings) > 1:
+                    # With no delay an async batch forms only while the model is busy: batch 32 costs an idle
+                    # server nothing and a busy one gains, so batch 1 is dominated once batching pays.
+                    continue
+                settings: dict[str, int | float] = {}
+                if arch == "hybrid":
+                    settings.update(workers=1, model_workers=count)
+                else:
+                    settings["workers"] = count
+                settings.update(max_batch_size=batch, max_batch_delay_ms=delay)
+                prior = _prior(arch, count, batch, facts)
+                if arch == "sync":
+                    # Little's law: requests in the server = rate x time there; the rate at most the prior.
+                    rate = min(target_rps or prior, prior)
+                    in_flight = rate * (facts.single_ms + FRONT_MS) / 1000.0
+                    # A batch fills from the worker's own request threads: at least as many as the batch.
+                    threads = max(math.ceil(BURST * in_flight / count), batch if batch > 1 else 1)
+                    settings["threads"] = max(1, min(64, threads))
+                variant = Variant(arch, dict(settings))  # type: ignore[arg-type]
+                if target_rps is not None and prior < REACH * target_rps:
+                    pruned.append(
+                        Pruned(
+                            variant.label,
+                            f"at most {prior:,.0f} req/s at the model's in-process speed, short of {target_rps:g}",
+                        )
+                    )
+                    continue
+                found.append((variant, prior))
+    # Most promising first; among equals, the cheaper (fewer processes, no batching wait).
+    found.sort(key=lambda vp: (-vp[1], sum(int(v) for v in vp[0].settings.values() if isinstance(v, int))))
+    return Space([v for v, _ in found], {v.label: p for v, p in found}, pruned, notes)

@@ -1,0 +1,334 @@
+"""`twinserve tune`: the search policy on made-up probe results, the settings file it writes, and one small run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.serving import Server
+from twinserve.cli import build_parser
+from twinserve.config import DEFAULT_MODEL, load_config
+from twinserve.lab.results import Ceiling
+from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, probe_cost
+from twinserve.lab.tune_space import ModelFacts, search_space
+from twinserve.lab.variants import Variant
+from twinserve.settings_file import serve_command
+
+SLO = 50.0
+
+
+def _facts(rows_1: float, rows_32: float, cpus: int = 4) -> ModelFacts:
+    ceiling = [
+        Ceiling(batch_size=1, batch_ms_median=1000 / rows_1, instances_per_s=rows_1),
+        Ceiling(batch_size=8, batch_ms_median=8000 / ((rows_1 + rows_32) / 2), instances_per_s=(rows_1 + rows_32) / 2),
+        Ceiling(batch_size=32, batch_ms_median=32000 / rows_32, instances_per_s=rows_32),
+    ]
+    return ModelFacts(ceiling, cpus)
+
+
+# -- pruning ----------------------------------------------------------------------------------------------------
+def test_no_batching_is_searched_when_batches_do_not_pay() -> None:
+    space = search_space(_facts(1000, 1100))
+    assert space.candidates
+    assert {v.settings["max_batch_size"] for v in space.candidates} == {1}
+    assert {v.settings["max_batch_delay_ms"] for v in space.candidates} == {0.0}
+    assert any("no batching" in note for note in space.notes)
+
+
+def test_batching_is_searched_when_batch_32_does_far_more_rows() -> None:
+    space = search_space(_facts(500, 8000))
+    sizes = {v.settings["max_batch_size"] for v in space.candidates}
+    assert sizes == {1, 32}
+    assert any(v.settings["max_batch_delay_ms"] > 0 for v in space.candidates)
+
+
+def test_processes_stop_at_the_cores_and_sync_threads_follow_littles_law() -> None:
+    space = search_space(_facts(100, 110, cpus=4), target_rps=150)  # 10 ms a request
+    for v in space.candidates:
+        assert v.settings.get("workers", 1) <= 4 and v.settings.get("model_workers", 1) <= 4
+    sync = [v for v in space.candidates if v.arch == "sync"]
+    assert sync
+    for v in sync:
+        # 150/s x 11 ms = 1.65 in flight, x2 for bursts, over the workers: a few threads, never dozens.
+        assert v.settings["threads"] == math.ceil(2 * 150 * 0.011 / v.settings["workers"])
+
+
+def test_candidates_that_cannot_reach_the_target_are_pruned_with_a_reason() -> None:
+    space = search_space(_facts(100, 105, cpus=4), target_rps=300)  # one process does at most 100/s
+    assert all(space.priors[v.label] >= 0.8 * 300 for v in space.candidates)
+    assert any("short of 300" in p.reason for p in space.pruned)
+    assert not any(v.settings.get("workers") == 1 and v.arch != "hybrid" for v in space.candidates)
+
+
+def test_hybrid_is_pruned_for_a_model_faster_than_a_process_hop() -> None:
+    space = search_space(_facts(50_000, 60_000))
+    assert not any(v.arch == "hybrid" for v in space.candidates)
+    assert any(p.label == "hybrid" for p in space.pruned)
+
+
+def test_candidates_come_most_promising_first() -> None:
+    space = search_space(_facts(100, 2000))
+    priors = [space.priors[v.label] for v in space.candidates]
+    assert priors == sorted(priors, reverse=True)
+
+
+# -- the policy, on made-up results -------------------------------------------------------------------------------
+def _variants(n: int) -> list[Variant]:
+    return [Variant("async", {"workers": i + 1}) for i in range(n)]
+
+
+Measure = Callable[[Probe, int], ProbeResult]
+
+
+def _server(capacity: dict[str, float], rss: float = 100.0) -> Measure:
+    """A made-up server: P95 grows as the rate nears the candidate's capacity; past it the SLO is missed."""
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        cap = capacity[probe.candidate.label]
+        load = probe.rate / cap
+        p95 = 5.0 / max(1 - load, 1e-3) if load < 1 else 10 * SLO
+        return ProbeResult(probe, 100, 0, probe.rate, probe.rate, p95 / 2, p95, p95 * 1.2, rss, probe.seconds + 1)
+
+    return measure
+
+
+def _run(plan: Plan, measure: Measure, limit: int = 500) -> tuple[Decision, list[ProbeResult]]:
+    """Drive the policy as the real driver does, with a made-up clock: a probe takes its planned time, plus a
+    server start (the plan's estimate) when it follows another candidate's."""
+    results: list[ProbeResult] = []
+    spent = 0.0
+    for count in range(limit):
+        step = next_step(plan, results, spent)
+        if isinstance(step, Decision):
+            return step, results
+        new_server = not results or results[-1].probe.candidate != step.candidate
+        wall = probe_cost(step.seconds) + (plan.overhead_s if new_server else 0.0)
+        result = dataclasses.replace(measure(step, count), wall_s=wall)
+        results.append(result)
+        spent += wall
+    raise AssertionError("the search never decided")
+
+
+def test_successive_halving_finds_the_best_and_halves_each_rung() -> None:
+    variants = _variants(8)
+    capacity = {v.label: 100.0 * (i + 1) for i, v in enumerate(variants)}  # the last is best
+    priors = {v.label: 400.0 for v in variants}
+    plan = plan_search(variants, priors, Goal(SLO), budget_s=10_000, repeats=3)
+    assert plan.n0 == 8
+    decision, results = _run(plan, _server(capacity))
+    assert decision.stopped == "done"
+    assert decision.winner is not None and decision.winner.candidate == variants[-1]
+    per_rung = {
+        stage: len({r.probe.candidate.label for r in results if r.probe.stage == stage})
+        for stage in ("rung0", "rung1", "rung2", "rung3")
+    }
+    assert per_rung == {"rung0": 8, "rung1": 4, "rung2": 2, "rung3": 1}
+    seconds = {r.probe.stage: r.probe.seconds for r in results}
+    assert seconds["rung1"] == 2 * seconds["rung0"] and seconds["rung2"] == 2 * seconds["rung1"]
+    assert {r.probe.stage for r in results} >= {"repeat1", "repeat2"}
+    assert len(decision.samples) == 3
+    # The capacity found is a rate that met the SLO, near the true one.
+    assert 0.6 * 800 <= decision.winner.rate <= 800
+    assert all(r.candidate.label != variants[0].label for r in decision.ranking[:1])
+
+
+def test_with_a_target_rate_every_probe_runs_at_it_and_the_lowest_p95_wins() -> None:
+    variants = _variants(4)
+    capacity = {v.label: 200.0 + 100 * i for i, v in enumerate(variants)}
+    plan = plan_search(variants, {v.label: 500.0 for v in variants}, Goal(SLO, target_rps=150), budget_s=10_000)
+    decision, results = _run(plan, _server(capacity))
+    assert {r.probe.rate for r in results} == {150}
+    assert decision.winner is not None and decision.winner.candidate == variants[-1]
+    assert decision.winner.p95_ms is not None and decision.winner.p95_ms < SLO
+
+
+def test_a_memory_limit_rules_a_candidate_out() -> None:
+    variants = _variants(2)
+    plan = plan_search(variants, {}, Goal(SLO, target_rps=10, max_memory_mib=50), budget_s=1000)
+    decision, _ = _run(plan, _server({v.label: 100.0 for v in variants}, rss=80))
+    assert decision.winner is None  # every probe used 80 MiB
+
+
+def test_the_budget_stops_the_search_and_it_still_decides() -> None:
+    variants = _variants(8)
+    capacity = {v.label: 100.0 * (i + 1) for i, v in enumerate(variants)}
+    priors = {v.label: 1000.0 - 100 * i for i, v in enumerate(variants)}  # the prior favours the worst: still
+    plan = plan_search(variants, priors, Goal(SLO), budget_s=40, overhead_s=1.0, min_probe_s=1.0)
+    assert plan.n0 < 8  # not every candidate fits: the most promising by prior are probed
+    decision, results = _run(plan, _server(capacity))
+    assert sum(r.wall_s for r in results) <= 40
+    assert decision.winner is not None
+    assert {r.probe.candidate.label for r in results} <= {v.label for v in variants[: plan.n0]}
+
+
+def test_a_search_out_of_budget_still_makes_one_probe_then_decides() -> None:
+    variants = _variants(3)
+    plan = plan_search(variants, {}, Goal(SLO, target_rps=10), budget_s=0.5)
+    first = next_step(plan, [], 0.0)
+    assert isinstance(first, Probe)  # a search that measured nothing could say nothing
+    decision, results = _run(plan, _server({v.label: 100.0 for v in variants}))
+    assert len(results) == 1 and decision.stopped == "budget"
+    assert decision.winner is not None and decision.winner.candidate == first.candidate
+
+
+def test_a_winner_that_never_met_the_goal_is_not_repeated() -> None:
+    variants = _variants(1)
+    plan = plan_search(variants, {v.label: 400.0 for v in variants}, Goal(SLO), budget_s=1000, repeats=3)
+    # Capacity 0.5 req/s: every rate down to the floor misses; the search keeps halving, then gives up.
+    decision, results = _run(plan, _server({variants[0].label: 0.5}))
+    assert decision.winner is None and decision.stopped == "done"
+    assert not any(r.probe.stage.startswith("repeat") for r in results)
+    assert len(results) > plan.steps[0]  # past its steps while nothing had met the goal
+    assert min(r.probe.rate for r in results) >= 1.0
+
+
+def test_the_machine_was_too_noisy_when_the_runner_up_is_within_the_winners_spread() -> None:
+    a, b = _variants(2)
+    plan = plan_search([a, b], {}, Goal(SLO, target_rps=100), budget_s=1000, repeats=3)
+    p95s = {a.label: [10.0, 10.0, 30.0, 14.0], b.label: [12.0]}  # a wins the rungs, then its repeats wander
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        series = p95s[probe.candidate.label]
+        p95 = series.pop(0) if len(series) > 1 else series[0]
+        return ProbeResult(probe, 100, 0, 100, 100, p95 / 2, p95, p95, 10, probe.seconds)
+
+    decision, _ = _run(plan, measure)
+    assert decision.winner is not None and decision.winner.candidate == a
+    assert decision.runner_up is not None and decision.runner_up.candidate == b
+    assert decision.too_noisy
+
+
+def test_a_clear_winner_is_not_called_noisy() -> None:
+    a, b = _variants(2)
+    plan = plan_search([a, b], {}, Goal(SLO, target_rps=100), budget_s=1000, repeats=3)
+    p95s = {a.label: 10.0, b.label: 40.0}
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        p95 = p95s[probe.candidate.label] + (count % 2) * 0.5
+        return ProbeResult(probe, 100, 0, 100, 100, p95 / 2, p95, p95, 10, probe.seconds)
+
+    decision, _ = _run(plan, measure)
+    assert decision.winner is not None and decision.winner.candidate == a and not decision.too_noisy
+    assert decision.spread is not None and decision.spread[1] - decision.spread[0] <= 0.5
+
+
+def test_a_failed_server_loses_and_the_search_goes_on() -> None:
+    a, b = _variants(2)
+    plan = plan_search([a, b], {}, Goal(SLO, target_rps=100), budget_s=1000)
+
+    def measure(probe: Probe, count: int) -> ProbeResult:
+        if probe.candidate == a:
+            return ProbeResult(probe, 0, 0, 0, 0, None, None, None, 0, 1, failed="the server exited with code 1")
+        return ProbeResult(probe, 100, 0, 100, 100, 5, 10, 12, 10, probe.seconds)
+
+    decision, _ = _run(plan, measure)
+    assert decision.winner is not None and decision.winner.candidate == b
+
+
+@pytest.mark.parametrize("budget", [30.0, 200.0, 2000.0])
+def test_the_plan_fits_its_budget(budget: float) -> None:
+    variants = _variants(12)
+    plan = plan_search(variants, {}, Goal(SLO), budget_s=budget, overhead_s=2.0)
+    decision, results = _run(plan, _server({v.label: 300.0 for v in variants}))
+    assert sum(r.wall_s for r in results) <= budget
+    assert decision.stopped in ("done", "budget")
+
+
+# -- the settings file it writes, and one small real run ---------------------------------------------------------
+def test_the_winner_file_round_trips_into_serves_config(tmp_path: Path) -> None:
+    from twinserve.lab.tune import TuneOutcome, TuneRequest
+    from twinserve.lab.tune_report import winner_config, write_tune_outputs
+    from twinserve.lab.tune_search import Ranked
+
+    winner = Variant("sync", {"workers": 2, "threads": 8, "max_batch_size": 1, "max_batch_delay_ms": 0.0})
+    facts = _facts(100, 110)
+    space = search_space(facts)
+    plan = plan_search([winner], {winner.label: 100.0}, Goal(SLO), budget_s=10)
+    ranked = Ranked(winner, "rung0", 90.0, 90.0, 20.0)
+    decision = Decision(ranked, None, [90.0, 88.0], False, "done", [ranked])
+    request = TuneRequest("twinserve.examples.tabular:Classifier", Goal(SLO), 10, [b"{}"])
+    outcome = TuneOutcome(request, facts, space, plan, decision, [], "iris", 1.0)
+    written = write_tune_outputs(outcome, tmp_path, {"hostname": "h", "cpu_count": 2})
+    expected = winner_config(outcome)
+    assert expected is not None and (expected.arch, expected.workers, expected.threads) == ("sync", 2, 8)
+    assert load_config(config_file=written["settings"]) == expected
+    args = build_parser(["serve"]).parse_args(["serve", "--config", str(written["settings"])])
+    overrides = {k: v for k, v in vars(args).items() if k != "command" and k != "models"}
+    assert load_config(**overrides) == expected
+    # The printed command line says the same.
+    command = serve_command(expected)
+    parsed = build_parser(command[1:]).parse_args(command[1:])
+    assert load_config(**{k: v for k, v in vars(parsed).items() if k != "command"}) == expected
+
+
+def _twinserve(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "twinserve", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = _twinserve(
+        "tune",
+        "twinserve.examples.tabular:Classifier",
+        "--slo-p95-ms", "2000",
+        "--target-rps", "10",
+        "--arch", "async",
+        "--budget-s", "25",
+        "--probe-seconds", "0.5",
+        "--repeats", "2",
+        "--out", str(out),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads((out / "results.json").read_text())
+    assert record["kind"] == "twinserve-tune" and 1 <= len(record["probes"]) <= 6
+    assert all(p["rate_rps"] == 10 and p["arch"] == "async" for p in record["probes"])
+    assert record["decision"]["winner"] is not None
+    report = (out / "report.html").read_text()
+    assert 'data-plot="pareto"' in report and '<circle class="point"' in report
+    config = load_config(config_file=out / "winner.toml")
+    assert config.arch == "async" and config.models == ["twinserve.examples.tabular:Classifier"]
+    assert record["serve_command"][:2] == ["twinserve", "serve"]
+    assert "twinserve serve --config" in done.stdout and shlex.join(record["serve_command"]) in done.stdout
+    # Progress: one line per probe, numbered.
+    progress = re.compile(r"^\s*\d+\s+\d+/\d+\s*s\s+(rung|repeat)\d+\s")
+    assert sum(bool(progress.match(line)) for line in done.stdout.splitlines()) == len(record["probes"])
+
+
+def test_verify_passes_a_server_that_meets_the_goal_and_fails_one_that_does_not(tmp_path: Path) -> None:
+    with Server([DEFAULT_MODEL], "async") as server:
+        passed = _twinserve(
+            "tune", "--verify", server.url, "--slo-p95-ms", "2000", "--rate", "20", "--seconds", "1",
+            "--out", str(tmp_path), cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        failed = _twinserve(
+            "tune", "--verify", server.url, "--slo-p95-ms", "0.001", "--rate", "20", "--seconds", "1",
+            cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert passed.stdout.startswith("twinserve tune --verify") and "PASS:" in passed.stdout
+    assert all(word in passed.stdout for word in ("p50", "p95", "p99", "errors: none", "achieved rate"))
+    evidence = json.loads((tmp_path / "verify.json").read_text())
+    assert evidence["passed"] and evidence["level"]["sent"] > 0 and evidence["level"]["latency_ms"]["p95"] > 0
+    assert failed.returncode == 1 and "FAIL:" in failed.stdout and "p95" in failed.stdout
+
+
+def test_verify_needs_a_rate() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "twinserve", "tune", "--verify", "http://127.0.0.1:1", "--slo-p95-ms", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--verify needs --rate" in done.stderr
