@@ -30,6 +30,7 @@ __all__ = [
     "metrics",
     "prepare_multiprocess_dir",
     "reap_dead_processes",
+    "record_death",
     "render",
     "start_memory_sampler",
 ]
@@ -158,6 +159,11 @@ class _Metrics:
             "twinserve_resident_memory_bytes", "Resident memory of all the server's processes.",
             multiprocess_mode="livesum",
         )  # fmt: skip
+        self.worker_deaths = Counter(
+            "twinserve_worker_deaths_total",
+            "Server and model-worker processes that died while the server ran (killed, crashed, OOM-killed), "
+            "not stopped by it.",
+        )
 
 
 _metrics: _Metrics | None = None
@@ -180,6 +186,7 @@ def start_memory_sampler(role: str, interval: float = 1.0) -> None:
     import psutil
 
     process = psutil.Process()
+    _unclaim(os.getpid())  # a pid the kernel reused: its predecessor's death was counted, this one's is not yet
     per_process = metrics().memory.labels(role)
     total = metrics().memory_total
 
@@ -297,9 +304,42 @@ def reap_dead_processes() -> list[int]:
     pids = {int(m.group(1)) for name in os.listdir(directory) if (m := _LIVE_GAUGE_FILE.match(name))}
     dead = sorted(pid for pid in pids if not _alive(pid))
     for pid in dead:
-        mark_process_dead(pid)
-        logger.info("dropped the live gauges of process %d, which died without a word", pid)
+        if record_death(pid):
+            logger.info("dropped the live gauges of process %d, which died without a word", pid)
     return dead
+
+
+def record_death(pid: int) -> bool:
+    """Count the death of `pid` in `twinserve_worker_deaths_total` and drop its live gauges; True if counted here.
+
+    Whoever notices first counts it (the reaper of any process, gunicorn's arbiter, the model-worker pool), once:
+    the first to create its claim file wins. A process that stopped in order removed its own live gauges, so it
+    has none left and is not counted.
+    """
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        metrics().worker_deaths.inc()
+        return True
+    if not any(_LIVE_GAUGE_FILE.match(name) and name.endswith(f"_{pid}.db") for name in os.listdir(directory)):
+        return False
+    try:
+        os.close(os.open(_claim_path(directory, pid), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False  # another process counted it
+    metrics().worker_deaths.inc()
+    mark_process_dead(pid)
+    return True
+
+
+def _claim_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"dead_{pid}.claim")  # not `*.db`: the collector never reads it
+
+
+def _unclaim(pid: int) -> None:
+    directory = os.environ.get(MULTIPROC_ENV)
+    if directory:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(_claim_path(directory, pid))
 
 
 def _alive(pid: int) -> bool:
