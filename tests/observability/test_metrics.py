@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.serving import Server, model_path, predict, sample, scrape
-from twinserve.observability.metrics import reap_dead_processes
+from twinserve.observability.metrics import metrics, reap_dead_processes
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -115,9 +115,18 @@ def test_reaping_drops_only_the_live_gauges_of_dead_processes(tmp_path: Path, mo
     files += [f"gauge_liveall_{alive}.db", f"histogram_{alive}.db"]
     for name in files:
         (tmp_path / name).write_bytes(b"")
+    metrics()  # made before the directory is set: this process counts in memory, not in its files
+    counted = _deaths()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
 
     assert reap_dead_processes() == [dead]
     # Counters, histograms and max gauges outlive their process; only its live gauges go.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files[2:])
     assert reap_dead_processes() == []
+    assert _deaths() == counted + 1  # counted once, by whoever removed its gauges first
+
+
+def _deaths() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("twinserve_worker_deaths_total") or 0.0

@@ -186,7 +186,6 @@ def start_memory_sampler(role: str, interval: float = 1.0) -> None:
     import psutil
 
     process = psutil.Process()
-    _unclaim(os.getpid())  # a pid the kernel reused: its predecessor's death was counted, this one's is not yet
     per_process = metrics().memory.labels(role)
     total = metrics().memory_total
 
@@ -313,33 +312,23 @@ def record_death(pid: int) -> bool:
     """Count the death of `pid` in `twinserve_worker_deaths_total` and drop its live gauges; True if counted here.
 
     Whoever notices first counts it (the reaper of any process, gunicorn's arbiter, the model-worker pool), once:
-    the first to create its claim file wins. A process that stopped in order removed its own live gauges, so it
-    has none left and is not counted.
+    the one whose removal of the process's `livesum` gauge file succeeds (a removal is atomic; every serving
+    process has that file from its memory sampler on). A process that stopped in order removed its own live
+    gauges, so it has none left and is not counted.
     """
     directory = os.environ.get(MULTIPROC_ENV)
     if not directory:
         metrics().worker_deaths.inc()
         return True
-    if not any(_LIVE_GAUGE_FILE.match(name) and name.endswith(f"_{pid}.db") for name in os.listdir(directory)):
-        return False
     try:
-        os.close(os.open(_claim_path(directory, pid), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False  # another process counted it
-    metrics().worker_deaths.inc()
+        os.remove(os.path.join(directory, f"gauge_livesum_{pid}.db"))
+    except FileNotFoundError:
+        counted = False  # stopped in order, or another process counted it
+    else:
+        metrics().worker_deaths.inc()
+        counted = True
     mark_process_dead(pid)
-    return True
-
-
-def _claim_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"dead_{pid}.claim")  # not `*.db`: the collector never reads it
-
-
-def _unclaim(pid: int) -> None:
-    directory = os.environ.get(MULTIPROC_ENV)
-    if directory:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(_claim_path(directory, pid))
+    return counted
 
 
 def _alive(pid: int) -> bool:
