@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import subprocess
@@ -106,6 +107,47 @@ def test_a_killed_uvicorn_workers_gauges_leave_the_aggregate() -> None:
         os.kill(victim, signal.SIGKILL)
         after = wait_for(server, lambda pids: victim not in pids and len(pids) == 2)
     assert len(after - before) == 1  # uvicorn's replacement, and no sample of the dead worker left
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_killed_worker_is_counted_as_one_death(arch: str) -> None:
+    """SIGKILL an HTTP worker (sync, async) or a model worker (hybrid): `twinserve_worker_deaths_total` counts it
+    once, whether gunicorn's arbiter, a surviving worker's reaper or the model-worker pool noticed it first."""
+    role = "model_worker" if arch == "hybrid" else "server"
+    flags = ["--model-workers", "2"] if arch == "hybrid" else ["--workers", "2"]
+
+    def pids(server: Server) -> set[int]:
+        samples = scrape(server)
+        return {
+            int(dict(labels)["pid"])
+            for (name, labels), _ in samples.items()
+            if name == "twinserve_process_resident_memory_bytes" and dict(labels)["role"] == role
+        }
+
+    def wait_for(server: Server, condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(httpx.TransportError):  # a scrape may reach the worker as it dies
+                if condition():
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"never: {what}")
+            time.sleep(0.1)
+
+    def deaths(server: Server) -> float:
+        return sample(scrape(server), "twinserve_worker_deaths_total")
+
+    with Server([model_path("Echo")], arch, *flags) as server:
+        wait_for(server, lambda: len(pids(server)) == 2, "two worker processes")
+        assert deaths(server) == 0
+        victim = min(pids(server))
+        os.kill(victim, signal.SIGKILL)
+        wait_for(server, lambda: victim not in pids(server) and deaths(server) == 1, "the death counted")
+        # Traffic reaches the dead model worker's slot (hybrid replaces it then): still one death.
+        statuses = {predict(server, "echo", [i]).status_code for i in range(6)}
+        assert statuses <= {200, 503}
+        wait_for(server, lambda: len(pids(server)) == 2, "a replacement")
+        assert deaths(server) == 1
 
 
 def test_reaping_drops_only_the_live_gauges_of_dead_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
