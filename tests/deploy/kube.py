@@ -3,8 +3,8 @@
 The client's `from_dict` checks required fields and value types (its models are pydantic) but silently drops
 fields it does not know. So each document is loaded into its model class and serialised back: anything dropped
 (a misspelled or unknown field) or changed (a value coerced from the wrong type) differs from the input, and fails.
-Custom resources (PodMonitor, PrometheusRule, InferenceService) have no model here: their required fields are checked by hand,
-and the pod-shaped parts inside them go through the same strict check.
+Custom resources (PodMonitor, PrometheusRule, InferenceService) have no model here: their required fields are
+checked by hand, and the pod-shaped parts inside them go through the same strict check.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _require(doc: dict[str, Any], *path: str) -> Any:
 
 
 def check_crd(doc: dict[str, Any]) -> None:
-    """The fields the PodMonitor, PrometheusRule and InferenceService CRDs require, and their pod parts through `strict`."""
+    """The fields the PodMonitor, PrometheusRule and InferenceService CRDs require; their pod parts via `strict`."""
     if not isinstance(_require(doc, "metadata", "name"), str):
         raise SchemaError("metadata.name must be a string")
     strict("V1ObjectMeta", doc["metadata"])

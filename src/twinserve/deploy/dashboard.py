@@ -149,7 +149,9 @@ def _panels(scope: Scope) -> list[_Panel]:
         for w in ("5m", "1h", "6h")
     ]
     if scope.objectives.p95_ms is not None:
-        burn += [_Target(f"{recorded('slow', w)}{{{_OWN}}} / {LATENCY_BUDGET:g}", f"latency {w}") for w in ("5m", "1h", "6h")]
+        burn += [
+            _Target(f"{recorded('slow', w)}{{{_OWN}}} / {LATENCY_BUDGET:g}", f"latency {w}") for w in ("5m", "1h", "6h")
+        ]
     panels.append(
         _Panel(
             "Error budget burn rate",
@@ -196,7 +198,10 @@ def _variables(scope: Scope) -> list[Doc]:
             "label": "Model",
             "type": "query",
             "datasource": _DATASOURCE,
-            "query": {"query": 'label_values(twinserve_requests_total{job="$job", model!=""}, model)', "refId": "model"},
+            "query": {
+                "query": 'label_values(twinserve_requests_total{job="$job", model!=""}, model)',
+                "refId": "model",
+            },
             "multi": True,
             "includeAll": True,
             "allValue": ".*",
