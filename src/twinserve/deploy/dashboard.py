@@ -126,9 +126,7 @@ def _panels(scope: Scope) -> list[_Panel]:
             "Memory per process",
             "bytes",
             (
-                _Target(
-                    f"twinserve_process_resident_memory_bytes{{{_OWN}}}", "{{instance}} {{role}} pid {{pid}}"
-                ),
+                _Target(f"twinserve_process_resident_memory_bytes{{{_OWN}}}", "{{instance}} {{role}} pid {{pid}}"),
                 _Target(f"sum by (instance) (twinserve_resident_memory_bytes{{{_OWN}}})", "{{instance}} total"),
             ),
             "Resident memory of each server and model-worker process, and of each pod's whole server.",
@@ -136,11 +134,7 @@ def _panels(scope: Scope) -> list[_Panel]:
         _Panel(
             "Worker deaths",
             "short",
-            (
-                _Target(
-                    f"sum by (instance) (increase(twinserve_worker_deaths_total{{{_OWN}}}{_RATE}))", "{{instance}}"
-                ),
-            ),
+            (_Target(f"sum by (instance) (increase(twinserve_worker_deaths_total{{{_OWN}}}{_RATE}))", "{{instance}}"),),
             "Server and model-worker processes that died (killed, crashed, OOM-killed) and were replaced.",
         ),
     ]

@@ -16,8 +16,8 @@ build from the same flags; the container runs exactly `serve_command(config)`. S
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +98,8 @@ class K8sPlan:
     startup_timeout_s: float = 600.0
     #: (Secret name, key) whose value becomes TWINSERVE_API_KEYS (comma-separated keys); None: no API keys.
     api_key_secret: tuple[str, str] | None = None
-    objectives: Objectives = dataclasses.field(default_factory=Objectives)  # what the alerting rules hold the deployment to
+    #: What the alerting rules hold the deployment to.
+    objectives: Objectives = dataclasses.field(default_factory=Objectives)
 
 
 @dataclass(frozen=True)
