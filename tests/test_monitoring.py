@@ -269,6 +269,9 @@ def test_every_dashboard_query_answers_against_a_real_prometheus(arch: str, tmp_
         too_big = predict(server, "echo", ["x" * 4096])
         assert too_big.status_code == 413  # refused by admission: the refusals panel has a series
         _wait_for(prom, everything, lambda v: v == sent + 1)
+        # The refusal's series begins with the 413: a rate needs two of its samples in the window.
+        refused = 'count_over_time(twinserve_rejected_requests_total{job="twinserve"}[10s])'
+        _wait_for(prom, refused, lambda v: v >= 2)
         _wait_for(prom, 'twinserve:request_slow:ratio_rate5m{job="twinserve"}', lambda v: v == v)  # not NaN
         for title, expr in expressions(board):
             query = _substitute(expr, "twinserve", "echo")
