@@ -35,7 +35,7 @@ def test_locust_reports_the_window_the_server_counted(server: Server) -> None:
     counted = answered(server) - before
     assert level["sent"] == counted > 0
     assert level["ok"] == level["sent"] and sample(scrape(server), "twinserve_worker_deaths_total") == 0
-    assert level["duration_s"] > 1.5  # the whole 2 s asked, not the part after a spawn ramp
+    assert level["duration_s"] > 1.75  # the 2 s asked (up to the last answer), not what followed a spawn ramp
     assert level["throughput_rps"] == pytest.approx(level["sent"] / level["duration_s"], rel=0.01)
 
 

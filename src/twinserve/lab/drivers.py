@@ -7,6 +7,8 @@ threads are closed loops, and none of them corrects for coordinated omission. pe
 
 from __future__ import annotations
 
+import math
+import os
 import shutil
 import subprocess
 import sys
@@ -235,14 +237,23 @@ class PredictUser(FastHttpUser):
     return source + (_LOCUST_STATS_HOOK % repr(stats_path) if stats_path else "")
 
 
-#: Appended to the bench's Locust file: the final statistics, as Locust computes them, once every user stopped.
-#: Its CSV files cannot serve: they are rewritten once a second, so they miss the run's last second.
+#: Appended to the bench's Locust file. It ends the run `TWINSERVE_LOCUST_SECONDS` after Locust's statistics start
+#: (`-t` counts from before Locust has finished starting up, and takes whole seconds only), and it writes the final
+#: statistics, as Locust computes them, once every user stopped (the CSV files are rewritten once a second, so they
+#: miss the run's last second).
 _LOCUST_STATS_HOOK = """
 
 import json
+import os
 
+import gevent
 from locust import events
 from locust.stats import PERCENTILES_TO_REPORT, StatsError
+
+
+@events.test_start.add_listener
+def _stop_after(environment, **kwargs) -> None:
+    gevent.spawn_later(float(os.environ["TWINSERVE_LOCUST_SECONDS"]), environment.runner.quit)
 
 
 @events.quitting.add_listener
@@ -271,10 +282,11 @@ def _locust(url: str, bodies: list[bytes], users: int, duration: float, warmup: 
 
     Three things made Locust's count differ from the server's: `--reset-stats` resets once spawning ends (a
     second in, with the spawn rate at the user count), not after a warm-up, so the level missed that second; its
-    CSV files are rewritten once a second, so the run's last second was missing too; and at `-t` users were cut off
-    with requests in flight that the server still answered. Now every user starts at once (one dispatch), nothing
-    is reset, each user finishes its request in flight (`--stop-timeout`), and the statistics are Locust's final
-    ones, written by the locustfile as Locust quits.
+    CSV files are rewritten once a second, so the run's last second was missing too; at `-t` users were cut off
+    with requests in flight that the server still answered; and `-t` counts from before Locust finished starting,
+    so the window was short of the duration asked. Now every user starts at once (one dispatch), nothing is reset,
+    the locustfile ends the run `duration` seconds after the statistics start, each user finishes its request in
+    flight (`--stop-timeout`), and the statistics are Locust's final ones, written by the locustfile as it quits.
     """
     # Never imported here: importing locust monkey-patches this whole process with gevent.
     try:
@@ -323,7 +335,7 @@ def _ms_or_none(value: Any) -> float | None:
 
 
 def _locust_run(locustfile: Path, base: str, users: int, seconds: float) -> dict[str, Any]:
-    """One headless Locust run of `seconds` (whole seconds: `-t` takes no fractions); its final statistics."""
+    """One headless Locust run of `seconds` from its statistics' start; its final statistics."""
     stats = locustfile.with_name("statistics.json")
     stats.unlink(missing_ok=True)
     done = subprocess.run(
@@ -340,8 +352,8 @@ def _locust_run(locustfile: Path, base: str, users: int, seconds: float) -> dict
             str(users),
             "-r",
             str(users),
-            "-t",
-            f"{max(1, round(seconds))}s",
+            "-t",  # a backstop only: the locustfile ends the run
+            f"{math.ceil(seconds) + _LOCUST_STOP_TIMEOUT_S}s",
             "--stop-timeout",
             str(_LOCUST_STOP_TIMEOUT_S),
             "--only-summary",
@@ -350,8 +362,9 @@ def _locust_run(locustfile: Path, base: str, users: int, seconds: float) -> dict
         ],
         capture_output=True,
         text=True,
-        timeout=seconds + _LOCUST_STOP_TIMEOUT_S + 120,
+        timeout=seconds + 2 * _LOCUST_STOP_TIMEOUT_S + 120,
         check=False,
+        env={**os.environ, "TWINSERVE_LOCUST_SECONDS": str(seconds)},
     )
     if not stats.exists():
         raise DriverError(f"locust failed: {done.stderr.strip()[-1000:]}")
