@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System tools the test suite starts for real: redis-server (feature store of the I/O example), prometheus
-# (a real scraper of /metrics) and wrk (a load driver), and libraries of tools they run. Installs whichever is
-# missing, with apt-get, when run as root.
+# (a real scraper of /metrics) and its promtool (checks and unit-tests the alerting rules), wrk (a load driver),
+# and libraries of tools they run. Installs whichever is missing, with apt-get, when run as root.
 set -euo pipefail
 has_library() {
     local cache
@@ -10,7 +10,8 @@ has_library() {
 }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+# Debian's prometheus package ships promtool too (tests/test_monitoring.py fails without it when CI=true).
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)  # `bench --driver wrk` in tests/lab/test_bench.py, benchmarks/
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders report.html in tests/lab/test_report.py
 has_library 'libb64\.so\.0d' || missing+=(libb64-0d)  # NVIDIA perf_analyzer links it (scripts/perf-analyzer.sh)

@@ -3,8 +3,8 @@
 The client's `from_dict` checks required fields and value types (its models are pydantic) but silently drops
 fields it does not know. So each document is loaded into its model class and serialised back: anything dropped
 (a misspelled or unknown field) or changed (a value coerced from the wrong type) differs from the input, and fails.
-Custom resources (PodMonitor, InferenceService) have no model here: their required fields are checked by hand,
-and the pod-shaped parts inside them go through the same strict check.
+Custom resources (PodMonitor, PrometheusRule, InferenceService) have no model here: their required fields are
+checked by hand, and the pod-shaped parts inside them go through the same strict check.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _require(doc: dict[str, Any], *path: str) -> Any:
 
 
 def check_crd(doc: dict[str, Any]) -> None:
-    """The fields the PodMonitor and InferenceService CRDs require, and their pod parts through `strict`."""
+    """The fields the PodMonitor, PrometheusRule and InferenceService CRDs require; their pod parts via `strict`."""
     if not isinstance(_require(doc, "metadata", "name"), str):
         raise SchemaError("metadata.name must be a string")
     strict("V1ObjectMeta", doc["metadata"])
@@ -93,6 +93,19 @@ def check_crd(doc: dict[str, Any]) -> None:
         for endpoint in endpoints:
             if set(endpoint) - known or not isinstance(endpoint.get("port"), str):
                 raise SchemaError(f"PodMonitor endpoint {endpoint}: unknown field or no named port")
+        if set(doc["spec"]) - {"selector", "podMetricsEndpoints", "jobLabel", "namespaceSelector"}:
+            raise SchemaError(f"PodMonitor spec: unknown fields {sorted(doc['spec'])}")
+    elif (doc.get("apiVersion"), doc.get("kind")) == ("monitoring.coreos.com/v1", "PrometheusRule"):
+        # The operator's schema: groups of {name, interval?, rules}; each rule records or alerts (what the rules
+        # mean is promtool's to check, in tests/test_monitoring.py).
+        for group in _require(doc, "spec", "groups"):
+            if set(group) - {"name", "interval", "rules"} or not isinstance(group.get("name"), str):
+                raise SchemaError(f"PrometheusRule group {group.get('name')!r}: unknown field or no name")
+            for rule in group["rules"]:
+                if set(rule) - {"record", "alert", "expr", "for", "labels", "annotations"}:
+                    raise SchemaError(f"PrometheusRule rule {rule}: unknown field")
+                if ("record" in rule) == ("alert" in rule) or not isinstance(rule.get("expr"), str):
+                    raise SchemaError(f"PrometheusRule rule {rule}: needs one of record and alert, and an expr")
     elif (doc.get("apiVersion"), doc.get("kind")) == ("serving.kserve.io/v1beta1", "InferenceService"):
         predictor = _require(doc, "spec", "predictor")
         known = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "securityContext", "containers", "volumes"}

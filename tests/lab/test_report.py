@@ -328,3 +328,33 @@ def test_chromium_renders_the_report(report: tuple[Path, list[Path]], tmp_path: 
     assert [len(point_titles(svg)) for svg in plots.values()] == [LEVELS, 3 * LEVELS, LEVELS, LEVELS, LEVELS]
     assert "async · 32 conns · 3,000 req/s · p95 30.0 ms" in point_titles(plots["throughput"])
     assert not list(dom.iter("script"))
+
+
+def _y_ticks(svg: Node) -> list[list[str]]:
+    """Each panel's y-axis tick labels (the right-aligned tick texts), top panel first."""
+    panels = [g for g in svg.iter("g") if "panel" in g.classes()]
+    return [
+        [t.text() for t in g.iter("text") if "tick" in t.classes() and t.attrs.get("text-anchor") == "end"]
+        for g in panels
+    ]
+
+
+def test_the_error_rate_axis_is_in_percent_as_its_label_says(doc: Node) -> None:
+    """Before: "% of requests" over ticks 0-1, which read as a fraction; the values were percent already."""
+    closed, opened = _y_ticks(plots_in(doc)["errors"])
+    assert closed == ["0%", "0.1%", "0.2%", "0.3%"]  # sync's worst level: 12 errors of 4,750, 0.25%
+    assert opened[-1] == "0.25%"  # async's: 40 of 19,600, 0.2%
+    assert all(t.endswith("%") for t in opened)
+    for name in ("throughput", "latency", "memory", "cpu"):
+        assert not any(t.endswith("%") for ticks in _y_ticks(plots_in(doc)[name]) for t in ticks)
+
+
+def test_without_errors_the_error_axis_still_says_percent() -> None:
+    from twinserve.lab.report_plots import _plots
+    from twinserve.lab.report_svg import _svg
+
+    clean = results(run("async", "async", [level(1, 400, 5), level(4, 1200, 8)]))
+    (errors,) = [p for p in _plots(clean) if p.key == "errors"]
+    (ticks,) = _y_ticks(parse(_svg(errors)))
+    assert ticks[0] == "0%" and ticks[-1] == "1%"  # 0-1 percent, not a 0-1 fraction
+    assert errors.y_tick(0.5) == "0.5%"

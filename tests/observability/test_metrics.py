@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.serving import Server, model_path, predict, sample, scrape
-from twinserve.observability.metrics import reap_dead_processes
+from twinserve.observability.metrics import metrics, reap_dead_processes
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -108,6 +109,47 @@ def test_a_killed_uvicorn_workers_gauges_leave_the_aggregate() -> None:
     assert len(after - before) == 1  # uvicorn's replacement, and no sample of the dead worker left
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_killed_worker_is_counted_as_one_death(arch: str) -> None:
+    """SIGKILL an HTTP worker (sync, async) or a model worker (hybrid): `twinserve_worker_deaths_total` counts it
+    once, whether gunicorn's arbiter, a surviving worker's reaper or the model-worker pool noticed it first."""
+    role = "model_worker" if arch == "hybrid" else "server"
+    flags = ["--model-workers", "2"] if arch == "hybrid" else ["--workers", "2"]
+
+    def pids(server: Server) -> set[int]:
+        samples = scrape(server)
+        return {
+            int(dict(labels)["pid"])
+            for (name, labels), _ in samples.items()
+            if name == "twinserve_process_resident_memory_bytes" and dict(labels)["role"] == role
+        }
+
+    def wait_for(server: Server, condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(httpx.TransportError):  # a scrape may reach the worker as it dies
+                if condition():
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"never: {what}")
+            time.sleep(0.1)
+
+    def deaths(server: Server) -> float:
+        return sample(scrape(server), "twinserve_worker_deaths_total")
+
+    with Server([model_path("Echo")], arch, *flags) as server:
+        wait_for(server, lambda: len(pids(server)) == 2, "two worker processes")
+        assert deaths(server) == 0
+        victim = min(pids(server))
+        os.kill(victim, signal.SIGKILL)
+        wait_for(server, lambda: victim not in pids(server) and deaths(server) == 1, "the death counted")
+        # Traffic reaches the dead model worker's slot (hybrid replaces it then): still one death.
+        statuses = {predict(server, "echo", [i]).status_code for i in range(6)}
+        assert statuses <= {200, 503}
+        wait_for(server, lambda: len(pids(server)) == 2, "a replacement")
+        assert deaths(server) == 1
+
+
 def test_reaping_drops_only_the_live_gauges_of_dead_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead, alive = int(finished.stdout), os.getpid()  # the child has exited and been waited for
@@ -115,9 +157,18 @@ def test_reaping_drops_only_the_live_gauges_of_dead_processes(tmp_path: Path, mo
     files += [f"gauge_liveall_{alive}.db", f"histogram_{alive}.db"]
     for name in files:
         (tmp_path / name).write_bytes(b"")
+    metrics()  # made before the directory is set: this process counts in memory, not in its files
+    counted = _deaths()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
 
     assert reap_dead_processes() == [dead]
     # Counters, histograms and max gauges outlive their process; only its live gauges go.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files[2:])
     assert reap_dead_processes() == []
+    assert _deaths() == counted + 1  # counted once, by whoever removed its gauges first
+
+
+def _deaths() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("twinserve_worker_deaths_total") or 0.0

@@ -31,6 +31,7 @@ from twinserve.config import Config
 from twinserve.core.admission import QueueBound
 from twinserve.errors import DeadlineExceeded, ModelNotReady, TwinserveError, WorkerDied, error_from_code
 from twinserve.observability.context import computing, request_ids
+from twinserve.observability.metrics import mark_process_dead, record_death
 
 if TYPE_CHECKING:
     from twinserve.core.streams import GeneratorSteps
@@ -264,6 +265,7 @@ class ProcessPool:
             workers = list(self._workers.values())
             self._workers.clear()
         for worker in workers:
+            mark_process_dead(worker.pid)  # stopped in order, not a death: its gauges go before it does
             with contextlib.suppress(OSError):
                 worker.conn.send(None)
         for worker in workers:
@@ -306,6 +308,7 @@ class ProcessPool:
             self._workers.pop(dead.pid, None)
             if self._closed:
                 return
+        record_death(dead.pid)
         dead.conn.close()
         self.replaced += 1
 

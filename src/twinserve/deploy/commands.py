@@ -1,15 +1,18 @@
 """`twinserve k8s`: Kubernetes (or KServe) manifests and a Dockerfile for `twinserve serve` with the same flags.
 
-Stdout gets the Deployment, Service, HorizontalPodAutoscaler (+ prometheus-adapter rules) and PodMonitor as
-multi-document YAML, or the KServe InferenceService alone with `--kserve` (the two are alternatives).
-`--out DIR` writes both as `kubernetes.yaml` and `kserve.yaml`, plus the image's build context: `Dockerfile`, the
-wheel of this twinserve (no index has to have it) and the model files the command names, at their relative paths:
-`docker build -t IMAGE DIR`.
+Stdout gets the Deployment, Service, HorizontalPodAutoscaler (+ prometheus-adapter rules), PodMonitor and
+PrometheusRule (alerts on the SLO's burn rate, queue saturation, worker deaths and refusals) as multi-document
+YAML; or the KServe InferenceService alone with `--kserve`, the Grafana dashboard with `--dashboard`, the alerting
+rules as a plain Prometheus rules file with `--alert-rules`.
+`--out DIR` writes them all as `kubernetes.yaml`, `kserve.yaml`, `grafana-dashboard.json` and
+`prometheus-rules.yaml`, plus the image's build context: `Dockerfile`, the wheel of this twinserve (no index has
+to have it) and the model files the command names, at their relative paths: `docker build -t IMAGE DIR`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import sys
@@ -19,6 +22,7 @@ from typing import Any
 from twinserve import __version__
 from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
+from twinserve.deploy.dashboard import dashboard
 from twinserve.deploy.dockerfile import copy_model_files, dockerfile, model_files
 from twinserve.deploy.k8s import (
     DEFAULT_MEMORY_PER_PROCESS_MIB,
@@ -26,9 +30,11 @@ from twinserve.deploy.k8s import (
     cpu_request_cores,
     inference_service,
     manifests,
+    monitoring_scope,
     serve_command,
     to_yaml,
 )
+from twinserve.deploy.monitoring import DEFAULT_AVAILABILITY, Objectives, latency_bucket_s, rules_file
 from twinserve.deploy.wheel import write_wheel
 from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
@@ -59,7 +65,20 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
         "--autoscale", type=_autoscale, default=(2, 10), metavar="MIN,MAX", help="autoscaler bounds (default 2,10)"
     )
     k8s.add_argument("--results", type=Path, help="bench results.json (or its folder): autoscaling targets, memory")
-    k8s.add_argument("--slo-p95-ms", type=positive(float), help="P95 objective for --results (default: bench's)")
+    k8s.add_argument(
+        "--slo-p95-ms",
+        type=positive(float),
+        help="P95 objective: the latency SLO the alerts hold to, and for --results the level to size on "
+        "(default: bench's objective; none: no latency alerts)",
+    )
+    k8s.add_argument(
+        "--slo-availability",
+        type=_percentage,
+        default=DEFAULT_AVAILABILITY,
+        metavar="PERCENT",
+        help=f"share of inference requests to answer without a 5xx, for the burn-rate alerts (default "
+        f"{DEFAULT_AVAILABILITY:g})",
+    )
     k8s.add_argument("--name", default="twinserve", help="object names (default twinserve)")
     k8s.add_argument("--namespace", help="namespace of every object (default: kubectl's)")
     k8s.add_argument(
@@ -69,7 +88,12 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
         help="write kubernetes.yaml, kserve.yaml and the image's build context here: Dockerfile, a twinserve wheel "
         "and the model files (docker build -t IMAGE DIR)",
     )
-    k8s.add_argument("--kserve", action="store_true", help="stdout: the KServe InferenceService instead")
+    stdout = k8s.add_mutually_exclusive_group()
+    stdout.add_argument("--kserve", action="store_true", help="stdout: the KServe InferenceService instead")
+    stdout.add_argument("--dashboard", action="store_true", help="stdout: the Grafana dashboard (JSON) instead")
+    stdout.add_argument(
+        "--alert-rules", action="store_true", help="stdout: the alerting rules as a Prometheus rules file instead"
+    )
     k8s.add_argument(
         "--memory-per-process-mib",
         type=positive(float),
@@ -89,6 +113,16 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
     )
     add_config_flags(k8s)
     k8s.set_defaults(handler=_k8s)
+
+
+def _percentage(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage between 0 and 100 (e.g. 99.9), got {text!r}")
+    return value
 
 
 def _secret_ref(text: str) -> tuple[str, str]:
@@ -128,11 +162,27 @@ def _bench_settings(results: Results, run: Run) -> dict[str, Any]:
     return settings
 
 
-def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Config, AutoscalingTargets]:
+def _objectives(args: argparse.Namespace, p95: float | None) -> Objectives:
+    """The SLO the alerts hold to: --slo-availability, and the P95 objective (--slo-p95-ms, else bench's)."""
+    if p95 is not None:
+        try:
+            bound = latency_bucket_s(p95) * 1000
+        except ValueError as exc:
+            raise ConfigError(f"--slo-p95-ms: {exc}") from None
+        if abs(bound - p95) > 1e-9:
+            print(
+                f"twinserve: note: the latency alerts count requests over {bound:g} ms, the largest latency bucket "
+                f"not above the {p95:g} ms objective (a histogram counts at its bounds only)",
+                file=sys.stderr,
+            )
+    return Objectives(availability=args.slo_availability, p95_ms=p95)
+
+
+def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Config, AutoscalingTargets, float]:
     """Targets from --results, with the measured model and run's settings for every flag the user left unset.
 
     Targets measured with one set of settings do not transfer to another, so an explicit flag that differs from
-    the measured run gets a warning.
+    the measured run gets a warning. Also returns the P95 objective used (--slo-p95-ms, else bench's).
     """
     path: Path = args.results / "results.json" if args.results.is_dir() else args.results
     try:
@@ -161,13 +211,18 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
                 file=sys.stderr,
             )
     config = k8s_config(overrides)
-    return config, autoscaling_targets(results, arch, slo, cpu_request_cores(config))
+    return config, autoscaling_targets(results, arch, slo, cpu_request_cores(config)), slo
 
 
 def _plan(args: argparse.Namespace) -> K8sPlan:
     overrides = {name: getattr(args, name) for name in Config.model_fields}
     overrides["config_file"] = args.config_file  # load_config's keyword: the settings file `twinserve tune` writes
-    config, targets = (k8s_config(overrides), None) if args.results is None else _targets(args, overrides)
+    targets: AutoscalingTargets | None = None
+    slo: float | None = args.slo_p95_ms
+    if args.results is None:
+        config = k8s_config(overrides)
+    else:
+        config, targets, slo = _targets(args, overrides)
     return K8sPlan(
         config=config,
         image=args.image,
@@ -179,6 +234,7 @@ def _plan(args: argparse.Namespace) -> K8sPlan:
         targets=targets,
         startup_timeout_s=args.startup_timeout,
         api_key_secret=args.api_key_secret,
+        objectives=_objectives(args, slo),
     )
 
 
@@ -192,8 +248,12 @@ def _k8s(args: argparse.Namespace) -> int:
     if plan.targets is not None:
         header += f"\nAutoscaling target: {plan.targets.describe()}"
     if args.out is None:
-        docs = [inference_service(plan)] if args.kserve else manifests(plan)
-        sys.stdout.write(to_yaml(docs, header))
+        if args.dashboard:
+            sys.stdout.write(_dashboard_json(plan))
+        elif args.alert_rules:
+            sys.stdout.write(to_yaml([rules_file(monitoring_scope(plan))], header))
+        else:
+            sys.stdout.write(to_yaml([inference_service(plan)] if args.kserve else manifests(plan), header))
         return 0
     cwd = Path.cwd()
     try:
@@ -210,9 +270,15 @@ def _k8s(args: argparse.Namespace) -> int:
     files = {
         "kubernetes.yaml": to_yaml(manifests(plan), header),
         "kserve.yaml": to_yaml([inference_service(plan)], header),
+        "grafana-dashboard.json": _dashboard_json(plan),
+        "prometheus-rules.yaml": to_yaml([rules_file(monitoring_scope(plan))], header),
         "Dockerfile": dockerfile(plan.config, wheel.name, args.extra, copied),
     }
     for file_name, text in files.items():
         (args.out / file_name).write_text(text)
         print(f"wrote {args.out / file_name}")
     return 0
+
+
+def _dashboard_json(plan: K8sPlan) -> str:
+    return json.dumps(dashboard(monitoring_scope(plan)), indent=2) + "\n"

@@ -1,4 +1,4 @@
-"""Kubernetes manifests for one twinserve server: Deployment, Service, autoscaler, PodMonitor, KServe.
+"""Kubernetes manifests for one twinserve server: Deployment, Service, autoscaler, PodMonitor, alerts, KServe.
 
 Every object is a plain dict built from one `K8sPlan`, whose `Config` is the same object `twinserve serve` would
 build from the same flags; the container runs exactly `serve_command(config)`. Sizing rules:
@@ -10,10 +10,13 @@ build from the same flags; the container runs exactly `serve_command(config)`. S
 - Autoscaling: sync on CPU utilization; async and hybrid on `twinserve_in_flight_requests` per pod (a Pods
   metric served by prometheus-adapter, whose rule ships as a ConfigMap). Targets come from
   `lab.advise.autoscaling_targets` with results, else `DEFAULT_CPU_UTILIZATION` / `DEFAULT_IN_FLIGHT_PER_CORE`.
+- Monitoring: the PodMonitor names the scrape job after the deployment (`jobLabel`), which the alerting rules
+  (`deploy.monitoring`, a PrometheusRule) and the Grafana dashboard (`deploy.dashboard`) select on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 import yaml
 
 from twinserve.config import Config
+from twinserve.deploy.monitoring import Objectives, Scope, prometheus_rule
 from twinserve.lab.advise import AutoscalingTargets
 
 __all__ = [
@@ -47,8 +51,10 @@ __all__ = [
     "hpa_metric",
     "inference_service",
     "manifests",
+    "monitoring_scope",
     "pod_monitor",
     "process_counts",
+    "rules",
     "serve_command",
     "service",
     "sizing",
@@ -92,6 +98,8 @@ class K8sPlan:
     startup_timeout_s: float = 600.0
     #: (Secret name, key) whose value becomes TWINSERVE_API_KEYS (comma-separated keys); None: no API keys.
     api_key_secret: tuple[str, str] | None = None
+    #: What the alerting rules hold the deployment to.
+    objectives: Objectives = dataclasses.field(default_factory=Objectives)
 
 
 @dataclass(frozen=True)
@@ -368,20 +376,34 @@ def pod_monitor(plan: K8sPlan) -> Doc:
         "kind": "PodMonitor",
         "metadata": _metadata(plan),
         "spec": {
+            # The job label takes the pods' instance label (the plan's name), which the rules and dashboard select.
+            "jobLabel": "app.kubernetes.io/instance",
             "selector": {"matchLabels": _labels(plan)},
             "podMetricsEndpoints": [{"port": HTTP_PORT_NAME, "path": METRICS_PATH, "interval": "15s"}],
         },
     }
 
 
+def monitoring_scope(plan: K8sPlan) -> Scope:
+    """What the alerting rules and the dashboard watch: the PodMonitor's job, and what one pod may queue."""
+    capacity = plan.config.max_queue * plan.config.effective_workers  # each worker process has its own queue
+    return Scope(job=plan.name, namespace=plan.namespace, queue_capacity=capacity, objectives=plan.objectives)
+
+
+def rules(plan: K8sPlan) -> Doc:
+    """The alerting rules as a PrometheusRule (the Prometheus Operator loads it; `deploy.monitoring`)."""
+    return prometheus_rule(monitoring_scope(plan), _metadata(plan))
+
+
 def manifests(plan: K8sPlan) -> list[Doc]:
-    """Deployment, Service, then (autoscaled) HorizontalPodAutoscaler and adapter rules, then PodMonitor."""
+    """Deployment, Service, then (autoscaled) HorizontalPodAutoscaler and adapter rules, then PodMonitor and
+    PrometheusRule."""
     docs = [deployment(plan), service(plan)]
     if plan.replicas is None:
         docs.append(autoscaler(plan))
         if plan.config.arch != "sync":
             docs.append(adapter_rules(plan))
-    docs.append(pod_monitor(plan))
+    docs += [pod_monitor(plan), rules(plan)]
     return docs
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from twinserve.lab.report_rows import _errors_text, _load_text, _ms, _ordered
+from twinserve.lab.report_rows import _errors_text, _load_text, _ms, _num, _ordered
 from twinserve.lab.results import Level, Results
 
 __all__ = ["_MODE_AXIS", "_PERCENTILES", "_Panel", "_Plot", "_log_x", "_plots"]
@@ -64,6 +64,10 @@ class _Plot:
     slo: float | None = None
     styles: bool = False  # the series differ by line style (percentiles) as well as colour
     log_y: bool = False
+    y_suffix: str = ""  # after each y tick's number: "%" where the values are percentages
+
+    def y_tick(self, value: float) -> str:
+        return _num(value) + self.y_suffix
 
 
 _Metric = Callable[[Level], list[tuple[str, float, str]]]  # level → [(style, y, metric text)]
@@ -139,7 +143,9 @@ def _plots(results: Results) -> list[_Plot]:
         ),
         _Plot("memory", "Memory (RSS max of the server's process tree)", "MiB", _panels(results, _memory)),
         _Plot("cpu", "CPU (mean, % of one core)", "% of one core", _panels(results, _cpu)),
-        _Plot("errors", "Error rate", "% of requests", _panels(results, _error_rate)),
+        # Percent on the values and on every tick (0.5%), so the scale reads as its label says even where no level
+        # had errors and the axis spans 0-1%.
+        _Plot("errors", "Error rate", "% of requests", _panels(results, _error_rate), y_suffix="%"),
     ]
 
 

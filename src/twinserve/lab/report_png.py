@@ -48,9 +48,10 @@ def _write_png(plot: _Plot, path: Path) -> None:
             ax.set_xticks(xs, labels=[_num(x) for x in xs])
         if plot.log_y:
             ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _num(v)))
         else:
             ax.set_ylim(0, 1.08 * top if top > 0 else 1.0)
+        if plot.log_y or plot.y_suffix:
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _, plot=plot: plot.y_tick(v)))
         ax.set_xlabel(_MODE_AXIS[panel.mode])
         ax.set_ylabel(plot.y_label)
         ax.grid(True, alpha=0.3)

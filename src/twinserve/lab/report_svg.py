@@ -76,7 +76,7 @@ def _svg_panel(plot: _Plot, panel: _Panel, left: float, top: float, width: float
     for t in yticks:
         y = yscale(t)
         out.append(f'<line x1="{x0}" x2="{x1}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        out.append(_svg_text(x0 - 6, y + 4, _num(t), "end", "tick"))
+        out.append(_svg_text(x0 - 6, y + 4, plot.y_tick(t), "end", "tick"))
     xticks = xs if len(xs) <= 10 else _log_ticks(xs[0], xs[-1]) if log_x else _linear_ticks(xs[-1])
     for t in xticks:
         if xs[0] <= t <= xs[-1]:

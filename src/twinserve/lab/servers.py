@@ -35,6 +35,7 @@ import orjson
 __all__ = [
     "READY_TIMEOUT_S",
     "STOP_GRACE_S",
+    "PrometheusServer",
     "RedisServer",
     "ServerFailed",
     "ServerProcess",
@@ -327,6 +328,55 @@ class RedisServer(ServerProcess):
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+
+class PrometheusServer(ServerProcess):
+    """A throwaway Prometheus on a free loopback port scraping `targets` (`host:port`) every `scrape_interval_s`
+    as job `job`, evaluating `rule_files` as often, its data in `directory` (which the caller removes).
+
+    Ready once `/-/ready` answers 200; `query` asks its HTTP API.
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[str],
+        directory: Path,
+        *,
+        job: str = "twinserve",
+        rule_files: Sequence[Path] = (),
+        scrape_interval_s: float = 1.0,
+        ready_timeout: float = 60.0,
+    ) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed (apt-get install -y prometheus)")
+        interval = f"{round(scrape_interval_s * 1000)}ms"
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "rule_files": [str(path) for path in rule_files],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}],
+        }
+        directory.mkdir(parents=True, exist_ok=True)
+        config_path = directory / "prometheus.yml"
+        config_path.write_text(json.dumps(config))  # JSON is YAML
+        port = free_port()  # Prometheus cannot bind port 0 and say which port it got
+        args = [
+            binary,
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
+        super().__init__(args, port=port, ready=http_ready("/-/ready"), ready_timeout=ready_timeout, grace=10.0)
+
+    def query(self, expr: str, *, at: float | None = None) -> Any:
+        """The `data` of an instant query (`/api/v1/query`); raises if Prometheus answers anything but success."""
+        params: dict[str, str] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        answer = httpx.get(self.url + "/api/v1/query", params=params, timeout=30.0).json()
+        if answer.get("status") != "success":
+            raise RuntimeError(f"Prometheus refused {expr!r}: {answer.get('errorType')}: {answer.get('error')}")
+        return answer["data"]
 
 
 def request_bodies(

@@ -1,4 +1,4 @@
-"""The article's claims (S8, S12, S20, S22), each tested on what `twinserve bench` measured.
+"""The article's claims (S12, S20, S21, S22), each tested on what `twinserve bench` measured.
 
 Every verdict quotes the numbers it rests on; where the runs cannot answer a claim it says which run is missing.
 """
@@ -109,7 +109,10 @@ def _predictable(sync: Run, asyn: Run) -> Verdict:
 
 
 def _saturation(results: Results) -> Verdict:
-    parts = []
+    """S21 holds only once every run saturated within the measured loads: a run that never did has a saturation
+    point past the run, so whether it differs from the others' cannot be told."""
+    claim, source = "each architecture has its own saturation point (find it before choosing)", "S21"
+    parts, points, unsaturated = [], [], []
     for run in results.runs:
         if run.error is not None or not run.levels:
             continue
@@ -118,15 +121,26 @@ def _saturation(results: Results) -> Verdict:
         closed = sum(1 for lv in run.levels if lv.mode == "closed")
         if knee is not None:
             where = f"saturates from {knee.load:g} connections"
+            points.append((knee.load, top.throughput_rps))
         else:
             where = "did not saturate" if closed > 1 else "was measured at one load only"
+            unsaturated.append(run.label)
         parts.append(f"{run.label} {where}, peak {top.throughput_rps:,.0f} req/s")
-    return Verdict(
-        claim="each architecture has its own saturation point (find it before choosing)",
-        source="S21",
-        holds=None if not parts else True,
-        evidence="; ".join(parts) or "no runs",
-    )
+    if not parts:
+        return Verdict(claim=claim, source=source, holds=None, evidence="no runs")
+    if unsaturated:
+        missing = ", ".join(unsaturated)
+        return Verdict(
+            claim=claim,
+            source=source,
+            holds=None,
+            evidence=f"can't tell: {missing} did not saturate within the run (add higher --concurrency levels); "
+            + "; ".join(parts),
+        )
+    # Saturated everywhere: the points differ if the knees sit at different loads or the peaks differ by > 10%.
+    loads, peaks = {load for load, _ in points}, [rps for _, rps in points]
+    differ = len(points) == 1 or len(loads) > 1 or max(peaks) > 1.10 * min(peaks)
+    return Verdict(claim=claim, source=source, holds=differ, evidence="; ".join(parts))
 
 
 def _batching(results: Results) -> Verdict:

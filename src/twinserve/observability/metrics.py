@@ -30,6 +30,7 @@ __all__ = [
     "metrics",
     "prepare_multiprocess_dir",
     "reap_dead_processes",
+    "record_death",
     "render",
     "start_memory_sampler",
 ]
@@ -158,6 +159,11 @@ class _Metrics:
             "twinserve_resident_memory_bytes", "Resident memory of all the server's processes.",
             multiprocess_mode="livesum",
         )  # fmt: skip
+        self.worker_deaths = Counter(
+            "twinserve_worker_deaths_total",
+            "Server and model-worker processes that died while the server ran (killed, crashed, OOM-killed), "
+            "not stopped by it.",
+        )
 
 
 _metrics: _Metrics | None = None
@@ -297,9 +303,32 @@ def reap_dead_processes() -> list[int]:
     pids = {int(m.group(1)) for name in os.listdir(directory) if (m := _LIVE_GAUGE_FILE.match(name))}
     dead = sorted(pid for pid in pids if not _alive(pid))
     for pid in dead:
-        mark_process_dead(pid)
-        logger.info("dropped the live gauges of process %d, which died without a word", pid)
+        if record_death(pid):
+            logger.info("dropped the live gauges of process %d, which died without a word", pid)
     return dead
+
+
+def record_death(pid: int) -> bool:
+    """Count the death of `pid` in `twinserve_worker_deaths_total` and drop its live gauges; True if counted here.
+
+    Whoever notices first counts it (the reaper of any process, gunicorn's arbiter, the model-worker pool), once:
+    the one whose removal of the process's `livesum` gauge file succeeds (a removal is atomic; every serving
+    process has that file from its memory sampler on). A process that stopped in order removed its own live
+    gauges, so it has none left and is not counted.
+    """
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        metrics().worker_deaths.inc()
+        return True
+    try:
+        os.remove(os.path.join(directory, f"gauge_livesum_{pid}.db"))
+    except FileNotFoundError:
+        counted = False  # stopped in order, or another process counted it
+    else:
+        metrics().worker_deaths.inc()
+        counted = True
+    mark_process_dead(pid)
+    return counted
 
 
 def _alive(pid: int) -> bool:

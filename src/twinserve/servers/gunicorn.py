@@ -15,7 +15,7 @@ from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
-from twinserve.observability.metrics import mark_process_dead, start_memory_sampler
+from twinserve.observability.metrics import mark_process_dead, record_death, start_memory_sampler
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
 from twinserve.servers import announce
 from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
@@ -46,7 +46,12 @@ _grpc: Any = None
 
 
 def _child_exit(server: Any, worker: Any) -> None:
-    mark_process_dead(worker.pid)  # a dead worker's live gauges leave the aggregate
+    # A dead worker's live gauges leave the aggregate. The arbiter empties LISTENERS as it starts to stop: a worker
+    # that exits before that was not stopped by the server (killed, crashed, timed out), and counts as a death.
+    if server.LISTENERS:
+        record_death(worker.pid)
+    else:
+        mark_process_dead(worker.pid)
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
