@@ -30,7 +30,8 @@ class ModelHandle:
 
     target: str  # import string, for processes that import the model themselves
     spec: ModelSpec
-    config: Config
+    config: Config  # the model's own effective settings (core/settings.py)
+    module: str | None = None  # the module name a model file is imported under (None: from its file name)
 
 
 class Executor(Protocol):
@@ -121,7 +122,7 @@ class ProcessExecutor:
 
     def __init__(self, model: ModelHandle) -> None:
         self.max_in_flight = model.config.model_workers
-        self.pool = ProcessPool(model.target, model.config, self.max_in_flight)
+        self.pool = ProcessPool(model.target, model.config, self.max_in_flight, model.module)
         # One thread per worker waits on its pipe, so the event loop never blocks on a worker.
         self._waiters = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-pool-io")
         # Streams wait for a worker on threads of their own: a stream that holds a worker always finds a thread

@@ -22,7 +22,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +33,7 @@ from twinserve.core.bridge import run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
+from twinserve.core.settings import class_settings, effective_settings, model_config
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
 from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
@@ -49,10 +50,18 @@ class ModelRuntime:
     """A model plus its executor and batcher, callable from either front; it takes and returns instances (the
     protocols' codecs are the fronts': `twinserve.protocol.codecs`)."""
 
-    def __init__(self, target: str, config: Config) -> None:
+    def __init__(
+        self, target: str, config: Config, settings: Mapping[str, Any] | None = None, module: str | None = None
+    ) -> None:
         self.target = target
-        self.config = config
-        self.model = import_model(target)()
+        #: The module name a model file is imported under (None: derived from the file's name).
+        self.module = module
+        model_class = import_model(target, module)
+        # The class's own settings, then those of its settings file (`settings`) over them, then the server's.
+        name = getattr(model_class, "name", None) or model_class.__name__.lower()
+        #: This model's effective settings: the server's Config with its per-model keys over it (core/settings.py).
+        self.config = config = model_config(config, {**class_settings(model_class), **(settings or {})}, name)
+        self.model = model_class()
         with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
         self.spec = ModelSpec(self.model)
@@ -104,7 +113,7 @@ class ModelRuntime:
         return BatchQueue(self.max_batch_size, delay, config.max_queue, max_in_flight, config.priority_levels)
 
     def _new_executor(self) -> Executor:
-        return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config))
+        return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config, self.module))
 
     @property
     def _loads_in_process(self) -> bool:
@@ -343,7 +352,11 @@ class ModelRuntime:
         return {"name": self.name, "version": self.spec.version, "ready": self.ready}
 
     def metadata(self) -> dict[str, Any]:
-        serving: dict[str, Any] = {"max_batch_size": self.max_batch_size, "executor": self.executor_name}
+        serving: dict[str, Any] = {
+            "max_batch_size": self.max_batch_size,
+            "executor": self.executor_name,
+            "settings": effective_settings(self.config),
+        }
         if self.executor is not None:
             serving.update(self.executor.describe())
         if self.cache is not None:

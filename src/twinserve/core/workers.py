@@ -87,7 +87,7 @@ class StepReply:
     error_private: str | None = None
 
 
-def _worker_main(target: str, config_json: str, conn: Connection) -> None:
+def _worker_main(target: str, config_json: str, conn: Connection, module: str | None = None) -> None:
     """Entry point of a model-worker process."""
     import os
 
@@ -100,7 +100,7 @@ def _worker_main(target: str, config_json: str, conn: Connection) -> None:
     config = Config.model_validate_json(config_json)
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("model_worker")
-    model = import_model(target)()
+    model = import_model(target, module)()
     model.config = config
     spec = ModelSpec(model)
     if spec.load is not None:
@@ -186,8 +186,9 @@ class _Worker:
 class ProcessPool:
     """`size` model-worker processes, each fed one whole batch at a time."""
 
-    def __init__(self, target: str, config: Config, size: int) -> None:
+    def __init__(self, target: str, config: Config, size: int, module: str | None = None) -> None:
         self.target = target
+        self.module = module
         self.config = config
         self._bound = QueueBound(config.max_queue)
         self.size = size
@@ -274,7 +275,7 @@ class ProcessPool:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self.target, self.config.model_dump_json(), child),
+            args=(self.target, self.config.model_dump_json(), child, self.module),
             name="twinserve-model-worker",
             daemon=True,
         )

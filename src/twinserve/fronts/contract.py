@@ -126,7 +126,7 @@ class Service:
         #: Requests (and WebSocket messages) between their exchange's open and close.
         self.in_flight = metrics().in_flight
         #: Each model's protocol codecs: the core's runtimes take and return instances only.
-        self.codecs = {name: ModelCodecs.of(runtime.spec, config) for name, runtime in self.runtimes.items()}
+        self.codecs = {name: ModelCodecs.of(runtime.spec, runtime.config) for name, runtime in self.runtimes.items()}
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
@@ -411,7 +411,8 @@ class Service:
     def model_config(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
         v2 = self.codecs[runtime.name].v2
-        return Reply(200, dumps(v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
+        settings = runtime.config  # the model's own: its batching, instances and queue policy
+        return Reply(200, dumps(v2.config(runtime.max_batch_size, settings.max_batch_delay_ms, settings)))
 
     def model_stats(self, model: str | None = None, version: str | None = None) -> Reply:
         """Triton's statistics extension: one model's, or every model's when `model` is None."""

@@ -187,11 +187,16 @@ class Exchange:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
         runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
+        settings = runtime.config  # the model's own settings: its default priority, queue and timeout
+        if priority_header is None and settings.default_priority != admission.config.default_priority:
+            # Shedding (above) knew no model yet; the request's level is its model's default from here on.
+            own = settings.default_priority
+            priority = self.context.priority = admission.priority(None, key_id=self.key_id, default=own)
         self._lenient = service.admit(runtime, self.endpoint, content_type, content_length, origin, host)
         self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
-        self.deadline = admission.deadline(timeout_header)
+        self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------
