@@ -12,6 +12,7 @@
     │   ├── HostNotAllowed              400 host_not_allowed (--allowed-hosts)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
+    │   ├── Forbidden                   403 forbidden (a repository change asked with a key that is not the admin's)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
     │   ├── NotStreaming                400 not_streaming (`:stream` on a model whose predict is not a generator)
     │   ├── NotFound                    404 not_found
@@ -32,6 +33,7 @@
         ├── ModelFailed                 500 model_error
         ├── OutputMismatch              500 output_mismatch
         ├── ModelNotReady               503 model_not_ready
+        ├── ModelUnavailable            503 model_unavailable (a repository model that failed to import or load)
         ├── QueueFull                   503 queue_full (Retry-After)
         ├── WorkerDied                  503 worker_died
         ├── TooManyPending              503 too_many_pending (a WebSocket's unanswered messages at their bound)
@@ -58,6 +60,7 @@ __all__ = [
     "DeadlineExceeded",
     "DeadlineUnmeetable",
     "DependencyUnavailable",
+    "Forbidden",
     "HeadersTooLarge",
     "HostNotAllowed",
     "InvalidTensor",
@@ -70,6 +73,7 @@ __all__ = [
     "ModelImportError",
     "ModelNotFound",
     "ModelNotReady",
+    "ModelUnavailable",
     "NotFound",
     "NotStreaming",
     "OutputMismatch",
@@ -229,6 +233,13 @@ class CorsRejected(ClientError):
     code = "cors_rejected"
 
 
+class Forbidden(ClientError):
+    """A valid API key that may not do this: a model-repository change needs the admin key (`--admin-api-key`)."""
+
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ClientError):
     status = 404
     code = "not_found"
@@ -332,6 +343,14 @@ class OutputMismatch(ServerError):
 class ModelNotReady(ServerError):
     status = 503
     code = "model_not_ready"
+
+
+class ModelUnavailable(ServerError):
+    """A model of the repository that failed to import or load (the repository index has the reason), or that was
+    unloaded; the other models keep serving."""
+
+    status = 503
+    code = "model_unavailable"
 
 
 class QueueFull(ServerError):

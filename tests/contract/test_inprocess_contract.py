@@ -162,6 +162,12 @@ def _v2_iris(answer: Answer) -> None:
     assert {t["name"] for t in meta["inputs"]} and {t["name"] for t in meta["outputs"]}
 
 
+def _repository_index(answer: Answer) -> None:
+    # MODEL arguments are a repository of one version each, every one READY.
+    index = {entry["name"]: entry for entry in answer.json()}
+    assert index["iris"] == {"name": "iris", "version": "1", "state": "READY", "reason": ""}
+
+
 def _v2_config(answer: Answer) -> None:
     assert answer.json()["name"] == "iris"
 
@@ -301,6 +307,8 @@ CASES = [
     Case("v2-model-stats-version", "model_stats", "GET", "/v2/models/iris/versions/1/stats", 200,
          check=_v2_stats, same=stats_shape),
     Case("v2-all-stats", "model_stats", "GET", "/v2/models/stats", 200, check=_v2_all_stats, same=stats_shape),
+    Case("repository-index", "repository_index", "POST", "/v2/repository/index", 200, json={},
+         check=_repository_index),
     Case("v2-infer", "infer", "POST", "/v2/models/iris/infer", 200, json=IRIS_V2, check=_v2_infer),
     Case("v2-infer-version", "infer", "POST", "/v2/models/iris/versions/1/infer", 200, json=IRIS_V2,
          check=_v2_infer),

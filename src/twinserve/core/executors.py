@@ -122,7 +122,7 @@ class ProcessExecutor:
 
     def __init__(self, model: ModelHandle) -> None:
         self.max_in_flight = model.config.model_workers
-        self.pool = ProcessPool(model.target, model.config, self.max_in_flight, model.module)
+        self.pool = ProcessPool(model.target, model.config, self.max_in_flight, model.module, model.spec.name)
         # One thread per worker waits on its pipe, so the event loop never blocks on a worker.
         self._waiters = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-pool-io")
         # Streams wait for a worker on threads of their own: a stream that holds a worker always finds a thread

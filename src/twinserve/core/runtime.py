@@ -51,21 +51,34 @@ class ModelRuntime:
     protocols' codecs are the fronts': `twinserve.protocol.codecs`)."""
 
     def __init__(
-        self, target: str, config: Config, settings: Mapping[str, Any] | None = None, module: str | None = None
+        self,
+        target: str,
+        config: Config,
+        settings: Mapping[str, Any] | None = None,
+        module: str | None = None,
+        *,
+        name: str | None = None,
+        version: str | None = None,
     ) -> None:
+        """`settings`: the model's settings file's (over its class's); `module`: the module name its file is
+        imported under; `name` and `version`: what it is served as, over its class's (a model repository's)."""
         self.target = target
         #: The module name a model file is imported under (None: derived from the file's name).
         self.module = module
         model_class = import_model(target, module)
         # The class's own settings, then those of its settings file (`settings`) over them, then the server's.
-        name = getattr(model_class, "name", None) or model_class.__name__.lower()
+        label = name or getattr(model_class, "name", None) or model_class.__name__.lower()
         #: This model's effective settings: the server's Config with its per-model keys over it (core/settings.py).
-        self.config = config = model_config(config, {**class_settings(model_class), **(settings or {})}, name)
+        self.config = config = model_config(config, {**class_settings(model_class), **(settings or {})}, label)
         self.model = model_class()
         with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
         self.spec = ModelSpec(self.model)
+        if name is not None:
+            self.spec.name = name
         self.name = self.spec.name
+        if version is not None:
+            self.spec.version = version
         self.ready = False
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size

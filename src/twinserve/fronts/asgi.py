@@ -235,8 +235,7 @@ class _AsgiFront:
         started = False
         await receive()  # lifespan.startup
         try:
-            for runtime in service.runtimes.values():
-                await runtime.aload()
+            await service.registry.aload()
             grpc = None
             if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
                 from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server
@@ -247,8 +246,7 @@ class _AsgiFront:
             await receive()  # lifespan.shutdown
             if grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
                 await stop_grpc_server(*grpc, service.config.graceful_timeout)
-            for runtime in service.runtimes.values():
-                await runtime.aclose()
+            await service.registry.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
             if service.tracer is not None:
                 service.tracer.shutdown()
@@ -357,6 +355,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": model_stats,
+        "repository_index": plain(service.repository_index),
         "openapi": plain(service.openapi),
         "docs": plain(service.docs),
         "metrics": plain(service.metrics),

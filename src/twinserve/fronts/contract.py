@@ -19,7 +19,6 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
-    ModelNotFound,
     ModelNotReady,
     NotStreaming,
     PayloadTooLarge,
@@ -49,6 +48,7 @@ from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
+from twinserve.repository import ModelRegistry
 
 __all__ = [
     "JSON",
@@ -121,12 +121,17 @@ def raw_error_response(error: TwinserveError) -> bytes:
 class Service:
     """The transport-free handlers behind every route, over the models this process serves."""
 
-    def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config, tracer: Tracer | None = None) -> None:
-        self.runtimes = dict(runtimes)
+    def __init__(
+        self, runtimes: Mapping[str, ModelRuntime] | ModelRegistry, config: Config, tracer: Tracer | None = None
+    ) -> None:
+        #: Every model and version with its state; MODEL arguments' runtimes make a strict one (repository/).
+        self.registry = runtimes if isinstance(runtimes, ModelRegistry) else ModelRegistry.of_runtimes(runtimes, config)
+        #: Model name -> its default version's runtime (the registry's own dict: it follows loads and unloads).
+        self.runtimes = self.registry.runtimes
         #: Requests (and WebSocket messages) between their exchange's open and close.
         self.in_flight = metrics().in_flight
-        #: Each model's protocol codecs: the core's runtimes take and return instances only.
-        self.codecs = {name: ModelCodecs.of(runtime.spec, runtime.config) for name, runtime in self.runtimes.items()}
+        #: Each runtime's protocol codecs (`codecs_of`): the core's runtimes take and return instances only.
+        self._codecs: dict[ModelRuntime, ModelCodecs] = {}
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
@@ -149,21 +154,30 @@ class Service:
         self._access_log = request_logger() if config.access_log else None
 
     # -- metadata and health -----------------------------------------------------------------------------
+    def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:
+        """The protocol codecs of `runtime` (one per model version: versions may differ in types)."""
+        codecs = self._codecs.get(runtime)
+        if codecs is None:
+            codecs = self._codecs[runtime] = ModelCodecs.of(runtime.spec, runtime.config)
+        return codecs
+
     def list_models(self) -> Reply:
         """KServe V1's listing: the served models' names (`GET /v1/models/{model}` has each one's details)."""
         return Reply(200, dumps({"models": list(self.runtimes)}))
 
     def model_metadata(self, model: str) -> Reply:
         runtime = self.runtime(model)
-        v1 = self.codecs[runtime.name].v1
+        v1 = self.codecs_of(runtime).v1
         schemas = {"input_schema": v1.input_schema(), "output_schema": v1.output_schema()}
-        return Reply(200, dumps({**runtime.metadata(), **schemas}))
+        versions = [entry.describe() for entry in self.registry.versions_of(runtime.name)]
+        return Reply(200, dumps({**runtime.metadata(), **schemas, "versions": versions}))
 
     @cached_property
     def _openapi(self) -> bytes:
         from twinserve import __version__
 
-        document = openapi_document(self.runtimes, self.codecs, "twinserve", __version__)
+        codecs = {name: self.codecs_of(runtime) for name, runtime in self.runtimes.items()}
+        document = openapi_document(self.runtimes, codecs, "twinserve", __version__)
         return dumps(document if self.auth is None else secure(document, self.open_paths))
 
     def openapi(self) -> Reply:
@@ -255,7 +269,7 @@ class Service:
     def finish(self, context: RequestContext, endpoint: str, model: str, status: int, error_code: str | None) -> None:
         """Count and log one answered request (the same call from every front)."""
         seconds = time.perf_counter() - context.started
-        if model not in self.runtimes:
+        if model not in self.runtimes and not self.registry.knows(model):
             model = ""  # never a label value a client can invent
         if self._access_log is not None:
             # Probes and scrapes arrive every few seconds for the server's whole life: they are debug noise.
@@ -321,11 +335,10 @@ class Service:
         return Reply(200, b'{"ready":true}')
 
     # -- predict, in the steps each front calls around its own way of waiting --------------------------------
-    def runtime(self, model: str) -> ModelRuntime:
-        runtime = self.runtimes.get(model)
-        if runtime is None:
-            raise ModelNotFound(f"model {model!r} is not served here; GET /v1/models lists the served models")
-        return runtime
+    def runtime(self, model: str, version: str | None = None) -> ModelRuntime:
+        """`model`'s runtime: its default version's, or `version`'s (404 unknown, 503 model_unavailable)."""
+        runtime = self.runtimes.get(model) if version is None else None
+        return runtime if runtime is not None else self.registry.runtime(model, version)
 
     def runtime_for(self, endpoint: str, model: str, version: str | None = None) -> ModelRuntime:
         """The runtime an inference endpoint asks for: 404 for an unknown model or V2 version, 400 for `:stream`
@@ -383,6 +396,11 @@ class Service:
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
 
+    # -- the model repository (repository/) -------------------------------------------------------------------
+    def repository_index(self) -> Reply:
+        """Triton's and MLServer's repository index: every model and version, its state and why."""
+        return Reply(200, dumps(self.registry.index()))
+
     # -- the Open Inference Protocol (V2) --------------------------------------------------------------------
     @cached_property
     def _server_metadata(self) -> bytes:
@@ -394,14 +412,10 @@ class Service:
         return Reply(200, self._server_metadata)
 
     def v2_runtime(self, model: str, version: str | None = None) -> ModelRuntime:
-        runtime = self.runtime(model)
-        served = runtime.spec.version
-        if version is not None and version != served:
-            raise ModelNotFound(f"model {model!r} has no version {version!r}; it serves version {served!r}")
-        return runtime
+        return self.runtime(model, version)
 
     def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
-        return Reply(200, dumps(self.codecs[self.v2_runtime(model, version).name].v2.metadata()))
+        return Reply(200, dumps(self.codecs_of(self.v2_runtime(model, version)).v2.metadata()))
 
     def model_ready(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
@@ -410,7 +424,7 @@ class Service:
 
     def model_config(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
-        v2 = self.codecs[runtime.name].v2
+        v2 = self.codecs_of(runtime).v2
         settings = runtime.config  # the model's own: its batching, instances and queue policy
         return Reply(200, dumps(v2.config(runtime.max_batch_size, settings.max_batch_delay_ms, settings)))
 
@@ -422,7 +436,7 @@ class Service:
         return Reply(200, dumps({"model_stats": stats}))
 
     def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
-        body, header_length = self.codecs[runtime.name].v2.encode(request, outputs)
+        body, header_length = self.codecs_of(runtime).v2.encode(request, outputs)
         if header_length is None:
             return Reply(200, body)
         return Reply(200, body, {HEADER_LENGTH: str(header_length)}, content_type=BINARY)

@@ -259,7 +259,7 @@ class Exchange:
     @property
     def codecs(self) -> ModelCodecs:
         """The admitted model's codecs."""
-        return self.service.codecs[self._runtime().name]
+        return self.service.codecs_of(self._runtime())
 
     def _runtime(self) -> ModelRuntime:
         if self.runtime is None:

@@ -312,8 +312,8 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
         if codec is None:
             codec = codecs[runtime.name] = WebSocketCodec(
                 runtime.spec.input_type,
-                service.codecs[runtime.name].v1,
-                service.codecs[runtime.name].v2,
+                service.codecs_of(runtime).v1,
+                service.codecs_of(runtime).v2,
                 service.config.max_instances,
             )
         socket = _Socket(websocket, service, runtime, codec, key_id)

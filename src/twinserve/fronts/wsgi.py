@@ -158,6 +158,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": lambda model=None, version=None: _respond(service.model_stats(model, version)),
+        "repository_index": lambda: _respond(service.repository_index()),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
         "metrics": lambda: _respond(service.metrics()),

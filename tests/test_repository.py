@@ -1,0 +1,232 @@
+"""A model repository (`--model-repository`, twinserve/repository/): its layout, version policy, per-model settings
+from `twinserve.toml`, several versions live at once, and bad content that leaves the other models serving; in
+process, in every architecture (tests/inprocess.py), over model files the tests write."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served_per_arch
+from twinserve.config import load_config
+from twinserve.errors import ConfigError
+from twinserve.repository import read_model, read_repository
+
+Client = SyncClient | AsyncClient
+
+#: A model whose answer says which version computed it; HELPER beside it is read by path.
+VERSIONED = textwrap.dedent(
+    """
+    from pathlib import Path
+
+    import twinserve
+
+
+    class Scaler(twinserve.Model):
+        def load(self):
+            self.factor = int((Path(__file__).parent / "factor.txt").read_text())
+
+        def predict(self, batch: list[int]) -> list[dict]:
+            return [{"value": x * self.factor, "version": self.factor} for x in batch]
+    """
+)
+PLAIN = "class Plain:\n    def predict(self, batch):\n        return [x + 100 for x in batch]\n"
+RAISES = textwrap.dedent(
+    """
+    class Broken:
+        def load(self):
+            raise RuntimeError("no weights here")
+
+        def predict(self, batch):
+            return batch
+    """
+)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _versions(model: Path, toml: str, numbers: tuple[int, ...]) -> None:
+    _write(model / "twinserve.toml", toml)
+    for number in numbers:
+        _write(model / str(number) / "model.py", VERSIONED)
+        _write(model / str(number) / "factor.txt", str(number))
+
+
+def make_repository(root: Path) -> Path:
+    _versions(root / "scaler", 'model = "model.py:Scaler"\n[settings]\nmax_batch_size = 4\nmax_queue = 16\n', (1, 2))
+    _versions(root / "latest", 'model = "model.py:Scaler"\nversions = {latest = 2}\n', (1, 2, 3))
+    _versions(root / "specific", 'model = "model.py:Scaler"\nversions = {specific = [1, 3]}\n', (1, 2, 3))
+    _write(root / "flat" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(root / "flat" / "model.py", PLAIN)
+    _write(root / "missing-class" / "twinserve.toml", 'model = "model.py:Nope"\n')
+    _write(root / "missing-class" / "model.py", PLAIN)
+    _write(root / "syntax" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(root / "syntax" / "1" / "model.py", "class Plain(:\n")
+    _write(root / "load-raises" / "twinserve.toml", 'model = "model.py:Broken"\n')
+    _write(root / "load-raises" / "model.py", RAISES)
+    _write(root / "no-toml" / "model.py", PLAIN)
+    _write(root / "server-setting" / "twinserve.toml", 'model = "model.py:Plain"\n[settings]\nport = 9000\n')
+    _write(root / "server-setting" / "model.py", PLAIN)
+    _write(root / ".hidden" / "model.py", PLAIN)
+    return root
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_repository(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="module")
+def apps(repository: Path) -> Iterator[dict[str, Client]]:
+    with served_per_arch([], model_repository=str(repository)) as built:
+        yield built
+
+
+@pytest.fixture(params=ARCHS_IN_PROCESS)
+def app(request: pytest.FixtureRequest, apps: dict[str, Client]) -> Client:
+    return apps[request.param]
+
+
+def _predict(app: Client, path: str, instances: list[int]) -> list[dict]:
+    answer = app.request("POST", path, json={"instances": instances})
+    assert answer.status == 200, answer.text
+    return answer.json()["predictions"]  # type: ignore[no-any-return]
+
+
+def _infer(app: Client, path: str, values: list[int]) -> list[int]:
+    body = {"inputs": [{"name": "input", "datatype": "INT64", "shape": [len(values)], "data": values}]}
+    answer = app.request("POST", path, json=body)
+    assert answer.status == 200, answer.text
+    return answer.json()["outputs"]  # type: ignore[no-any-return]
+
+
+# -- the layout, read without importing anything ---------------------------------------------------------------
+def test_layout_and_version_policy(repository: Path) -> None:
+    folders = {folder.name: folder for folder in read_repository(repository)}
+    assert ".hidden" not in folders
+    assert [v.version for v in folders["scaler"].versions] == [1, 2]
+    assert folders["scaler"].settings == {"max_batch_size": 4, "max_queue": 16}
+    assert [v.version for v in folders["latest"].versions] == [2, 3]
+    assert [v.version for v in folders["specific"].versions] == [1, 3]
+    assert [(v.version, v.folder) for v in folders["flat"].versions] == [(1, repository / "flat")]
+    assert folders["no-toml"].error is not None and "twinserve.toml: missing" in folders["no-toml"].error
+    # Two versions' model.py never share one module.
+    modules = {v.module for v in folders["scaler"].versions}
+    assert len(modules) == 2
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('model = "model.py:Plain"\nversions = {latest = 0}\n', "versions must be"),
+        ('model = "model.py:Plain"\nversions = {specific = [7]}\n', "versions.specific names [7]"),
+        ('model = "model.py"\n', "`model` must name the class"),
+        ('model = "model.py:Plain"\nreplicas = 3\n', "unknown key(s) replicas"),
+        ("model = \n", "cannot be read"),
+    ],
+)
+def test_a_bad_settings_file_names_its_problem(tmp_path: Path, toml: str, message: str) -> None:
+    _write(tmp_path / "m" / "twinserve.toml", toml)
+    error = read_model(tmp_path / "m").error
+    assert error is not None and message in error
+
+
+def test_repository_and_model_arguments_are_exclusive(repository: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="exclusive"):
+        load_config(models=["twinserve.examples.tokens:Tokens"], model_repository=str(repository))
+    with pytest.raises(ConfigError, match="is not a folder"):
+        load_config(model_repository=str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="--model-control explicit serves from one server process"):
+        load_config(model_repository=str(repository), model_control="explicit", workers=2)
+    with pytest.raises(ConfigError, match="--model-control needs --model-repository"):
+        load_config(model_control="explicit")
+
+
+# -- serving, in every architecture -------------------------------------------------------------------------
+def test_the_default_version_is_the_highest(app: Client) -> None:
+    assert _predict(app, "/v1/models/scaler:predict", [5]) == [{"value": 10, "version": 2}]
+    assert _predict(app, "/v1/models/latest:predict", [5]) == [{"value": 15, "version": 3}]
+    assert _predict(app, "/v1/models/specific:predict", [5]) == [{"value": 15, "version": 3}]
+    meta = app.request("GET", "/v1/models/scaler").json()
+    assert meta["version"] == "2"
+    assert [(v["version"], v["state"]) for v in meta["versions"]] == [("1", "READY"), ("2", "READY")]
+
+
+def test_each_version_answers_its_own_route(app: Client) -> None:
+    assert _predict(app, "/v1/models/scaler/versions/1:predict", [5]) == [{"value": 5, "version": 1}]
+    assert _predict(app, "/v1/models/scaler/versions/2:predict", [5]) == [{"value": 10, "version": 2}]
+    assert _predict(app, "/v1/models/specific/versions/1:predict", [2]) == [{"value": 2, "version": 1}]
+    ready = app.request("GET", "/v2/models/scaler/versions/1/ready")
+    assert ready.status == 200 and ready.json() == {"name": "scaler", "ready": True}
+    assert app.request("GET", "/v2/models/scaler/versions/1").json()["versions"] == ["1"]
+
+
+def test_a_version_the_policy_leaves_out_is_not_served(app: Client) -> None:
+    for path in ("/v1/models/latest/versions/1:predict", "/v1/models/specific/versions/2:predict"):
+        answer = app.request("POST", path, json={"instances": [1]})
+        assert answer.status == 404 and "has no version" in answer.text
+    assert app.request("GET", "/v2/models/scaler/versions/9/ready").status == 404
+
+
+def test_a_flat_model_folder_is_version_1(app: Client) -> None:
+    assert _predict(app, "/v1/models/flat:predict", [1]) == [101]
+    assert _predict(app, "/v1/models/flat/versions/1:predict", [1]) == [101]
+
+
+def test_settings_file_settings_apply_to_every_version(app: Client) -> None:
+    for path in ("/v1/models/scaler", "/v1/models/flat"):
+        serving = app.request("GET", path).json()["serving"]
+        expected = (4, 16) if path.endswith("scaler") else ((1 if app.arch == "sync" else 32), 1024)
+        assert (serving["max_batch_size"], serving["settings"]["max_queue"]) == expected
+    assert app.request("GET", "/v2/models/scaler/versions/1/config").json()["max_batch_size"] == 4
+
+
+BAD = {
+    "missing-class": "no class 'Nope'",
+    "syntax": "SyntaxError",
+    "load-raises": "load() failed: model 'load-raises' raised in load",  # its text is the log's
+    "no-toml": "twinserve.toml: missing",
+    "server-setting": "'port' is a server-wide setting",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_content_makes_that_model_unavailable_and_the_others_serve(app: Client, name: str) -> None:
+    answer = app.request("POST", f"/v1/models/{name}:predict", json={"instances": [1]})
+    assert answer.status == 503, answer.text
+    body = answer.json()
+    assert body["code"] == "model_unavailable" and BAD[name] in body["error"]
+    index = {entry["name"]: entry for entry in app.request("POST", "/v2/repository/index", json={}).json()}
+    assert index[name]["state"] == "UNAVAILABLE" and BAD[name] in index[name]["reason"]
+    assert _predict(app, "/v1/models/flat:predict", [1]) == [101]
+
+
+def test_the_index_lists_every_model_and_version(app: Client) -> None:
+    index = app.request("POST", "/v2/repository/index", json={}).json()
+    ready = sorted((e["name"], e["version"]) for e in index if e["state"] == "READY")
+    assert ready == [
+        ("flat", "1"),
+        ("latest", "2"),
+        ("latest", "3"),
+        ("scaler", "1"),
+        ("scaler", "2"),
+        ("specific", "1"),
+        ("specific", "3"),
+    ]
+    assert {e["name"] for e in index if e["state"] == "UNAVAILABLE"} == set(BAD)
+    # The server is ready: the models that failed are reported in the index, not by the readiness probe.
+    assert app.request("GET", "/v2/health/ready").status == 200
+    assert set(app.request("GET", "/v1/models").json()["models"]) == {"flat", "latest", "scaler", "specific"}
+
+
+def test_v2_inference_by_version(app: Client) -> None:
+    for version in ("1", "2"):
+        outputs = _infer(app, f"/v2/models/scaler/versions/{version}/infer", [3])
+        assert f'"version":{version}' in str(outputs[0]["data"][0]).replace(" ", ""), outputs
+    assert app.request("GET", "/v2/models/scaler/versions/1").json()["versions"] == ["1"]
