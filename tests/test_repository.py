@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,13 +94,13 @@ def app(request: pytest.FixtureRequest, apps: dict[str, Client]) -> Client:
     return apps[request.param]
 
 
-def _predict(app: Client, path: str, instances: list[int]) -> list[dict]:
+def _predict(app: Client, path: str, instances: list[int]) -> list[Any]:
     answer = app.request("POST", path, json={"instances": instances})
     assert answer.status == 200, answer.text
     return answer.json()["predictions"]  # type: ignore[no-any-return]
 
 
-def _infer(app: Client, path: str, values: list[int]) -> list[int]:
+def _infer(app: Client, path: str, values: list[int]) -> list[dict[str, Any]]:
     body = {"inputs": [{"name": "input", "datatype": "INT64", "shape": [len(values)], "data": values}]}
     answer = app.request("POST", path, json=body)
     assert answer.status == 200, answer.text

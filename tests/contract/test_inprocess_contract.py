@@ -323,7 +323,7 @@ CASES = [
     Case("v2-infer-text-plain", "infer", "POST", "/v2/models/iris/infer", 415, content=b"{}",
          headers={"content-type": "text/plain"}, check=_v2("application/json or application/octet-stream")),
     Case("v2-infer-wrong-method", "infer", "GET", "/v2/models/iris/infer", 405, check=_v2("GET is not allowed")),
-    Case("v2-unknown-route", "", "GET", "/v2/repository/index", 404, check=_v2("no route")),
+    Case("v2-unknown-route", "", "GET", "/v2/no-such-extension", 404, check=_v2("no route")),
     Case("openapi", "openapi", "GET", "/openapi.json", 200, check=_openapi),
     Case("docs", "docs", "GET", "/docs", 200, check=_docs),
     Case("metrics", "metrics", "GET", "/metrics", 200, check=_metrics, same=_constant),
