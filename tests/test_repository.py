@@ -5,13 +5,15 @@ process, in every architecture (tests/inprocess.py), over model files the tests 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served_per_arch
+from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.repository import read_model, read_repository
@@ -231,3 +233,98 @@ def test_v2_inference_by_version(app: Client) -> None:
         outputs = _infer(app, f"/v2/models/scaler/versions/{version}/infer", [3])
         assert f'"version":{version}' in str(outputs[0]["data"][0]).replace(" ", ""), outputs
     assert app.request("GET", "/v2/models/scaler/versions/1").json()["versions"] == ["1"]
+
+
+# -- load and unload at run time (--model-control explicit) -----------------------------------------------------
+ADMIN = "admin-key-0123456789abcdef"
+USER = "user-key-0123456789abcdef"
+
+
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_explicit_control_loads_new_versions_and_unloads(tmp_path: Path, arch: str) -> None:
+    root = tmp_path / "repository"
+    _versions(root / "grow", 'model = "model.py:Scaler"\n', (1,))
+    _write(root / "flat" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(root / "flat" / "model.py", PLAIN)
+    with served(arch, [], model_repository=str(root), model_control="explicit", workers=1) as app:
+        assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 1, "version": 1}]
+        # A new version folder is served once loaded, and becomes the default; the old one still answers.
+        _versions(root / "grow", 'model = "model.py:Scaler"\n', (2,))
+        loaded = app.request("POST", "/v2/repository/models/grow/load", json={})
+        assert loaded.status == 200, loaded.text
+        assert [(v["version"], v["state"]) for v in loaded.json()["versions"]] == [("1", "READY"), ("2", "READY")]
+        assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 2, "version": 2}]
+        assert _predict(app, "/v1/models/grow/versions/1:predict", [1]) == [{"value": 1, "version": 1}]
+        # Unloaded: unavailable, said so in the index; the other models serve on.
+        assert app.request("POST", "/v2/repository/models/grow/unload", json={}).status == 200
+        answer = app.request("POST", "/v1/models/grow:predict", json={"instances": [1]})
+        assert answer.status == 503 and answer.json()["code"] == "model_unavailable"
+        index = app.request("POST", "/v2/repository/index", json={}).json()
+        assert {(e["name"], e["version"], e["state"], e["reason"]) for e in index if e["name"] == "grow"} == {
+            ("grow", "1", "UNAVAILABLE", "unloaded"),
+            ("grow", "2", "UNAVAILABLE", "unloaded"),
+        }
+        assert _predict(app, "/v1/models/flat:predict", [1]) == [101]
+        assert app.request("POST", "/v2/repository/models/grow/load", json={}).status == 200
+        assert _predict(app, "/v1/models/grow:predict", [3]) == [{"value": 6, "version": 2}]
+        # A model folder added after start loads on request; a broken one says why, and nothing else changes.
+        _write(root / "late" / "twinserve.toml", 'model = "model.py:Plain"\n')
+        _write(root / "late" / "model.py", PLAIN)
+        assert app.request("POST", "/v2/repository/models/late/load", json={}).status == 200
+        assert _predict(app, "/v1/models/late:predict", [1]) == [101]
+        _write(root / "broken" / "twinserve.toml", 'model = "model.py:Broken"\n')
+        _write(root / "broken" / "model.py", RAISES)
+        failed = app.request("POST", "/v2/repository/models/broken/load", json={})
+        assert failed.status == 503 and "raised in load" in failed.text
+        assert app.request("POST", "/v2/repository/models/nope/load", json={}).status == 404
+        assert app.request("POST", "/v2/repository/models/nope/unload", json={}).status == 404
+        assert _predict(app, "/v1/models/grow:predict", [3]) == [{"value": 6, "version": 2}]
+
+
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_only_the_admin_key_changes_the_repository(repository: Path, tmp_path: Path, arch: str) -> None:
+    root = tmp_path / "repository"
+    _write(root / "flat" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(root / "flat" / "model.py", PLAIN)
+    keys = {"api_keys": [USER], "admin_api_key": ADMIN}
+    with served(arch, [], model_repository=str(root), model_control="explicit", workers=1, **keys) as app:
+        path = "/v2/repository/models/flat/unload"
+        refused = app.request("POST", path, json={}, headers={"Authorization": f"Bearer {USER}"})
+        assert refused.status == 403 and "admin API key" in refused.json()["error"]
+        assert app.request("POST", path, json={}).status == 401
+        # Any key reads the index; the admin key is a key like the others for everything else.
+        index = app.request("POST", "/v2/repository/index", json={}, headers={"X-API-Key": USER})
+        assert index.status == 200
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        answer = app.request("POST", "/v1/models/flat:predict", json={"instances": [1]}, headers=admin)
+        assert answer.status == 200
+        assert app.request("POST", path, json={}, headers=admin).status == 200
+
+
+def test_unload_drains_the_requests_inside_first(tmp_path: Path) -> None:
+    from twinserve.repository import ModelRegistry
+    from twinserve.repository.control import ModelControl
+
+    _write(tmp_path / "flat" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(tmp_path / "flat" / "model.py", PLAIN)
+    config = load_config(model_repository=str(tmp_path), model_control="explicit", workers=1)
+    registry = ModelRegistry.from_config(config)
+    registry.load()
+    runtime = registry.runtime("flat")
+    assert runtime.occupancy.enter()  # a request inside the model
+    unloading = threading.Thread(target=ModelControl(registry).unload, args=("flat",))
+    unloading.start()
+    _wait_for(lambda: not runtime.occupancy.accepting)  # admission stopped...
+    assert not runtime.occupancy.enter() and runtime.ready and unloading.is_alive()  # ...the model stays open
+    assert runtime.predict([1]) == [101]
+    runtime.occupancy.leave()
+    unloading.join(timeout=30)
+    assert not unloading.is_alive() and not runtime.ready
+    assert [e.state for e in registry.versions_of("flat")] == ["UNAVAILABLE"]
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)

@@ -15,6 +15,7 @@
     │   ├── Forbidden                   403 forbidden (a repository change asked with a key that is not the admin's)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
     │   ├── NotStreaming                400 not_streaming (`:stream` on a model whose predict is not a generator)
+    │   ├── ModelControlOff             400 model_control_off (load/unload without --model-control explicit)
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
@@ -68,6 +69,7 @@ __all__ = [
     "MalformedRequest",
     "MethodNotAllowed",
     "MissingExtra",
+    "ModelControlOff",
     "ModelFailed",
     "ModelFileError",
     "ModelImportError",
@@ -231,6 +233,12 @@ class CorsRejected(ClientError):
 
     status = 403
     code = "cors_rejected"
+
+
+class ModelControlOff(ClientError):
+    """A repository load or unload asked of a server that does not take them (`--model-control none`)."""
+
+    code = "model_control_off"
 
 
 class Forbidden(ClientError):

@@ -309,6 +309,11 @@ CASES = [
     Case("v2-all-stats", "model_stats", "GET", "/v2/models/stats", 200, check=_v2_all_stats, same=stats_shape),
     Case("repository-index", "repository_index", "POST", "/v2/repository/index", 200, json={},
          check=_repository_index),
+    # MODEL arguments (and --model-control none) load at start only.
+    Case("repository-load-off", "repository_load", "POST", "/v2/repository/models/iris/load", 400, json={},
+         check=_v2("--model-control none")),
+    Case("repository-unload-off", "repository_unload", "POST", "/v2/repository/models/iris/unload", 400, json={},
+         check=_v2("--model-control none")),
     Case("v2-infer", "infer", "POST", "/v2/models/iris/infer", 200, json=IRIS_V2, check=_v2_infer),
     Case("v2-infer-version", "infer", "POST", "/v2/models/iris/versions/1/infer", 200, json=IRIS_V2,
          check=_v2_infer),

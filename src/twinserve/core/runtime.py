@@ -33,6 +33,7 @@ from twinserve.core.bridge import run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
+from twinserve.core.occupancy import Occupancy
 from twinserve.core.settings import class_settings, effective_settings, model_config
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
 from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
@@ -80,6 +81,8 @@ class ModelRuntime:
         if version is not None:
             self.spec.version = version
         self.ready = False
+        #: Requests admitted to this model and not yet closed: an unload drains them first.
+        self.occupancy = Occupancy()
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size
         self.executor_name = resolve_executor(config, self.spec)

@@ -337,6 +337,16 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             headers={"Upgrade": "websocket", "Connection": "Upgrade"},
         )
 
+    async def repository_load(request: Request, exchange: Exchange) -> Reply:
+        model = request.path_params["model"]
+        entries = await service.repository_control(exchange.key_id).aload(model)
+        return service.repository_changed(entries, model, "load")
+
+    async def repository_unload(request: Request, exchange: Exchange) -> Reply:
+        model = request.path_params["model"]
+        entries = await service.repository_control(exchange.key_id).aunload(model)
+        return service.repository_changed(entries, model, "unload")
+
     async def model_stats(request: Request, exchange: Exchange) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
@@ -356,6 +366,8 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         "model_config": model_route(service.model_config),
         "model_stats": model_stats,
         "repository_index": plain(service.repository_index),
+        "repository_load": repository_load,
+        "repository_unload": repository_unload,
         "openapi": plain(service.openapi),
         "docs": plain(service.docs),
         "metrics": plain(service.metrics),

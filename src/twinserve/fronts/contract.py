@@ -10,6 +10,7 @@ import itertools
 import os
 import re
 import time
+import weakref
 from collections.abc import Mapping
 from functools import cached_property
 from http import HTTPStatus
@@ -19,7 +20,10 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
+    Forbidden,
+    ModelControlOff,
     ModelNotReady,
+    ModelUnavailable,
     NotStreaming,
     PayloadTooLarge,
     TwinserveError,
@@ -49,6 +53,7 @@ from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
 from twinserve.repository import ModelRegistry
+from twinserve.repository.control import ModelControl
 
 __all__ = [
     "JSON",
@@ -131,7 +136,7 @@ class Service:
         #: Requests (and WebSocket messages) between their exchange's open and close.
         self.in_flight = metrics().in_flight
         #: Each runtime's protocol codecs (`codecs_of`): the core's runtimes take and return instances only.
-        self._codecs: dict[ModelRuntime, ModelCodecs] = {}
+        self._codecs: weakref.WeakKeyDictionary[ModelRuntime, ModelCodecs] = weakref.WeakKeyDictionary()
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
@@ -152,6 +157,13 @@ class Service:
         self._levels: dict[tuple[str, int, str], Any] = {}
         self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
+        #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
+        self._control = (
+            ModelControl(self.registry)
+            if config.model_control == "explicit" and config.model_repository is not None
+            else None
+        )
+        self._admin_key_id = key_id(config.admin_api_key) if config.admin_api_key is not None else None
 
     # -- metadata and health -----------------------------------------------------------------------------
     def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:
@@ -266,8 +278,17 @@ class Service:
         open_request(context)
         return context
 
-    def finish(self, context: RequestContext, endpoint: str, model: str, status: int, error_code: str | None) -> None:
-        """Count and log one answered request (the same call from every front)."""
+    def finish(
+        self,
+        context: RequestContext,
+        endpoint: str,
+        model: str,
+        status: int,
+        error_code: str | None,
+        version: str | None = None,
+    ) -> None:
+        """Count and log one answered request (the same call from every front); `version`: the model version that
+        answered it (None: none was admitted)."""
         seconds = time.perf_counter() - context.started
         if model not in self.runtimes and not self.registry.knows(model):
             model = ""  # never a label value a client can invent
@@ -281,6 +302,7 @@ class Service:
                 method=context.method,
                 path=context.path,
                 model=model or None,
+                version=version if model else None,
                 endpoint=endpoint,
                 arch=self.config.arch,
                 status=status,
@@ -400,6 +422,25 @@ class Service:
     def repository_index(self) -> Reply:
         """Triton's and MLServer's repository index: every model and version, its state and why."""
         return Reply(200, dumps(self.registry.index()))
+
+    def repository_control(self, key_id: str | None) -> ModelControl:
+        """The model control, for a request whose API key is `key_id`: 403 unless it is the admin key (when keys
+        are on), 400 unless `--model-control explicit`."""
+        if self.auth is not None and (self._admin_key_id is None or key_id != self._admin_key_id):
+            raise Forbidden("loading and unloading models needs the admin API key (--admin-api-key)")
+        if self._control is None:
+            raise ModelControlOff(
+                f"this server loads its models at start only (--model-control {self.config.model_control}); "
+                "serve with --model-repository DIR --model-control explicit to load and unload on request"
+            )
+        return self._control
+
+    def repository_changed(self, entries: list[dict[str, str]], model: str, change: str) -> Reply:
+        """The answer to a load or unload: the model's versions and their states (503 when none loaded)."""
+        if change == "load" and not any(entry["state"] == "READY" for entry in entries):
+            reasons = "; ".join(f"version {e['version']}: {e['reason']}" for e in entries if e["reason"])
+            raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")
+        return Reply(200, dumps({"name": model, "versions": entries}))
 
     # -- the Open Inference Protocol (V2) --------------------------------------------------------------------
     @cached_property

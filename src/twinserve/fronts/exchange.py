@@ -33,6 +33,7 @@ from twinserve.core.memory import release_free_memory
 from twinserve.errors import (
     ClientDisconnected,
     MalformedRequest,
+    ModelUnavailable,
     TwinserveError,
     UnsupportedMediaType,
     error_payload,
@@ -185,8 +186,15 @@ class Exchange:
         priority = self.context.priority = admission.priority(priority_header, key_id=self.key_id)
         if backlog is not None:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
-        runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
+        runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
+        if not runtime.occupancy.enter():
+            # Replaced (or unloaded) since it was looked up: it drains the requests inside and takes no more. Its
+            # successor, when there is one, takes this request.
+            runtime = service.runtime_for(self.endpoint, model, version)
+            if not runtime.occupancy.enter():
+                raise ModelUnavailable(f"model {runtime.name!r} version {runtime.spec.version} is being unloaded")
+        self.runtime = runtime  # from here on, `close` lets it go
         settings = runtime.config  # the model's own settings: its default priority, queue and timeout
         if priority_header is None and settings.default_priority != admission.config.default_priority:
             # Shedding (above) knew no model yet; the request's level is its model's default from here on.
@@ -312,9 +320,13 @@ class Exchange:
         if not self._open:
             return
         self._open = False
+        runtime = self.runtime
         try:
-            self.service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
+            version = runtime.spec.version if runtime is not None else None
+            self.service.finish(self.context, self.endpoint, self.model, self.status, self.error_code, version)
         finally:
+            if runtime is not None:
+                runtime.occupancy.leave()
             self.service.in_flight.dec()
             if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
                 release_free_memory()  # the refused body and what its decoding built are freed by now

@@ -102,6 +102,20 @@ class ModelRegistry:
             raise ModelNotFound(f"model {name!r} is not in the model repository")
         return read_model(root / name)
 
+    def built(self, folder: ModelFolder) -> dict[str, ServedVersion]:
+        """Every version of `folder` imported (LOADING) or UNAVAILABLE, without touching what is served."""
+        staged = ModelRegistry(self.config, strict=False)
+        staged.add(folder)
+        return staged._versions[folder.name]
+
+    def install(self, name: str, versions: dict[str, ServedVersion]) -> list[ServedVersion]:
+        """Serve `versions` as `name`'s (loaded already, or UNAVAILABLE) in place of its current ones, which are
+        returned: still open, for the caller to drain and close."""
+        old = [e for e in self._versions.get(name, {}).values() if e.runtime is not None]
+        self._versions[name] = versions
+        self._choose_defaults()
+        return old
+
     def _unavailable(self, name: str, version: str, reason: str) -> ServedVersion:
         label = f"{name!r} version {version}" if version else repr(name)
         logger.error("model %s is unavailable: %s", label, reason)
@@ -110,7 +124,11 @@ class ModelRegistry:
     # -- loading and closing ----------------------------------------------------------------------------------
     def load(self) -> None:
         """Load every version waiting to (sync front: in this process)."""
-        for entry in self._waiting():
+        self.load_entries(self._waiting())
+
+    def load_entries(self, entries: list[ServedVersion]) -> None:
+        """Load these versions: each READY, or UNAVAILABLE with the reason."""
+        for entry in entries:
             assert entry.runtime is not None
             try:
                 entry.runtime.load()
@@ -122,7 +140,11 @@ class ModelRegistry:
 
     async def aload(self) -> None:
         """Load every version waiting to (async fronts)."""
-        for entry in self._waiting():
+        await self.aload_entries(self._waiting())
+
+    async def aload_entries(self, entries: list[ServedVersion]) -> None:
+        """`load_entries` for the event loop."""
+        for entry in entries:
             assert entry.runtime is not None
             try:
                 await entry.runtime.aload()
