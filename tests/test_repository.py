@@ -11,9 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
+from tests.serving import Server
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.repository import read_model, read_repository
@@ -328,3 +331,22 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.01)
+
+
+# -- real servers, several processes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: str) -> None:
+    """Each server process reads the repository at start: all of them serve the same versions and report the same
+    index, whichever answers a request."""
+    root = tmp_path / "repository"
+    _versions(root / "scaler", 'model = "model.py:Scaler"\n', (1, 2))
+    _write(root / "broken" / "twinserve.toml", 'model = "model.py:Broken"\n')
+    _write(root / "broken" / "model.py", RAISES)
+    with Server([], arch, "--model-repository", str(root), "--workers", "2") as server:
+        indexes = set()
+        for _ in range(24):  # bounded: enough for both processes to answer with new connections
+            answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
+            assert answer.status_code == 200 and answer.json()["predictions"] == [{"value": 2, "version": 2}]
+            index = httpx.post(f"{server.url}/v2/repository/index", json={}, timeout=30)
+            indexes.add(tuple((e["name"], e["version"], e["state"]) for e in index.json()))
+        assert indexes == {(("broken", "1", "UNAVAILABLE"), ("scaler", "1", "READY"), ("scaler", "2", "READY"))}
