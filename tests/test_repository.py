@@ -4,6 +4,7 @@ process, in every architecture (tests/inprocess.py), over model files the tests 
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 import threading
 import time
@@ -304,6 +305,30 @@ def test_only_the_admin_key_changes_the_repository(repository: Path, tmp_path: P
         assert app.request("POST", path, json={}, headers=admin).status == 200
 
 
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_poll_control_follows_the_folder(tmp_path: Path, arch: str) -> None:
+    root = tmp_path / "repository"
+    _versions(root / "grow", 'model = "model.py:Scaler"\n', (1,))
+    _write(root / "flat" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(root / "flat" / "model.py", PLAIN)
+    with served(arch, [], model_repository=str(root), model_control="poll", repository_poll_s=0.05) as app:
+
+        def states(name: str) -> set[tuple[str, str]]:
+            index = app.request("POST", "/v2/repository/index", json={}).json()
+            return {(e["version"], e["state"]) for e in index if e["name"] == name}
+
+        assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 1, "version": 1}]
+        _versions(root / "grow", 'model = "model.py:Scaler"\n', (2,))  # a new version: loaded, then the default
+        _wait_for(lambda: states("grow") == {("1", "READY"), ("2", "READY")})
+        assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 2, "version": 2}]
+        shutil.rmtree(root / "flat")  # a removed model: unloaded
+        _wait_for(lambda: states("flat") == {("1", "UNAVAILABLE")})
+        assert app.request("POST", "/v1/models/flat:predict", json={"instances": [1]}).status == 503
+        # The folder is the control: the API's load and unload are refused.
+        refused = app.request("POST", "/v2/repository/models/grow/unload", json={})
+        assert refused.status == 400 and "--model-control poll" in refused.text
+
+
 def test_unload_drains_the_requests_inside_first(tmp_path: Path) -> None:
     from twinserve.repository import ModelRegistry
     from twinserve.repository.control import ModelControl
@@ -336,17 +361,32 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 # -- real servers, several processes ---------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: str) -> None:
-    """Each server process reads the repository at start: all of them serve the same versions and report the same
-    index, whichever answers a request."""
+    """Each server process reads the repository at start, and with --model-control poll watches it: all of them
+    serve the same versions and report the same index, whichever answers, before and after a change."""
     root = tmp_path / "repository"
     _versions(root / "scaler", 'model = "model.py:Scaler"\n', (1, 2))
     _write(root / "broken" / "twinserve.toml", 'model = "model.py:Broken"\n')
     _write(root / "broken" / "model.py", RAISES)
-    with Server([], arch, "--model-repository", str(root), "--workers", "2") as server:
-        indexes = set()
-        for _ in range(24):  # bounded: enough for both processes to answer with new connections
-            answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
-            assert answer.status_code == 200 and answer.json()["predictions"] == [{"value": 2, "version": 2}]
-            index = httpx.post(f"{server.url}/v2/repository/index", json={}, timeout=30)
-            indexes.add(tuple((e["name"], e["version"], e["state"]) for e in index.json()))
-        assert indexes == {(("broken", "1", "UNAVAILABLE"), ("scaler", "1", "READY"), ("scaler", "2", "READY"))}
+    flags = ("--model-repository", str(root), "--workers", "2", "--model-control", "poll", "--repository-poll-s", "0.2")
+    with Server([], arch, *flags) as server:
+
+        def answers() -> set[tuple[Any, ...]]:
+            """What a round of requests, on new connections (so either process may take each), was answered."""
+            seen = set()
+            for _ in range(12):
+                answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
+                assert answer.status_code == 200
+                index = httpx.post(f"{server.url}/v2/repository/index", json={}, timeout=30).json()
+                seen.add(
+                    (
+                        answer.json()["predictions"][0]["version"],
+                        *((e["name"], e["version"], e["state"]) for e in index),
+                    )
+                )
+            return seen
+
+        before = ("broken", "1", "UNAVAILABLE"), ("scaler", "1", "READY"), ("scaler", "2", "READY")
+        assert answers() == {(2, *before)}
+        _versions(root / "scaler", 'model = "model.py:Scaler"\n', (3,))
+        after = (3, *before, ("scaler", "3", "READY"))
+        _wait_for(lambda: answers() == {after}, timeout=120)

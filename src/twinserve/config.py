@@ -272,10 +272,14 @@ class Config(BaseSettings):
         description="Serve the models of this folder instead of MODEL arguments: DIR/<model>/twinserve.toml (its "
         "class, settings and version policy) and DIR/<model>/<version>/ (numbered version folders).",
     )
-    model_control: Literal["none", "explicit"] = Field(
+    model_control: Literal["none", "explicit", "poll"] = Field(
         "none",
         description="With --model-repository, Triton's model control: none (load every model at start; the "
-        "repository API answers the index only), explicit (load at start, then load/unload on request).",
+        "repository API answers the index only), explicit (load at start, then load/unload on request), poll "
+        "(load at start, then follow the folder's changes every --repository-poll-s).",
+    )
+    repository_poll_s: float = Field(
+        5.0, gt=0, le=3600, description="With --model-control poll, seconds between two looks at the repository."
     )
     admin_api_key: str | None = Field(
         None,

@@ -20,6 +20,7 @@ closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import traceback
@@ -236,6 +237,8 @@ class _AsgiFront:
         await receive()  # lifespan.startup
         try:
             await service.registry.aload()
+            # --model-control poll: every server process watches the folder itself.
+            polling = asyncio.create_task(service.poller.arun()) if service.poller is not None else None
             grpc = None
             if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
                 from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server
@@ -246,6 +249,10 @@ class _AsgiFront:
             await receive()  # lifespan.shutdown
             if grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
                 await stop_grpc_server(*grpc, service.config.graceful_timeout)
+            if polling is not None:
+                polling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await polling
             await service.registry.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
             if service.tracer is not None:

@@ -54,6 +54,7 @@ from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
 from twinserve.repository import ModelRegistry
 from twinserve.repository.control import ModelControl
+from twinserve.repository.poll import RepositoryPoller
 
 __all__ = [
     "JSON",
@@ -158,11 +159,15 @@ class Service:
         self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
-        self._control = (
-            ModelControl(self.registry)
-            if config.model_control == "explicit" and config.model_repository is not None
-            else None
-        )
+        self._control = None
+        #: `--model-control poll`: the repository watch, which the server starts once the models are loaded.
+        self.poller: RepositoryPoller | None = None
+        if config.model_repository is not None and config.model_control != "none":
+            control = ModelControl(self.registry)
+            if config.model_control == "explicit":
+                self._control = control
+            else:
+                self.poller = RepositoryPoller(control, config.model_repository, config.repository_poll_s)
         self._admin_key_id = key_id(config.admin_api_key) if config.admin_api_key is not None else None
 
     # -- metadata and health -----------------------------------------------------------------------------
@@ -430,7 +435,7 @@ class Service:
             raise Forbidden("loading and unloading models needs the admin API key (--admin-api-key)")
         if self._control is None:
             raise ModelControlOff(
-                f"this server loads its models at start only (--model-control {self.config.model_control}); "
+                f"this server loads and unloads models by itself (--model-control {self.config.model_control}); "
                 "serve with --model-repository DIR --model-control explicit to load and unload on request"
             )
         return self._control

@@ -55,6 +55,8 @@ class ModelRegistry:
         self._versions: dict[str, dict[str, ServedVersion]] = {}
         #: Model name -> its default version's runtime (updated in place).
         self.runtimes: dict[str, ModelRuntime] = {}
+        #: Set once its models are closed (the server stops): a repository poll thread then ends.
+        self.closed = False
 
     # -- building -------------------------------------------------------------------------------------------
     @classmethod
@@ -169,11 +171,13 @@ class ModelRegistry:
         logger.error("model %r version %s is unavailable: %s", entry.name, entry.version, entry.reason)
 
     def close(self) -> None:
+        self.closed = True
         for entry in self.entries():
             if entry.runtime is not None:
                 entry.runtime.close()
 
     async def aclose(self) -> None:
+        self.closed = True
         for entry in self.entries():
             if entry.runtime is not None:
                 await entry.runtime.aclose()
