@@ -172,6 +172,9 @@ def test_each_version_answers_its_own_route(app: Client) -> None:
     ready = app.request("GET", "/v2/models/scaler/versions/1/ready")
     assert ready.status == 200 and ready.json() == {"name": "scaler", "ready": True}
     assert app.request("GET", "/v2/models/scaler/versions/1").json()["versions"] == ["1"]
+    scrape = app.request("GET", "/metrics").text  # each version's answers are counted apart
+    for version in ("1", "2"):
+        assert f'twinserve_version_requests_total{{model="scaler",outcome="ok",version="{version}"}}' in scrape
 
 
 def test_a_version_the_policy_leaves_out_is_not_served(app: Client) -> None:

@@ -156,6 +156,7 @@ class Service:
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._levels: dict[tuple[str, int, str], Any] = {}
+        self._versions: dict[tuple[str, str, str], Any] = {}
         self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
@@ -347,6 +348,13 @@ class Service:
                     model, str(context.priority), outcome
                 )
             level.inc()
+            if version is not None:
+                served = self._versions.get((model, version, outcome))
+                if served is None:
+                    served = self._versions[(model, version, outcome)] = metrics().by_version.labels(
+                        model, version, outcome
+                    )
+                served.inc()
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')
