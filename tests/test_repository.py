@@ -160,6 +160,7 @@ def test_the_default_version_is_the_highest(app: Client) -> None:
     assert _predict(app, "/v1/models/scaler:predict", [5]) == [{"value": 10, "version": 2}]
     assert _predict(app, "/v1/models/latest:predict", [5]) == [{"value": 15, "version": 3}]
     assert _predict(app, "/v1/models/specific:predict", [5]) == [{"value": 15, "version": 3}]
+    assert app.request("GET", "/v2/models/scaler").json()["versions"] == ["1", "2"]  # Triton's: every version
     meta = app.request("GET", "/v1/models/scaler").json()
     assert meta["version"] == "2"
     assert [(v["version"], v["state"]) for v in meta["versions"]] == [("1", "READY"), ("2", "READY")]

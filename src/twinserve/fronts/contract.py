@@ -469,7 +469,13 @@ class Service:
         return self.runtime(model, version)
 
     def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
-        return Reply(200, dumps(self.codecs_of(self.v2_runtime(model, version)).v2.metadata()))
+        """V2 model metadata: a version's, or (unversioned) the default's, listing every version ready now."""
+        runtime = self.v2_runtime(model, version)
+        metadata = self.codecs_of(runtime).v2.metadata()
+        if version is None:
+            ready = [e.version for e in self.registry.versions_of(runtime.name) if e.state == "READY"]
+            metadata["versions"] = ready or metadata["versions"]
+        return Reply(200, dumps(metadata))
 
     def model_ready(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
