@@ -273,6 +273,10 @@ def test_explicit_control_loads_new_versions_and_unloads(tmp_path: Path, arch: s
             ("grow", "2", "UNAVAILABLE", "unloaded"),
         }
         assert _predict(app, "/v1/models/flat:predict", [1]) == [101]
+        # A fixed file is imported afresh on a load (the same size, the same second: no stale bytecode).
+        _write(root / "flat" / "model.py", PLAIN.replace("100", "200"))
+        assert app.request("POST", "/v2/repository/models/flat/load", json={}).status == 200
+        assert _predict(app, "/v1/models/flat:predict", [1]) == [201]
         assert app.request("POST", "/v2/repository/models/grow/load", json={}).status == 200
         assert _predict(app, "/v1/models/grow:predict", [3]) == [{"value": 6, "version": 2}]
         # A model folder added after start loads on request; a broken one says why, and nothing else changes.

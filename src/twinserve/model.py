@@ -334,8 +334,9 @@ def _converter(model: object, name: str) -> Callable[..., Any] | None:
 
 def _import_from_file(path: Path, module_name: str | None = None) -> Any:
     """Import the file `path` as a module, under `module_name` (default: from the file's name). A named import (a
-    model repository's, where every version has its own `model.py`) has the file's folder on `sys.path` for the
-    import alone, so that the files beside it import as they would from that folder."""
+    model repository's, where every version has its own `model.py`, and each load of it a name of its own) has the
+    file's folder on `sys.path` for the import alone, so that the files beside it import as they would from that
+    folder."""
     named = module_name is not None
     module_name = module_name or "twinserve_user_" + path.stem
     existing = sys.modules.get(module_name)
@@ -351,7 +352,12 @@ def _import_from_file(path: Path, module_name: str | None = None) -> Any:
     if named:
         sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        if named:
+            # From the source itself, never a cached .pyc: a file rewritten within one second at the same size
+            # (a repository reload) would pass the .pyc's mtime-and-size check and run the old code.
+            exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+        else:
+            spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(module_name, None)  # a fixed file is imported afresh on the next load
         raise

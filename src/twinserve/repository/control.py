@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 
 from twinserve.errors import ModelNotFound
@@ -61,6 +62,7 @@ class ModelControl:
             if not entry.runtime.occupancy.wait_empty(self._timeout):
                 logger.warning("model %r version %s: requests still inside after the drain", entry.name, entry.version)
             entry.runtime.close()
+            _forget(entry)
 
     # -- the async fronts ---------------------------------------------------------------------------------
     async def aload(self, name: str) -> list[dict[str, str]]:
@@ -84,6 +86,7 @@ class ModelControl:
             if not await entry.runtime.occupancy.await_empty(self._timeout):
                 logger.warning("model %r version %s: requests still inside after the drain", entry.name, entry.version)
             await entry.runtime.aclose()
+            _forget(entry)
 
     def _async_lock(self) -> asyncio.Lock:
         if self._alock is None:
@@ -118,3 +121,9 @@ def _stopping(old: list[ServedVersion]) -> list[ServedVersion]:
         entry.runtime.occupancy.stop()
         entry.state = "UNLOADING"
     return old
+
+
+def _forget(entry: ServedVersion) -> None:
+    """Drop a closed version's module, so that its code and data can be freed (each load imports its own)."""
+    if entry.runtime is not None and entry.runtime.module is not None:
+        sys.modules.pop(entry.runtime.module, None)

@@ -13,6 +13,7 @@ in place, so a `Service` holding it sees every change.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ __all__ = ["ModelRegistry", "ServedVersion", "State"]
 logger = logging.getLogger("twinserve.repository")
 
 State = Literal["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]
+#: Loads of repository versions in this process, numbering their module names.
+_LOADS = itertools.count(1)
 
 
 @dataclass
@@ -87,8 +90,10 @@ class ModelRegistry:
         for found in folder.versions:
             version = str(found.version)
             try:
+                # A module name per load: a reload imports the files afresh, beside the old module still serving.
+                module = f"{found.module}_{next(_LOADS)}"
                 runtime = ModelRuntime(
-                    found.target, self.config, folder.settings, found.module, name=folder.name, version=version
+                    found.target, self.config, folder.settings, module, name=folder.name, version=version
                 )
             except Exception as exc:
                 versions[version] = self._unavailable(folder.name, version, f"{type(exc).__name__}: {exc}")
