@@ -130,6 +130,10 @@ class Model:
     #: When predict raises for a batch of several requests, twinserve re-runs parts of it to find the failing
     #: requests (see `twinserve.core.isolation`); False when predict must never see an instance twice.
     isolate_failures: ClassVar[bool] = True
+    #: Per-model settings over the server's flags (twinserve.core.settings: `max_batch_size`, `max_batch_delay_ms`,
+    #: `executor`, `model_workers`, `max_queue`, `timeout_ms`, `cache_size`, `cache_ttl_s`, `default_priority`);
+    #: a model repository's `twinserve.toml` `[settings]` table wins over them.
+    settings: ClassVar[Mapping[str, Any] | None] = None
 
     def load(self) -> Awaitable[None] | None:
         """Load weights, open pools (`def` or `async def`). Called once per process, before the server reports

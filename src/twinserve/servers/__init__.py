@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from twinserve.config import Config
+from twinserve.core.settings import class_settings, model_config
 from twinserve.model import ModelSpec, import_model
 from twinserve.observability.tracing import check_tracing
 
@@ -54,8 +55,11 @@ def announce(config: Config, port: int) -> None:
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     grpc = None if config.grpc_port is None else f"{'[' + host + ']' if ':' in host else host}:{config.grpc_port}"
     try:
-        spec = ModelSpec(import_model(config.models[0])())
-        name, curl = spec.name, _curl(base, spec)
+        if config.model_repository is not None:
+            name, curl = f"the models of {config.model_repository}", None
+        else:
+            spec = ModelSpec(import_model(config.models[0])())
+            name, curl = spec.name, _curl(base, spec)
     except Exception:  # the workers load the model and report what is wrong with it; this is only a hint
         name, curl = config.models[0], None
     if for_console(config.log_format):
@@ -77,8 +81,11 @@ def serve(config: Config) -> None:
     """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs, or tracing that cannot work here,
     fail before a port is bound."""
     check_tracing(config)
-    for target in config.models:
-        import_model(target)
+    if config.model_repository is None:  # a repository's bad models are their own: the others still serve
+        for target in config.models:
+            model_class = import_model(target)
+            label = getattr(model_class, "name", None) or model_class.__name__.lower()
+            model_config(config, class_settings(model_class), label)  # per-model settings checked here too
     _share_admission_state(config)
     _runner(config.arch)(_grpc_port_chosen(config))
 
