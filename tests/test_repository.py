@@ -398,3 +398,27 @@ def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: s
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (3,))
         after = (3, *before, ("scaler", "3", "READY"))
         _wait_for(lambda: answers() == {after}, timeout=120)
+
+
+def test_a_websocket_follows_its_models_reload_and_unload(tmp_path: Path) -> None:
+    """Each WebSocket message is admitted like a request: to the model's default version of the moment."""
+    from starlette.testclient import TestClient
+
+    from twinserve.fronts.asgi import create_asgi_app
+    from twinserve.fronts.contract import Service
+    from twinserve.repository import ModelRegistry
+
+    _versions(tmp_path / "grow", 'model = "model.py:Scaler"\n', (1,))
+    config = load_config(arch="async", model_repository=str(tmp_path), model_control="explicit", workers=1)
+    app = create_asgi_app(Service(ModelRegistry.from_config(config), config))
+    with TestClient(app) as client, client.websocket_connect("ws://localhost/v1/models/grow/ws") as websocket:
+        websocket.send_text('{"id": "a", "instances": [1]}')
+        assert websocket.receive_json() == {"id": "a", "predictions": [{"value": 1, "version": 1}]}
+        _versions(tmp_path / "grow", 'model = "model.py:Scaler"\n', (2,))
+        assert client.post("http://localhost/v2/repository/models/grow/load", json={}).status_code == 200
+        websocket.send_text('{"id": "b", "instances": [1]}')
+        assert websocket.receive_json() == {"id": "b", "predictions": [{"value": 2, "version": 2}]}
+        assert client.post("http://localhost/v2/repository/models/grow/unload", json={}).status_code == 200
+        websocket.send_text('{"id": "c", "instances": [1]}')
+        answer = websocket.receive_json()
+        assert answer["id"] == "c" and "model_unavailable" in str(answer["error"])
