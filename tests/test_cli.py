@@ -49,11 +49,7 @@ def test_help_lists_every_setting_with_its_env_var() -> None:
         (["--arch", "hybrid", "--executor", "thread"], {}, "--arch hybrid runs predict in model-worker processes"),
         (["--max-batch-size", "0"], {}, "--max-batch-size: Input should be greater than or equal to 1"),
         (["--max-queue", "-5"], {}, "--max-queue: Input should be greater than or equal to 1"),
-        (
-            ["--model-repository", "src", "--model-control", "explicit", "--workers", "2"],
-            {},
-            "--model-control explicit serves from one server process for now: --workers 1",
-        ),
+        (["--model-control", "explicit"], {}, "--model-control needs --model-repository"),
         (["--model-repository", "no/such/folder"], {}, "--model-repository: no/such/folder is not a folder"),
         ([model_path("ServerWideSetting")], {}, "settings key 'port' is a server-wide setting"),
         (["no_such_module:Model"], {}, "no module 'no_such_module' (MODEL is written 'pkg.module:Class'"),

@@ -149,8 +149,6 @@ def test_repository_and_model_arguments_are_exclusive(repository: Path, tmp_path
         load_config(models=["twinserve.examples.tokens:Tokens"], model_repository=str(repository))
     with pytest.raises(ConfigError, match="is not a folder"):
         load_config(model_repository=str(tmp_path / "absent"))
-    with pytest.raises(ConfigError, match="--model-control explicit serves from one server process"):
-        load_config(model_repository=str(repository), model_control="explicit", workers=2)
     with pytest.raises(ConfigError, match="--model-control needs --model-repository"):
         load_config(model_control="explicit")
 
@@ -398,6 +396,31 @@ def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: s
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (3,))
         after = (3, *before, ("scaler", "3", "READY"))
         _wait_for(lambda: answers() == {after}, timeout=120)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_server_process_follows_an_explicit_load_and_unload(tmp_path: Path, arch: str) -> None:
+    """A load or unload reaches one server process; the others follow it through the shared desired state."""
+    root = tmp_path / "repository"
+    _versions(root / "scaler", 'model = "model.py:Scaler"\n', (1,))
+    flags = ("--model-repository", str(root), "--workers", "2", "--model-control", "explicit")
+    with Server([], arch, *flags) as server:
+
+        def answers() -> set[tuple[int, Any]]:
+            """(status, version) of a round of requests on new connections, so either process may take each."""
+            seen = set()
+            for _ in range(12):
+                answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
+                version = answer.json()["predictions"][0]["version"] if answer.status_code == 200 else None
+                seen.add((answer.status_code, version))
+            return seen
+
+        assert answers() == {(200, 1)}
+        _versions(root / "scaler", 'model = "model.py:Scaler"\n', (2,))
+        assert httpx.post(f"{server.url}/v2/repository/models/scaler/load", json={}, timeout=120).status_code == 200
+        _wait_for(lambda: answers() == {(200, 2)}, timeout=120)
+        assert httpx.post(f"{server.url}/v2/repository/models/scaler/unload", json={}, timeout=120).status_code == 200
+        _wait_for(lambda: answers() == {(503, None)}, timeout=120)
 
 
 def test_a_websocket_follows_its_models_reload_and_unload(tmp_path: Path) -> None:

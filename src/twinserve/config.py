@@ -396,10 +396,6 @@ class Config(BaseSettings):
             raise ValueError("MODEL arguments and --model-repository are exclusive: serve one or the other")
         if not self.model_repository.is_dir():
             raise ValueError(f"--model-repository: {self.model_repository} is not a folder")
-        if self.model_control == "explicit" and self.effective_workers > 1:
-            # Each server process would load and unload on its own: docs/repository.md has the design that
-            # will make them agree; until then one process, or --model-control none.
-            raise ValueError("--model-control explicit serves from one server process for now: --workers 1")
 
     @property
     def auth_enabled(self) -> bool:

@@ -237,8 +237,8 @@ class _AsgiFront:
         await receive()  # lifespan.startup
         try:
             await service.registry.aload()
-            # --model-control poll: every server process watches the folder itself.
-            polling = asyncio.create_task(service.poller.arun()) if service.poller is not None else None
+            # The repository's poll, or the other server processes' explicit changes (repository/desired.py).
+            polling = asyncio.create_task(service.watch.arun()) if service.watch is not None else None
             grpc = None
             if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
                 from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server

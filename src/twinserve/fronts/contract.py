@@ -54,6 +54,7 @@ from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
 from twinserve.repository import ModelRegistry
 from twinserve.repository.control import ModelControl
+from twinserve.repository.desired import DesiredState, RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
 
 __all__ = [
@@ -160,15 +161,21 @@ class Service:
         self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
-        self._control = None
-        #: `--model-control poll`: the repository watch, which the server starts once the models are loaded.
-        self.poller: RepositoryPoller | None = None
+        self._control: ModelControl | None = None
+        #: Several server processes' shared record of explicit loads and unloads (None: one process).
+        self._desired: DesiredState | None = None
+        #: What keeps this process's models in step, started once they are loaded: the folder's poll
+        #: (`--model-control poll`), or the other processes' explicit changes (repository/desired.py).
+        self.watch: RepositoryPoller | RepositoryFollower | None = None
         if config.model_repository is not None and config.model_control != "none":
             control = ModelControl(self.registry)
             if config.model_control == "explicit":
                 self._control = control
+                self._desired = DesiredState.attach() if config.effective_workers > 1 else None
+                if self._desired is not None:
+                    self.watch = RepositoryFollower(control, self._desired)
             else:
-                self.poller = RepositoryPoller(control, config.model_repository, config.repository_poll_s)
+                self.watch = RepositoryPoller(control, config.model_repository, config.repository_poll_s)
         self._admin_key_id = key_id(config.admin_api_key) if config.admin_api_key is not None else None
 
     # -- metadata and health -----------------------------------------------------------------------------
@@ -450,6 +457,8 @@ class Service:
 
     def repository_changed(self, entries: list[dict[str, str]], model: str, change: str) -> Reply:
         """The answer to a load or unload: the model's versions and their states (503 when none loaded)."""
+        if self._desired is not None:  # the server's other processes follow
+            self._desired.publish(model, change == "load")
         if change == "load" and not any(entry["state"] == "READY" for entry in entries):
             reasons = "; ".join(f"version {e['version']}: {e['reason']}" for e in entries if e["reason"])
             raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")

@@ -11,8 +11,8 @@ Both run on the request that asked for them, off every other request's path: in 
 own thread, in the async fronts on threads (imports) and the model's own executor (loads), never blocking the
 event loop. Changes to one server are serialised.
 
-One server process only, for now: with several, each would change on its own (Config refuses explicit control
-with more than one process; docs/repository.md has the design that lifts this).
+With several server processes, the one that took a change publishes it and the others apply it through their own
+`ModelControl` (repository/desired.py).
 """
 
 from __future__ import annotations

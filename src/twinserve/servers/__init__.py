@@ -87,6 +87,10 @@ def serve(config: Config) -> None:
             label = getattr(model_class, "name", None) or model_class.__name__.lower()
             model_config(config, class_settings(model_class), label)  # per-model settings checked here too
     _share_admission_state(config)
+    if config.model_repository is not None and config.model_control == "explicit" and config.effective_workers > 1:
+        from twinserve.repository import desired
+
+        desired.create()  # every server process follows the explicit loads and unloads any one of them takes
     _runner(config.arch)(_grpc_port_chosen(config))
 
 

@@ -30,8 +30,8 @@ def build_wsgi_app(config: Config) -> Flask:
     tracer = setup_tracing(config)  # here, in the worker: the exporter's thread would not survive gunicorn's fork
     service = Service(load_models(config), config, tracer)
     service.registry.load()
-    if service.poller is not None:  # --model-control poll: every worker watches the folder itself
-        service.poller.start()
+    if service.watch is not None:  # the repository's poll, or the other workers' explicit changes
+        service.watch.start()
     if config.grpc_port is not None:
         global _grpc
         from twinserve.fronts.grpc import GrpcThread  # imported only then: its stubs fill protobuf's global pool
