@@ -345,14 +345,10 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         )
 
     async def repository_load(request: Request, exchange: Exchange) -> Reply:
-        model = request.path_params["model"]
-        entries = await service.repository_control(exchange.key_id).aload(model)
-        return service.repository_changed(entries, model, "load")
+        return await service.repository.aload(exchange.key_id, request.path_params["model"])
 
     async def repository_unload(request: Request, exchange: Exchange) -> Reply:
-        model = request.path_params["model"]
-        entries = await service.repository_control(exchange.key_id).aunload(model)
-        return service.repository_changed(entries, model, "unload")
+        return await service.repository.aunload(exchange.key_id, request.path_params["model"])
 
     async def model_stats(request: Request, exchange: Exchange) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
@@ -372,7 +368,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": model_stats,
-        "repository_index": plain(service.repository_index),
+        "repository_index": plain(service.repository.index),
         "repository_load": repository_load,
         "repository_unload": repository_unload,
         "openapi": plain(service.openapi),

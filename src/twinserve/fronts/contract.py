@@ -20,10 +20,7 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
-    Forbidden,
-    ModelControlOff,
     ModelNotReady,
-    ModelUnavailable,
     NotStreaming,
     PayloadTooLarge,
     TwinserveError,
@@ -36,6 +33,7 @@ from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
+from twinserve.fronts.repository_api import RepositoryApi
 from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
@@ -53,8 +51,7 @@ from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
 from twinserve.repository import ModelRegistry
-from twinserve.repository.control import ModelControl
-from twinserve.repository.desired import DesiredState, RepositoryFollower
+from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
 
 __all__ = [
@@ -161,22 +158,8 @@ class Service:
         self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
-        self._control: ModelControl | None = None
-        #: Several server processes' shared record of explicit loads and unloads (None: one process).
-        self._desired: DesiredState | None = None
-        #: What keeps this process's models in step, started once they are loaded: the folder's poll
-        #: (`--model-control poll`), or the other processes' explicit changes (repository/desired.py).
-        self.watch: RepositoryPoller | RepositoryFollower | None = None
-        if config.model_repository is not None and config.model_control != "none":
-            control = ModelControl(self.registry)
-            if config.model_control == "explicit":
-                self._control = control
-                self._desired = DesiredState.attach() if config.effective_workers > 1 else None
-                if self._desired is not None:
-                    self.watch = RepositoryFollower(control, self._desired)
-            else:
-                self.watch = RepositoryPoller(control, config.model_repository, config.repository_poll_s)
-        self._admin_key_id = key_id(config.admin_api_key) if config.admin_api_key is not None else None
+        #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
+        self.repository = RepositoryApi(self.registry, config, self.auth is not None)
 
     # -- metadata and health -----------------------------------------------------------------------------
     def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:
@@ -438,31 +421,10 @@ class Service:
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
 
-    # -- the model repository (repository/) -------------------------------------------------------------------
-    def repository_index(self) -> Reply:
-        """Triton's and MLServer's repository index: every model and version, its state and why."""
-        return Reply(200, dumps(self.registry.index()))
-
-    def repository_control(self, key_id: str | None) -> ModelControl:
-        """The model control, for a request whose API key is `key_id`: 403 unless it is the admin key (when keys
-        are on), 400 unless `--model-control explicit`."""
-        if self.auth is not None and (self._admin_key_id is None or key_id != self._admin_key_id):
-            raise Forbidden("loading and unloading models needs the admin API key (--admin-api-key)")
-        if self._control is None:
-            raise ModelControlOff(
-                f"this server loads and unloads models by itself (--model-control {self.config.model_control}); "
-                "serve with --model-repository DIR --model-control explicit to load and unload on request"
-            )
-        return self._control
-
-    def repository_changed(self, entries: list[dict[str, str]], model: str, change: str) -> Reply:
-        """The answer to a load or unload: the model's versions and their states (503 when none loaded)."""
-        if self._desired is not None:  # the server's other processes follow
-            self._desired.publish(model, change == "load")
-        if change == "load" and not any(entry["state"] == "READY" for entry in entries):
-            reasons = "; ".join(f"version {e['version']}: {e['reason']}" for e in entries if e["reason"])
-            raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")
-        return Reply(200, dumps({"name": model, "versions": entries}))
+    @property
+    def watch(self) -> RepositoryPoller | RepositoryFollower | None:
+        """The repository's poll, or the other server processes' explicit changes: the server starts it."""
+        return self.repository.watch
 
     # -- the Open Inference Protocol (V2) --------------------------------------------------------------------
     @cached_property

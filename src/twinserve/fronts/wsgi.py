@@ -140,12 +140,6 @@ def create_wsgi_app(service: Service) -> Flask:
             f"WebSocket streams need an event loop: serve with --arch async or --arch hybrid ({request.path})"
         )
 
-    def repository_change(model: str, change: str) -> Response:
-        """A load or unload, in this request's thread: other requests go on in theirs."""
-        control = service.repository_control(_exchange().key_id)
-        entries = control.load(model) if change == "load" else control.unload(model)
-        return _respond(service.repository_changed(entries, model, change))
-
     def model_route(handler: Callable[[str, str | None], Reply]) -> Callable[..., Response]:
         return lambda model, version=None: _respond(handler(model, version))
 
@@ -164,9 +158,10 @@ def create_wsgi_app(service: Service) -> Flask:
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": lambda model=None, version=None: _respond(service.model_stats(model, version)),
-        "repository_index": lambda: _respond(service.repository_index()),
-        "repository_load": lambda model: repository_change(model, "load"),
-        "repository_unload": lambda model: repository_change(model, "unload"),
+        "repository_index": lambda: _respond(service.repository.index()),
+        # A load or unload runs in this request's thread: other requests go on in theirs.
+        "repository_load": lambda model: _respond(service.repository.load(_exchange().key_id, model)),
+        "repository_unload": lambda model: _respond(service.repository.unload(_exchange().key_id, model)),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
         "metrics": lambda: _respond(service.metrics()),
