@@ -292,7 +292,7 @@ def test_explicit_control_loads_new_versions_and_unloads(tmp_path: Path, arch: s
 
 
 @pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
-def test_only_the_admin_key_changes_the_repository(repository: Path, tmp_path: Path, arch: str) -> None:
+def test_only_the_admin_key_changes_the_repository(tmp_path: Path, arch: str) -> None:
     root = tmp_path / "repository"
     _write(root / "flat" / "twinserve.toml", 'model = "model.py:Plain"\n')
     _write(root / "flat" / "model.py", PLAIN)
