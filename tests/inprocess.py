@@ -33,8 +33,7 @@ from unittest import mock
 import httpx
 
 from twinserve.config import Config, load_config
-from twinserve.core.runtime import ModelRuntime
-from twinserve.core.runtime import load_runtimes as real_load_runtimes
+from twinserve.repository import ModelRegistry
 
 T = TypeVar("T")
 ARCHS_IN_PROCESS = ("sync", "async", "hybrid")
@@ -96,15 +95,15 @@ class SyncClient:
 
         self.arch = "sync"
         self.config = config
-        self.runtimes: dict[str, ModelRuntime] = {}
+        self.registry: ModelRegistry | None = None
 
-        def load_runtimes(config: Config) -> dict[str, ModelRuntime]:
-            self.runtimes = real_load_runtimes(config)  # kept, to close them when the test is done
-            return self.runtimes
+        def load_models(config: Config) -> ModelRegistry:
+            self.registry = ModelRegistry.from_config(config)  # kept, to close its models when the test is done
+            return self.registry
 
         with (
             mock.patch.object(gunicorn, "start_memory_sampler"),
-            mock.patch.object(gunicorn, "load_runtimes", load_runtimes),
+            mock.patch.object(gunicorn, "load_models", load_models),
         ):
             self.app = gunicorn.build_wsgi_app(config)
         self.client = self.app.test_client()
@@ -127,8 +126,8 @@ class SyncClient:
             response.close()  # a streamed body's generator ends here, as when gunicorn finishes the response
 
     def close(self) -> None:
-        for runtime in self.runtimes.values():  # gunicorn's worker exits instead; a test process goes on
-            runtime.close()
+        if self.registry is not None:  # gunicorn's worker exits instead; a test process goes on
+            self.registry.close()
 
 
 class _Lifespan:
@@ -249,7 +248,8 @@ class AsyncClient:
 
 def build(arch: str, models: list[str] | tuple[str, ...], **overrides: Any) -> SyncClient | AsyncClient:
     """The app `twinserve serve MODELS --arch ARCH --flag value ...` would serve, built in this process."""
-    config = load_config(models=list(models), arch=arch, **overrides)
+    named = {"models": list(models)} if models else {}  # none: a --model-repository names them
+    config = load_config(**named, arch=arch, **overrides)
     return SyncClient(config) if arch == "sync" else AsyncClient(config)
 
 

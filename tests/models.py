@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -357,3 +357,12 @@ class Counters(twinserve.Model):
 
     def to_tensors(self, outputs: list[int]) -> dict[str, np.ndarray[Any, Any]]:
         return {"output": np.array(outputs, dtype=np.uint64)}
+
+
+class ServerWideSetting:
+    """A per-model setting that only the server may have: refused at start-up, naming the key."""
+
+    settings: ClassVar[dict[str, Any]] = {"port": 9000}
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return list(batch)

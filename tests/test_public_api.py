@@ -20,5 +20,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "loading",
         "extras",
         "encoding",
+        "repository",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

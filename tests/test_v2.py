@@ -194,7 +194,7 @@ def test_errors_have_the_v2_body(server: Server) -> None:
     assert_v2_error(text, 415, "application/json or application/octet-stream")
     wrong_method = httpx.get(f"{server.url}/v2/models/iris/infer")
     assert_v2_error(wrong_method, 405, "GET is not allowed")
-    assert_v2_error(httpx.get(f"{server.url}/v2/repository/index"), 404, "no route")
+    assert_v2_error(httpx.get(f"{server.url}/v2/no-such-extension"), 404, "no route")
     # twinserve's own routes keep their error body
     assert error_fields(httpx.get(f"{server.url}/v1/models/nope").json())["code"] == "model_not_found"
 

@@ -294,6 +294,27 @@ class Config(BaseSettings):
     )
     max_header_count: int = Field(100, ge=4, le=32_768, description="Most header fields in a request (else 431).")
     max_header_bytes: int = Field(8190, ge=64, le=65_536, description="Longest header field, `name: value` (else 431).")
+    # -- many models: a model repository and its control (docs/repository.md) ------------------------------------
+    model_repository: Path | None = Field(
+        None,
+        description="Serve the models of this folder instead of MODEL arguments: DIR/<model>/twinserve.toml (its "
+        "class, settings and version policy) and DIR/<model>/<version>/ (numbered version folders).",
+    )
+    model_control: Literal["none", "explicit", "poll"] = Field(
+        "none",
+        description="With --model-repository, Triton's model control: none (load every model at start; the "
+        "repository API answers the index only), explicit (load at start, then load/unload on request), poll "
+        "(load at start, then follow the folder's changes every --repository-poll-s).",
+    )
+    repository_poll_s: float = Field(
+        5.0, gt=0, le=3600, description="With --model-control poll, seconds between two looks at the repository."
+    )
+    admin_api_key: str | None = Field(
+        None,
+        repr=False,
+        description="With API keys on, the one key that may load and unload models through the repository API "
+        "(it is an API key for everything else too; without it, repository changes are refused with 403).",
+    )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
@@ -407,6 +428,7 @@ class Config(BaseSettings):
             raise ValueError("--arch hybrid runs predict in model-worker processes: use --executor process or auto")
         if self.debug and self.resolved_arch_executor == "process":
             raise ValueError("--debug runs everything in one thread: it cannot use model-worker processes")
+        self._check_repository()
         if self.max_instances > self.max_queue:
             # A request the queue can never hold would get 503 + Retry-After however often it is retried.
             raise ValueError(
@@ -415,13 +437,27 @@ class Config(BaseSettings):
             )
         return self
 
+    def _check_repository(self) -> None:
+        if self.admin_api_key is not None:
+            _check_key(self.admin_api_key)
+        if self.model_repository is None:
+            if self.model_control != "none":
+                raise ValueError("--model-control needs --model-repository")
+            return
+        if self.models != [DEFAULT_MODEL]:
+            raise ValueError("MODEL arguments and --model-repository are exclusive: serve one or the other")
+        if not self.model_repository.is_dir():
+            raise ValueError(f"--model-repository: {self.model_repository} is not a folder")
+
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.api_keys) or self.api_key_file is not None
+        return bool(self.api_keys) or self.api_key_file is not None or self.admin_api_key is not None
 
     def all_api_keys(self) -> list[str]:
-        """The keys given directly and those in --api-key-file (read now), without duplicates."""
+        """The keys given directly, the admin key and those in --api-key-file (read now), without duplicates."""
         keys = list(self.api_keys)
+        if self.admin_api_key is not None:
+            keys.append(self.admin_api_key)
         if self.api_key_file is not None:
             keys += [key for key, _ in read_key_file(self.api_key_file)]
         return list(dict.fromkeys(keys))

@@ -12,8 +12,10 @@
     │   ├── HostNotAllowed              400 host_not_allowed (--allowed-hosts)
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
+    │   ├── Forbidden                   403 forbidden (a repository change asked with a key that is not the admin's)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
     │   ├── NotStreaming                400 not_streaming (`:stream` on a model whose predict is not a generator)
+    │   ├── ModelControlOff             400 model_control_off (load/unload without --model-control explicit)
     │   ├── NotFound                    404 not_found
     │   │   └── ModelNotFound           404 model_not_found
     │   ├── MethodNotAllowed            405 method_not_allowed
@@ -32,6 +34,7 @@
         ├── ModelFailed                 500 model_error
         ├── OutputMismatch              500 output_mismatch
         ├── ModelNotReady               503 model_not_ready
+        ├── ModelUnavailable            503 model_unavailable (a repository model that failed to import or load)
         ├── QueueFull                   503 queue_full (Retry-After)
         ├── WorkerDied                  503 worker_died
         ├── TooManyPending              503 too_many_pending (a WebSocket's unanswered messages at their bound)
@@ -58,6 +61,7 @@ __all__ = [
     "DeadlineExceeded",
     "DeadlineUnmeetable",
     "DependencyUnavailable",
+    "Forbidden",
     "HeadersTooLarge",
     "HostNotAllowed",
     "InvalidTensor",
@@ -65,11 +69,13 @@ __all__ = [
     "MalformedRequest",
     "MethodNotAllowed",
     "MissingExtra",
+    "ModelControlOff",
     "ModelFailed",
     "ModelFileError",
     "ModelImportError",
     "ModelNotFound",
     "ModelNotReady",
+    "ModelUnavailable",
     "NotFound",
     "NotStreaming",
     "OutputMismatch",
@@ -229,6 +235,19 @@ class CorsRejected(ClientError):
     code = "cors_rejected"
 
 
+class ModelControlOff(ClientError):
+    """A repository load or unload asked of a server that does not take them (`--model-control none`)."""
+
+    code = "model_control_off"
+
+
+class Forbidden(ClientError):
+    """A valid API key that may not do this: a model-repository change needs the admin key (`--admin-api-key`)."""
+
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ClientError):
     status = 404
     code = "not_found"
@@ -332,6 +351,14 @@ class OutputMismatch(ServerError):
 class ModelNotReady(ServerError):
     status = 503
     code = "model_not_ready"
+
+
+class ModelUnavailable(ServerError):
+    """A model of the repository that failed to import or load (the repository index has the reason), or that was
+    unloaded; the other models keep serving."""
+
+    status = 503
+    code = "model_unavailable"
 
 
 class QueueFull(ServerError):

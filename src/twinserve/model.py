@@ -53,6 +53,7 @@ gone. `:predict` on a streaming model collects the steps: each instance's predic
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -131,6 +132,10 @@ class Model:
     #: When predict raises for a batch of several requests, twinserve re-runs parts of it to find the failing
     #: requests (see `twinserve.core.isolation`); False when predict must never see an instance twice.
     isolate_failures: ClassVar[bool] = True
+    #: Per-model settings over the server's flags (twinserve.core.settings: `max_batch_size`, `max_batch_delay_ms`,
+    #: `executor`, `model_workers`, `max_queue`, `timeout_ms`, `cache_size`, `cache_ttl_s`, `default_priority`);
+    #: a model repository's `twinserve.toml` `[settings]` table wins over them.
+    settings: ClassVar[Mapping[str, Any] | None] = None
 
     def load(self) -> Awaitable[None] | None:
         """Load weights, open pools (`def` or `async def`). Called once per process, before the server reports
@@ -333,8 +338,13 @@ def _converter(model: object, name: str) -> Callable[..., Any] | None:
     return None if hook is None else hook.fn
 
 
-def _import_from_file(path: Path) -> Any:
-    module_name = "twinserve_user_" + path.stem
+def _import_from_file(path: Path, module_name: str | None = None) -> Any:
+    """Import the file `path` as a module, under `module_name` (default: from the file's name). A named import (a
+    model repository's, where every version has its own `model.py`, and each load of it a name of its own) has the
+    file's folder on `sys.path` for the import alone, so that the files beside it import as they would from that
+    folder."""
+    named = module_name is not None
+    module_name = module_name or "twinserve_user_" + path.stem
     existing = sys.modules.get(module_name)
     if existing is not None and getattr(existing, "__file__", None) == str(path):
         # Two models from one file share its classes: instances pickled to model workers must resolve by name.
@@ -344,7 +354,23 @@ def _import_from_file(path: Path) -> Any:
         raise ModelImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    folder = str(path.parent)
+    if named:
+        sys.path.insert(0, folder)
+    try:
+        if named:
+            # From the source itself, never a cached .pyc: a file rewritten within one second at the same size
+            # (a repository reload) would pass the .pyc's mtime-and-size check and run the old code.
+            exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+        else:
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)  # a fixed file is imported afresh on the next load
+        raise
+    finally:
+        if named:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
     return module
 
 
@@ -362,8 +388,9 @@ def _models_in(module: types.ModuleType) -> list[str]:
     )
 
 
-def import_model(target: str) -> type:
-    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class.
+def import_model(target: str, module: str | None = None) -> type:
+    """Resolve `package.module:Class` or `path/to/file.py:Class` to the model class (a file imported under the
+    name `module` when given: see `_import_from_file`).
 
     Each way it can fail says which part of MODEL is wrong (ModelImportError, one line).
     """
@@ -375,9 +402,9 @@ def import_model(target: str) -> type:
             path = Path(module_part).resolve()
             if not path.is_file():
                 raise ModelImportError(f"no such file: {module_part} ({_HOW})")
-            module = _import_from_file(path)
+            imported = _import_from_file(path, module)
         else:
-            module = importlib.import_module(module_part)
+            imported = importlib.import_module(module_part)
     except (ModelImportError, ConfigError):  # a missing extra names the pip command itself
         raise
     except ModuleNotFoundError as exc:
@@ -386,11 +413,11 @@ def import_model(target: str) -> type:
         raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
         raise ModelImportError(f"cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
-    obj: Any = module
+    obj: Any = imported
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
-            found = _models_in(module)
+            found = _models_in(imported)
             hint = f"it defines {', '.join(found)}" if found else "it defines no class with a predict() method"
             raise ModelImportError(f"no class {attr!r} in module {module_part!r} ({hint})")
     if not isinstance(obj, type):

@@ -162,6 +162,12 @@ def _v2_iris(answer: Answer) -> None:
     assert {t["name"] for t in meta["inputs"]} and {t["name"] for t in meta["outputs"]}
 
 
+def _repository_index(answer: Answer) -> None:
+    # MODEL arguments are a repository of one version each, every one READY.
+    index = {entry["name"]: entry for entry in answer.json()}
+    assert index["iris"] == {"name": "iris", "version": "1", "state": "READY", "reason": ""}
+
+
 def _v2_config(answer: Answer) -> None:
     assert answer.json()["name"] == "iris"
 
@@ -301,6 +307,13 @@ CASES = [
     Case("v2-model-stats-version", "model_stats", "GET", "/v2/models/iris/versions/1/stats", 200,
          check=_v2_stats, same=stats_shape),
     Case("v2-all-stats", "model_stats", "GET", "/v2/models/stats", 200, check=_v2_all_stats, same=stats_shape),
+    Case("repository-index", "repository_index", "POST", "/v2/repository/index", 200, json={},
+         check=_repository_index),
+    # MODEL arguments (and --model-control none) load at start only.
+    Case("repository-load-off", "repository_load", "POST", "/v2/repository/models/iris/load", 400, json={},
+         check=_v2("--model-control none")),
+    Case("repository-unload-off", "repository_unload", "POST", "/v2/repository/models/iris/unload", 400, json={},
+         check=_v2("--model-control none")),
     Case("v2-infer", "infer", "POST", "/v2/models/iris/infer", 200, json=IRIS_V2, check=_v2_infer),
     Case("v2-infer-version", "infer", "POST", "/v2/models/iris/versions/1/infer", 200, json=IRIS_V2,
          check=_v2_infer),
@@ -315,7 +328,7 @@ CASES = [
     Case("v2-infer-text-plain", "infer", "POST", "/v2/models/iris/infer", 415, content=b"{}",
          headers={"content-type": "text/plain"}, check=_v2("application/json or application/octet-stream")),
     Case("v2-infer-wrong-method", "infer", "GET", "/v2/models/iris/infer", 405, check=_v2("GET is not allowed")),
-    Case("v2-unknown-route", "", "GET", "/v2/repository/index", 404, check=_v2("no route")),
+    Case("v2-unknown-route", "", "GET", "/v2/no-such-extension", 404, check=_v2("no route")),
     Case("openapi", "openapi", "GET", "/openapi.json", 200, check=_openapi),
     Case("docs", "docs", "GET", "/docs", 200, check=_docs),
     Case("metrics", "metrics", "GET", "/metrics", 200, check=_metrics, same=_constant),

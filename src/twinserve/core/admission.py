@@ -151,10 +151,11 @@ class TokenBucket:
             )
 
 
-def deadline_from(header: str | None, config: Config) -> float | None:
-    """The request's deadline on the monotonic clock, or None for no deadline."""
+def deadline_from(header: str | None, config: Config, default_ms: int | None = None) -> float | None:
+    """The request's deadline on the monotonic clock, or None for no deadline; without a header, `default_ms`
+    (a model's own `timeout_ms`) or else `config.timeout_ms`."""
     if header is None:
-        timeout_ms = config.timeout_ms
+        timeout_ms = config.timeout_ms if default_ms is None else default_ms
     else:
         try:
             timeout_ms = int(header)
@@ -243,13 +244,22 @@ class Admission:
         average = self.thread_seconds
         self.thread_seconds = seconds if average is None else average + _SMOOTHING * (seconds - average)
 
-    def priority(self, value: str | int | None, source: str = PRIORITY_HEADER, key_id: str | None = None) -> int:
+    def priority(
+        self,
+        value: str | int | None,
+        source: str = PRIORITY_HEADER,
+        key_id: str | None = None,
+        default: int | None = None,
+    ) -> int:
         """The priority level of a request that asks for `value` (`X-Priority`, or V2 `parameters.priority`): a
         whole number from 1 (the highest) to `--priority-levels`, 400 otherwise; none means its API key's level,
-        else `--default-priority`. A key's level is also the highest its requests get: they may ask for less."""
+        else `default` (the model's own `default_priority`), else `--default-priority`. A key's level is also the
+        highest its requests get: they may ask for less."""
         ceiling = self.key_priorities.get(key_id, 1) if key_id is not None else 1
         if value is None:
-            return ceiling if key_id in self.key_priorities else self.config.default_priority
+            if key_id in self.key_priorities:
+                return ceiling
+            return self.config.default_priority if default is None else default
         levels = self.config.priority_levels
         try:
             level = value if isinstance(value, int) and not isinstance(value, bool) else int(str(value).strip())
@@ -270,9 +280,10 @@ class Admission:
         if bucket is not None:
             bucket.acquire()
 
-    def deadline(self, header: str | None) -> float | None:
-        """The request's deadline from its `X-Request-Timeout-Ms` (or the default); None for none."""
-        return deadline_from(header, self.config)
+    def deadline(self, header: str | None, default_ms: int | None = None) -> float | None:
+        """The request's deadline from its `X-Request-Timeout-Ms`, else `default_ms` (the model's own `timeout_ms`),
+        else `--timeout-ms`; None for none."""
+        return deadline_from(header, self.config, default_ms)
 
     def tighten(self, deadline: float | None, timeout_us: int | None) -> float | None:
         """The earlier of `deadline` and a V2 request's own `timeout` parameter (capped like the header)."""

@@ -31,9 +31,10 @@ class ModelHandle:
 
     target: str  # import string, for processes that import the model themselves
     spec: ModelSpec
-    config: Config
+    config: Config  # the model's own effective settings (core/settings.py)
     #: The device and the per-thread streams predict runs on (`--device`).
     placement: Placement = field(default_factory=lambda: Placement("cpu"))
+    module: str | None = None  # the module name a model file is imported under (None: from its file name)
 
 
 class Executor(Protocol):
@@ -126,7 +127,9 @@ class ProcessExecutor:
 
     def __init__(self, model: ModelHandle) -> None:
         self.max_in_flight = model.config.model_workers
-        self.pool = ProcessPool(model.target, model.config, self.max_in_flight, model.placement.device)
+        self.pool = ProcessPool(
+            model.target, model.config, self.max_in_flight, model.module, model.spec.name, model.placement.device
+        )
         # One thread per worker waits on its pipe, so the event loop never blocks on a worker.
         self._waiters = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-pool-io")
         # Streams wait for a worker on threads of their own: a stream that holds a worker always finds a thread

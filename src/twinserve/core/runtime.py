@@ -22,7 +22,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +34,8 @@ from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.device import Placement, device_for
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
 from twinserve.core.hooks import call_async, call_blocking, model_code
+from twinserve.core.occupancy import Occupancy
+from twinserve.core.settings import class_settings, effective_settings, model_config
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
 from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
@@ -50,10 +52,27 @@ class ModelRuntime:
     """A model plus its executor and batcher, callable from either front; it takes and returns instances (the
     protocols' codecs are the fronts': `twinserve.protocol.codecs`)."""
 
-    def __init__(self, target: str, config: Config) -> None:
+    def __init__(
+        self,
+        target: str,
+        config: Config,
+        settings: Mapping[str, Any] | None = None,
+        module: str | None = None,
+        *,
+        name: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        """`settings`: the model's settings file's (over its class's); `module`: the module name its file is
+        imported under; `name` and `version`: what it is served as, over its class's (a model repository's)."""
         self.target = target
-        self.config = config
-        self.model = import_model(target)()
+        #: The module name a model file is imported under (None: derived from the file's name).
+        self.module = module
+        model_class = import_model(target, module)
+        # The class's own settings, then those of its settings file (`settings`) over them, then the server's.
+        label = name or getattr(model_class, "name", None) or model_class.__name__.lower()
+        #: This model's effective settings: the server's Config with its per-model keys over it (core/settings.py).
+        self.config = config = model_config(config, {**class_settings(model_class), **(settings or {})}, label)
+        self.model = model_class()
         with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
         #: `--device` resolved (once per process): a GPU asked for and not there fails here, at start-up.
@@ -63,8 +82,14 @@ class ModelRuntime:
         #: The stream each thread that runs predict computes on (a pass-through on the CPU).
         self.placement = Placement(self.device)
         self.spec = ModelSpec(self.model)
+        if name is not None:
+            self.spec.name = name
         self.name = self.spec.name
+        if version is not None:
+            self.spec.version = version
         self.ready = False
+        #: Requests admitted to this model and not yet closed: an unload drains them first.
+        self.occupancy = Occupancy()
         self.load_seconds: float | None = None
         self.max_batch_size = config.effective_max_batch_size
         self.executor_name = resolve_executor(config, self.spec)
@@ -112,7 +137,8 @@ class ModelRuntime:
         return BatchQueue(self.max_batch_size, delay, config.max_queue, max_in_flight, levels, wait)
 
     def _new_executor(self) -> Executor:
-        return EXECUTORS[self.executor_name](ModelHandle(self.target, self.spec, self.config, self.placement))
+        handle = ModelHandle(self.target, self.spec, self.config, placement=self.placement, module=self.module)
+        return EXECUTORS[self.executor_name](handle)
 
     @property
     def _loads_in_process(self) -> bool:
@@ -354,7 +380,11 @@ class ModelRuntime:
         return {"name": self.name, "version": self.spec.version, "ready": self.ready}
 
     def metadata(self) -> dict[str, Any]:
-        serving: dict[str, Any] = {"max_batch_size": self.max_batch_size, "executor": self.executor_name}
+        serving: dict[str, Any] = {
+            "max_batch_size": self.max_batch_size,
+            "executor": self.executor_name,
+            "settings": effective_settings(self.config),
+        }
         if self.executor is not None:
             serving.update(self.executor.describe())
         if self.cache is not None:

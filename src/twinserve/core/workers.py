@@ -10,7 +10,7 @@ it early the server sends `CloseStream`, the worker closes the model's generator
 
 The messages, server to worker: `PredictBatch` (reply `BatchReply`), `StartStream` then `NextStep`s (each
 replied by a `StepReply`) until the stream ends or the server sends `CloseStream` (no reply), `None` to exit.
-Worker to server, once: `WorkerReady`.
+Worker to server, once: `WorkerReady`, or `WorkerFailed` when the model cannot be imported or loaded.
 """
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ logger = logging.getLogger("twinserve.workers")
 @dataclass(frozen=True)
 class WorkerReady:
     pid: int
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """The model failed to import or load in the worker: the pool's start raises this error."""
+
+    error_code: str
+    error_message: str
+    error_private: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,14 @@ class StepReply:
     error_private: str | None = None
 
 
-def _worker_main(target: str, config_json: str, device: str, conn: Connection) -> None:
+def _worker_main(
+    target: str,
+    config_json: str,
+    conn: Connection,
+    module: str | None = None,
+    name: str | None = None,
+    device: str = "cpu",
+) -> None:
     """Entry point of a model-worker process; `device` is `--device` as the server process resolved it."""
     import os
 
@@ -102,15 +118,24 @@ def _worker_main(target: str, config_json: str, device: str, conn: Connection) -
     config = Config.model_validate_json(config_json)
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("model_worker")
-    model = import_model(target)()
-    model.config = config
-    model.device = device
     placement = Placement(device)  # this process's one thread: one stream
-    spec = ModelSpec(model)
-    if spec.load is not None:
-        with model_code(spec.name, "load"):
-            call_blocking(spec.load)
-        placement.loaded()
+    try:
+        model = import_model(target, module)()
+        model.config = config
+        model.device = device
+        spec = ModelSpec(model)
+        if name is not None:  # served under its repository folder's name: the log lines say that one
+            spec.name = name
+        if spec.load is not None:
+            with model_code(spec.name, "load"):
+                call_blocking(spec.load)
+            placement.loaded()
+    except TwinserveError as exc:  # the server says why its pool could not start (a repository: that model's)
+        conn.send(WorkerFailed(exc.code, exc.message, exc.private))
+        return
+    except Exception as exc:
+        conn.send(WorkerFailed("internal", f"{type(exc).__name__}: {exc}"))
+        return
     conn.send(WorkerReady(os.getpid()))
     while True:
         try:
@@ -191,8 +216,18 @@ class _Worker:
 class ProcessPool:
     """`size` model-worker processes, each fed one whole batch at a time."""
 
-    def __init__(self, target: str, config: Config, size: int, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        target: str,
+        config: Config,
+        size: int,
+        module: str | None = None,
+        name: str | None = None,
+        device: str = "cpu",
+    ) -> None:
         self.target = target
+        self.module = module
+        self.name = name
         self.config = config
         self.device = device
         self._bound = QueueBound(config.max_queue)
@@ -281,14 +316,20 @@ class ProcessPool:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self.target, self.config.model_dump_json(), self.device, child),
+            args=(self.target, self.config.model_dump_json(), child, self.module, self.name, self.device),
             name="twinserve-model-worker",
             daemon=True,
         )
         process.start()
         child.close()
         ready = wait([parent, process.sentinel])
-        message = parent.recv() if parent in ready else None
+        try:
+            message = parent.recv() if parent in ready else None
+        except EOFError:
+            message = None
+        if isinstance(message, WorkerFailed):
+            process.join(timeout=5)
+            raise error_from_code(message.error_code, message.error_message, message.error_private)
         if not isinstance(message, WorkerReady):
             process.join(timeout=5)
             raise TwinserveError(f"a model worker for {self.target!r} exited while loading (code {process.exitcode})")

@@ -20,6 +20,7 @@ closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import traceback
@@ -235,8 +236,9 @@ class _AsgiFront:
         started = False
         await receive()  # lifespan.startup
         try:
-            for runtime in service.runtimes.values():
-                await runtime.aload()
+            await service.registry.aload()
+            # The repository's poll, or the other server processes' explicit changes (repository/desired.py).
+            polling = asyncio.create_task(service.watch.arun()) if service.watch is not None else None
             grpc = None
             if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
                 from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server
@@ -247,8 +249,11 @@ class _AsgiFront:
             await receive()  # lifespan.shutdown
             if grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
                 await stop_grpc_server(*grpc, service.config.graceful_timeout)
-            for runtime in service.runtimes.values():
-                await runtime.aclose()
+            if polling is not None:
+                polling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await polling
+            await service.registry.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
             if service.tracer is not None:
                 service.tracer.shutdown()
@@ -339,6 +344,12 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             headers={"Upgrade": "websocket", "Connection": "Upgrade"},
         )
 
+    async def repository_load(request: Request, exchange: Exchange) -> Reply:
+        return await service.repository.aload(exchange.key_id, request.path_params["model"])
+
+    async def repository_unload(request: Request, exchange: Exchange) -> Reply:
+        return await service.repository.aunload(exchange.key_id, request.path_params["model"])
+
     async def model_stats(request: Request, exchange: Exchange) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
@@ -357,6 +368,9 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": model_stats,
+        "repository_index": plain(service.repository.index),
+        "repository_load": repository_load,
+        "repository_unload": repository_unload,
         "openapi": plain(service.openapi),
         "docs": plain(service.docs),
         "metrics": plain(service.metrics),

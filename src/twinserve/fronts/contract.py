@@ -10,6 +10,7 @@ import itertools
 import os
 import re
 import time
+import weakref
 from collections.abc import Mapping
 from functools import cached_property
 from http import HTTPStatus
@@ -19,7 +20,6 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
-    ModelNotFound,
     ModelNotReady,
     NotStreaming,
     PayloadTooLarge,
@@ -33,6 +33,7 @@ from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
+from twinserve.fronts.repository_api import RepositoryApi
 from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
@@ -49,6 +50,9 @@ from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
+from twinserve.repository import ModelRegistry
+from twinserve.repository.desired import RepositoryFollower
+from twinserve.repository.poll import RepositoryPoller
 
 __all__ = [
     "JSON",
@@ -121,12 +125,17 @@ def raw_error_response(error: TwinserveError) -> bytes:
 class Service:
     """The transport-free handlers behind every route, over the models this process serves."""
 
-    def __init__(self, runtimes: Mapping[str, ModelRuntime], config: Config, tracer: Tracer | None = None) -> None:
-        self.runtimes = dict(runtimes)
+    def __init__(
+        self, runtimes: Mapping[str, ModelRuntime] | ModelRegistry, config: Config, tracer: Tracer | None = None
+    ) -> None:
+        #: Every model and version with its state; MODEL arguments' runtimes make a strict one (repository/).
+        self.registry = runtimes if isinstance(runtimes, ModelRegistry) else ModelRegistry.of_runtimes(runtimes, config)
+        #: Model name -> its default version's runtime (the registry's own dict: it follows loads and unloads).
+        self.runtimes = self.registry.runtimes
         #: Requests (and WebSocket messages) between their exchange's open and close.
         self.in_flight = metrics().in_flight
-        #: Each model's protocol codecs: the core's runtimes take and return instances only.
-        self.codecs = {name: ModelCodecs.of(runtime.spec, config) for name, runtime in self.runtimes.items()}
+        #: Each runtime's protocol codecs (`codecs_of`): the core's runtimes take and return instances only.
+        self._codecs: weakref.WeakKeyDictionary[ModelRuntime, ModelCodecs] = weakref.WeakKeyDictionary()
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
@@ -145,25 +154,38 @@ class Service:
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._levels: dict[tuple[str, int, str], Any] = {}
+        self._versions: dict[tuple[str, str, str], Any] = {}
         self._refusals = RefusalLog()
         self._access_log = request_logger() if config.access_log else None
+        #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
+        #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
+        self.repository = RepositoryApi(self.registry, config, self.auth is not None)
 
     # -- metadata and health -----------------------------------------------------------------------------
+    def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:
+        """The protocol codecs of `runtime` (one per model version: versions may differ in types)."""
+        codecs = self._codecs.get(runtime)
+        if codecs is None:
+            codecs = self._codecs[runtime] = ModelCodecs.of(runtime.spec, runtime.config)
+        return codecs
+
     def list_models(self) -> Reply:
         """KServe V1's listing: the served models' names (`GET /v1/models/{model}` has each one's details)."""
         return Reply(200, dumps({"models": list(self.runtimes)}))
 
     def model_metadata(self, model: str) -> Reply:
         runtime = self.runtime(model)
-        v1 = self.codecs[runtime.name].v1
+        v1 = self.codecs_of(runtime).v1
         schemas = {"input_schema": v1.input_schema(), "output_schema": v1.output_schema()}
-        return Reply(200, dumps({**runtime.metadata(), **schemas}))
+        versions = [entry.describe() for entry in self.registry.versions_of(runtime.name)]
+        return Reply(200, dumps({**runtime.metadata(), **schemas, "versions": versions}))
 
     @cached_property
     def _openapi(self) -> bytes:
         from twinserve import __version__
 
-        document = openapi_document(self.runtimes, self.codecs, "twinserve", __version__)
+        codecs = {name: self.codecs_of(runtime) for name, runtime in self.runtimes.items()}
+        document = openapi_document(self.runtimes, codecs, "twinserve", __version__)
         return dumps(document if self.auth is None else secure(document, self.open_paths))
 
     def openapi(self) -> Reply:
@@ -252,10 +274,19 @@ class Service:
         open_request(context)
         return context
 
-    def finish(self, context: RequestContext, endpoint: str, model: str, status: int, error_code: str | None) -> None:
-        """Count and log one answered request (the same call from every front)."""
+    def finish(
+        self,
+        context: RequestContext,
+        endpoint: str,
+        model: str,
+        status: int,
+        error_code: str | None,
+        version: str | None = None,
+    ) -> None:
+        """Count and log one answered request (the same call from every front); `version`: the model version that
+        answered it (None: none was admitted)."""
         seconds = time.perf_counter() - context.started
-        if model not in self.runtimes:
+        if model not in self.runtimes and not self.registry.knows(model):
             model = ""  # never a label value a client can invent
         if self._access_log is not None:
             # Probes and scrapes arrive every few seconds for the server's whole life: they are debug noise.
@@ -267,6 +298,7 @@ class Service:
                 method=context.method,
                 path=context.path,
                 model=model or None,
+                version=version if model else None,
                 endpoint=endpoint,
                 arch=self.config.arch,
                 status=status,
@@ -306,6 +338,13 @@ class Service:
                     model, str(context.priority), outcome
                 )
             level.inc()
+            if version is not None:
+                served = self._versions.get((model, version, outcome))
+                if served is None:
+                    served = self._versions[(model, version, outcome)] = metrics().by_version.labels(
+                        model, version, outcome
+                    )
+                served.inc()
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')
@@ -321,11 +360,10 @@ class Service:
         return Reply(200, b'{"ready":true}')
 
     # -- predict, in the steps each front calls around its own way of waiting --------------------------------
-    def runtime(self, model: str) -> ModelRuntime:
-        runtime = self.runtimes.get(model)
-        if runtime is None:
-            raise ModelNotFound(f"model {model!r} is not served here; GET /v1/models lists the served models")
-        return runtime
+    def runtime(self, model: str, version: str | None = None) -> ModelRuntime:
+        """`model`'s runtime: its default version's, or `version`'s (404 unknown, 503 model_unavailable)."""
+        runtime = self.runtimes.get(model) if version is None else None
+        return runtime if runtime is not None else self.registry.runtime(model, version)
 
     def runtime_for(self, endpoint: str, model: str, version: str | None = None) -> ModelRuntime:
         """The runtime an inference endpoint asks for: 404 for an unknown model or V2 version, 400 for `:stream`
@@ -383,6 +421,11 @@ class Service:
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")
 
+    @property
+    def watch(self) -> RepositoryPoller | RepositoryFollower | None:
+        """The repository's poll, or the other server processes' explicit changes: the server starts it."""
+        return self.repository.watch
+
     # -- the Open Inference Protocol (V2) --------------------------------------------------------------------
     @cached_property
     def _server_metadata(self) -> bytes:
@@ -394,14 +437,16 @@ class Service:
         return Reply(200, self._server_metadata)
 
     def v2_runtime(self, model: str, version: str | None = None) -> ModelRuntime:
-        runtime = self.runtime(model)
-        served = runtime.spec.version
-        if version is not None and version != served:
-            raise ModelNotFound(f"model {model!r} has no version {version!r}; it serves version {served!r}")
-        return runtime
+        return self.runtime(model, version)
 
     def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
-        return Reply(200, dumps(self.codecs[self.v2_runtime(model, version).name].v2.metadata()))
+        """V2 model metadata: a version's, or (unversioned) the default's, listing every version ready now."""
+        runtime = self.v2_runtime(model, version)
+        metadata = self.codecs_of(runtime).v2.metadata()
+        if version is None:
+            ready = [e.version for e in self.registry.versions_of(runtime.name) if e.state == "READY"]
+            metadata["versions"] = ready or metadata["versions"]
+        return Reply(200, dumps(metadata))
 
     def model_ready(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
@@ -410,8 +455,9 @@ class Service:
 
     def model_config(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)
-        v2 = self.codecs[runtime.name].v2
-        return Reply(200, dumps(v2.config(runtime.max_batch_size, self.config.max_batch_delay_ms)))
+        v2 = self.codecs_of(runtime).v2
+        settings = runtime.config  # the model's own: its batching, instances and queue policy
+        return Reply(200, dumps(v2.config(runtime.max_batch_size, settings.max_batch_delay_ms, settings)))
 
     def model_stats(self, model: str | None = None, version: str | None = None) -> Reply:
         """Triton's statistics extension: one model's, or every model's when `model` is None."""
@@ -421,7 +467,7 @@ class Service:
         return Reply(200, dumps({"model_stats": stats}))
 
     def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
-        body, header_length = self.codecs[runtime.name].v2.encode(request, outputs)
+        body, header_length = self.codecs_of(runtime).v2.encode(request, outputs)
         if header_length is None:
             return Reply(200, body)
         return Reply(200, body, {HEADER_LENGTH: str(header_length)}, content_type=BINARY)

@@ -34,6 +34,7 @@ from twinserve.core.memory import release_free_memory
 from twinserve.errors import (
     ClientDisconnected,
     MalformedRequest,
+    ModelUnavailable,
     TwinserveError,
     UnsupportedMediaType,
     error_payload,
@@ -190,13 +191,25 @@ class Exchange:
         if backlog is not None:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
             self._threaded = True
-        runtime = self.runtime = service.runtime_for(self.endpoint, model, version)
+        runtime = service.runtime_for(self.endpoint, model, version)
         self.model = runtime.name
+        if not runtime.occupancy.enter():
+            # Replaced (or unloaded) since it was looked up: it drains the requests inside and takes no more. Its
+            # successor, when there is one, takes this request.
+            runtime = service.runtime_for(self.endpoint, model, version)
+            if not runtime.occupancy.enter():
+                raise ModelUnavailable(f"model {runtime.name!r} version {runtime.spec.version} is being unloaded")
+        self.runtime = runtime  # from here on, `close` lets it go
+        settings = runtime.config  # the model's own settings: its default priority, queue and timeout
+        if priority_header is None and settings.default_priority != admission.config.default_priority:
+            # Shedding (above) knew no model yet; the request's level is its model's default from here on.
+            own = settings.default_priority
+            priority = self.context.priority = admission.priority(None, key_id=self.key_id, default=own)
         self._lenient = service.admit(runtime, self.endpoint, content_type, content_length, origin, host)
         self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
-        self.deadline = admission.deadline(timeout_header)
+        self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------
@@ -259,7 +272,7 @@ class Exchange:
     @property
     def codecs(self) -> ModelCodecs:
         """The admitted model's codecs."""
-        return self.service.codecs[self._runtime().name]
+        return self.service.codecs_of(self._runtime())
 
     def _runtime(self) -> ModelRuntime:
         if self.runtime is None:
@@ -315,9 +328,13 @@ class Exchange:
         service = self.service
         if self._threaded and self.status == 200:
             service.admission.served(time.perf_counter() - self.context.started)
+        runtime = self.runtime
         try:
-            service.finish(self.context, self.endpoint, self.model, self.status, self.error_code)
+            version = runtime.spec.version if runtime is not None else None
+            service.finish(self.context, self.endpoint, self.model, self.status, self.error_code, version)
         finally:
+            if runtime is not None:
+                runtime.occupancy.leave()
             service.in_flight.dec()
             if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
                 release_free_memory()  # the refused body and what its decoding built are freed by now

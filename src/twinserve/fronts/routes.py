@@ -64,6 +64,10 @@ ROUTES: tuple[Route, ...] = (
     *_v2_model("infer", "POST", "/infer"),
     *_v2_model("model_config", "GET", "/config"),
     *_v2_model("model_stats", "GET", "/stats"),
+    # Triton's and MLServer's model-repository extension: every model and version with its state (docs/repository.md).
+    Route("repository_index", "POST", "/v2/repository/index"),
+    Route("repository_load", "POST", "/v2/repository/models/{model}/load"),
+    Route("repository_unload", "POST", "/v2/repository/models/{model}/unload"),
     Route("openapi", "GET", "/openapi.json"),
     Route("docs", "GET", "/docs"),
     Route("metrics", "GET", "/metrics"),

@@ -184,11 +184,15 @@ class _Socket:
         exchange.key_id = self.key_id  # the handshake's key: its priority level holds for every message
         return exchange
 
-    def _admit(self, exchange: Exchange) -> None:
-        """A message is admitted like an HTTP request, and charged to the API key its handshake presented."""
+    def _admit(self, exchange: Exchange) -> ModelRuntime:
+        """A message is admitted like an HTTP request, and charged to the API key its handshake presented; the
+        runtime that computes it is its model's default now (a repository load may have replaced the handshake's,
+        and an unload drains the messages inside it)."""
         if self.key_id is not None:
             self.service.admission.charge(self.key_id)
-        exchange.admit(self.runtime.name, timeout_header=self.timeout_header, priority_header=self.priority_header)
+        return exchange.admit(
+            self.runtime.name, timeout_header=self.timeout_header, priority_header=self.priority_header
+        )
 
     async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
         """Decode one message, predict, send the answer (or the error); its exchange counts it like a request."""
@@ -207,16 +211,16 @@ class _Socket:
                     text = await decode_off_loop(self.codec.decode_text, data)
                     message_id, exchange = text.id, self._open(text.id, received)
                     exchange.counted(len(text.instances))
-                    self._admit(exchange)
-                    outputs = await self.runtime.apredict(text.instances, exchange.deadline, self._gone)
+                    runtime = self._admit(exchange)
+                    outputs = await runtime.apredict(text.instances, exchange.deadline, self._gone)
                     reply = self.codec.encode_text(message_id, outputs, len(text.instances))
                 else:
                     framed = await decode_off_loop(self.codec.decode_binary, data)
                     message_id, exchange = framed.id, self._open(framed.id, received)
                     exchange.counted(len(framed.request.instances))
-                    self._admit(exchange)
+                    runtime = self._admit(exchange)
                     deadline = self.service.admission.tighten(exchange.deadline, framed.request.timeout_us)
-                    outputs = await self.runtime.apredict(framed.request.instances, deadline, self._gone)
+                    outputs = await runtime.apredict(framed.request.instances, deadline, self._gone)
                     reply = self.codec.encode_binary(framed.request, outputs)
             except MessageError as exc:
                 message_id, error = exc.id, exc.error
@@ -312,8 +316,8 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
         if codec is None:
             codec = codecs[runtime.name] = WebSocketCodec(
                 runtime.spec.input_type,
-                service.codecs[runtime.name].v1,
-                service.codecs[runtime.name].v2,
+                service.codecs_of(runtime).v1,
+                service.codecs_of(runtime).v2,
                 service.config.max_instances,
             )
         socket = _Socket(websocket, service, runtime, codec, key_id)

@@ -158,6 +158,10 @@ def create_wsgi_app(service: Service) -> Flask:
         "infer": infer,
         "model_config": model_route(service.model_config),
         "model_stats": lambda model=None, version=None: _respond(service.model_stats(model, version)),
+        "repository_index": lambda: _respond(service.repository.index()),
+        # A load or unload runs in this request's thread: other requests go on in theirs.
+        "repository_load": lambda model: _respond(service.repository.load(_exchange().key_id, model)),
+        "repository_unload": lambda model: _respond(service.repository.unload(_exchange().key_id, model)),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
         "metrics": lambda: _respond(service.metrics()),

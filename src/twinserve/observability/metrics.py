@@ -106,6 +106,12 @@ class _Metrics:
             "control), error (any other status).",
             ["model", "priority", "outcome"],
         )
+        self.by_version = Counter(
+            "twinserve_version_requests_total",
+            "Requests a model version answered, by outcome: ok (2xx), refused (by admission control), error (any "
+            "other status); a model repository serves several versions of a model at once.",
+            ["model", "version", "outcome"],
+        )
         self.in_flight = Gauge(
             "twinserve_in_flight_requests", "Requests being handled now.", multiprocess_mode="livesum"
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -40,6 +40,9 @@ from twinserve.protocol.tensors import (
     bind,
 )
 from twinserve.protocol.v1 import dumps
+
+if TYPE_CHECKING:
+    from twinserve.config import Config
 
 __all__ = [
     "BINARY",
@@ -155,8 +158,9 @@ class V2Codec:
             "outputs": [t.describe() for t in self.binding.outputs],
         }
 
-    def config(self, max_batch_size: int, max_delay_ms: float) -> dict[str, Any]:
-        """The subset of a Triton model configuration that clients such as perf_analyzer read."""
+    def config(self, max_batch_size: int, max_delay_ms: float, settings: Config | None = None) -> dict[str, Any]:
+        """The subset of a Triton model configuration that clients such as perf_analyzer read; with the model's
+        `settings`, its instance count and queue policy too, in Triton's field names."""
         config: dict[str, Any] = {
             "name": self.name,
             "platform": PLATFORM,
@@ -165,8 +169,18 @@ class V2Codec:
             "input": [self._config_tensor(t) for t in self.binding.inputs],
             "output": [self._config_tensor(t) for t in self.binding.outputs],
         }
+        if settings is not None:
+            config["instance_group"] = [{"count": settings.model_workers, "kind": "KIND_CPU"}]
         if max_batch_size > 1:
-            config["dynamic_batching"] = {"max_queue_delay_microseconds": round(max_delay_ms * 1000)}
+            batching: dict[str, Any] = {"max_queue_delay_microseconds": round(max_delay_ms * 1000)}
+            if settings is not None:
+                policy: dict[str, Any] = {"max_queue_size": settings.max_queue}
+                if settings.timeout_ms is not None:
+                    policy["default_timeout_microseconds"] = settings.timeout_ms * 1000
+                batching["default_queue_policy"] = policy
+                batching["priority_levels"] = settings.priority_levels
+                batching["default_priority_level"] = settings.default_priority
+            config["dynamic_batching"] = batching
         return config
 
     @staticmethod

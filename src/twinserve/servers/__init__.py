@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from twinserve.config import Config
 from twinserve.core.device import resolve_device
+from twinserve.core.settings import class_settings, model_config
 from twinserve.model import ModelSpec, import_model
 from twinserve.observability.tracing import check_tracing
 
@@ -55,8 +56,11 @@ def announce(config: Config, port: int) -> None:
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     grpc = None if config.grpc_port is None else f"{'[' + host + ']' if ':' in host else host}:{config.grpc_port}"
     try:
-        spec = ModelSpec(import_model(config.models[0])())
-        name, curl = spec.name, _curl(base, spec)
+        if config.model_repository is not None:
+            name, curl = f"the models of {config.model_repository}", None
+        else:
+            spec = ModelSpec(import_model(config.models[0])())
+            name, curl = spec.name, _curl(base, spec)
     except Exception:  # the workers load the model and report what is wrong with it; this is only a hint
         name, curl = config.models[0], None
     if for_console(config.log_format):
@@ -79,9 +83,16 @@ def serve(config: Config) -> None:
     --device that is not here, fail before a port is bound."""
     check_tracing(config)
     resolve_device(config.device)
-    for target in config.models:
-        import_model(target)
+    if config.model_repository is None:  # a repository's bad models are their own: the others still serve
+        for target in config.models:
+            model_class = import_model(target)
+            label = getattr(model_class, "name", None) or model_class.__name__.lower()
+            model_config(config, class_settings(model_class), label)  # per-model settings checked here too
     _share_admission_state(config)
+    if config.model_repository is not None and config.model_control == "explicit" and config.effective_workers > 1:
+        from twinserve.repository import desired
+
+        desired.create()  # every server process follows the explicit loads and unloads any one of them takes
     _runner(config.arch)(_grpc_port_chosen(config))
 
 

@@ -11,12 +11,12 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from twinserve.config import Config
-from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import mark_process_dead, record_death, start_memory_sampler
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
+from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
 
@@ -28,10 +28,10 @@ def build_wsgi_app(config: Config) -> Flask:
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     tracer = setup_tracing(config)  # here, in the worker: the exporter's thread would not survive gunicorn's fork
-    runtimes = load_runtimes(config)
-    for runtime in runtimes.values():
-        runtime.load()
-    service = Service(runtimes, config, tracer)
+    service = Service(load_models(config), config, tracer)
+    service.registry.load()
+    if service.watch is not None:  # the repository's poll, or the other workers' explicit changes
+        service.watch.start()
     if config.grpc_port is not None:
         global _grpc
         from twinserve.fronts.grpc import GrpcThread  # imported only then: its stubs fill protobuf's global pool
@@ -39,6 +39,11 @@ def build_wsgi_app(config: Config) -> Flask:
         _grpc = GrpcThread(service, config)
         _grpc.start()
     return create_wsgi_app(service)
+
+
+def load_models(config: Config) -> ModelRegistry:
+    """The models this worker serves: MODEL arguments' or the model repository's (imported, not yet loaded)."""
+    return ModelRegistry.from_config(config)
 
 
 #: This worker's gRPC server (`--grpc-port`), drained when the worker exits.

@@ -18,13 +18,13 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from twinserve.config import Config
-from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
 from twinserve.fronts.websocket import OpenSockets
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
+from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
 
@@ -39,7 +39,7 @@ def app_factory() -> ASGIApp:
     sockets = OpenSockets()
     _DrainSocketsFirst(sockets, config.graceful_timeout).install()
     logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
-    return create_asgi_app(Service(load_runtimes(config), config, setup_tracing(config)), sockets)
+    return create_asgi_app(Service(ModelRegistry.from_config(config), config, setup_tracing(config)), sockets)
 
 
 def _refused_handshake_noise(record: logging.LogRecord) -> bool:

@@ -1,0 +1,83 @@
+"""The repository API's handlers (Triton's and MLServer's): the index, and load and unload for the admin key.
+
+Transport-free like the rest of `Service`: each front calls `index`, or `load` / `unload` from its own way of
+waiting (the sync front in the request's thread, the async fronts as coroutines: `aload`, `aunload`).
+"""
+
+from __future__ import annotations
+
+from twinserve.config import Config
+from twinserve.errors import Forbidden, ModelControlOff, ModelUnavailable
+from twinserve.fronts.auth import key_id
+from twinserve.fronts.exchange import Reply
+from twinserve.protocol.v1 import dumps
+from twinserve.repository import ModelRegistry
+from twinserve.repository.control import ModelControl
+from twinserve.repository.desired import DesiredState, RepositoryFollower
+from twinserve.repository.poll import RepositoryPoller
+
+__all__ = ["RepositoryApi"]
+
+
+class RepositoryApi:
+    """The repository routes over one process's registry, and what keeps that process's models in step."""
+
+    def __init__(self, registry: ModelRegistry, config: Config, auth_on: bool) -> None:
+        self.registry = registry
+        self.config = config
+        self._auth_on = auth_on
+        self._admin = key_id(config.admin_api_key) if config.admin_api_key is not None else None
+        #: Loads and unloads on request (None: `--model-control none` or `poll`, or MODEL arguments).
+        self._control: ModelControl | None = None
+        #: Several server processes' shared record of explicit loads and unloads (None: one process).
+        self._desired: DesiredState | None = None
+        #: What keeps this process's models in step, started once they are loaded: the folder's poll
+        #: (`--model-control poll`), or the other processes' explicit changes (repository/desired.py).
+        self.watch: RepositoryPoller | RepositoryFollower | None = None
+        if config.model_repository is None or config.model_control == "none":
+            return
+        control = ModelControl(registry)
+        if config.model_control == "poll":
+            self.watch = RepositoryPoller(control, config.model_repository, config.repository_poll_s)
+            return
+        self._control = control
+        self._desired = DesiredState.attach() if config.effective_workers > 1 else None
+        if self._desired is not None:
+            self.watch = RepositoryFollower(control, self._desired)
+
+    def index(self) -> Reply:
+        """Every model and version, its state and why (Triton's and MLServer's index)."""
+        return Reply(200, dumps(self.registry.index()))
+
+    def load(self, key: str | None, model: str) -> Reply:
+        return self._changed(self.control(key).load(model), model, loaded=True)
+
+    def unload(self, key: str | None, model: str) -> Reply:
+        return self._changed(self.control(key).unload(model), model, loaded=False)
+
+    async def aload(self, key: str | None, model: str) -> Reply:
+        return self._changed(await self.control(key).aload(model), model, loaded=True)
+
+    async def aunload(self, key: str | None, model: str) -> Reply:
+        return self._changed(await self.control(key).aunload(model), model, loaded=False)
+
+    def control(self, key: str | None) -> ModelControl:
+        """The model control, for a request whose API key id is `key`: 403 unless it is the admin key (when keys
+        are on), 400 unless `--model-control explicit`."""
+        if self._auth_on and (self._admin is None or key != self._admin):
+            raise Forbidden("loading and unloading models needs the admin API key (--admin-api-key)")
+        if self._control is None:
+            raise ModelControlOff(
+                f"this server loads and unloads models by itself (--model-control {self.config.model_control}); "
+                "serve with --model-repository DIR --model-control explicit to load and unload on request"
+            )
+        return self._control
+
+    def _changed(self, entries: list[dict[str, str]], model: str, loaded: bool) -> Reply:
+        """The answer to a load or unload: the model's versions and their states (503 when none loaded)."""
+        if self._desired is not None:  # the server's other processes follow
+            self._desired.publish(model, loaded)
+        if loaded and not any(entry["state"] == "READY" for entry in entries):
+            reasons = "; ".join(f"version {e['version']}: {e['reason']}" for e in entries if e["reason"])
+            raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")
+        return Reply(200, dumps({"name": model, "versions": entries}))

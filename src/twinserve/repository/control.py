@@ -1,0 +1,129 @@
+"""Loading and unloading repository models while the server runs (`--model-control explicit`, Triton's meaning).
+
+**Load** `name` reads its folder again, imports and loads every version its policy serves *beside* the ones
+serving now, and only then puts them in their place: requests keep going to the old versions until the new ones
+are ready (a version that fails to load is UNAVAILABLE with its reason, as at start-up; the others serve). The
+old versions are then drained and closed. **Unload** stops admission to every version of `name`, waits for the
+requests inside to finish (up to `--graceful-timeout`), closes them, and leaves the model UNAVAILABLE with the
+reason "unloaded".
+
+Both run on the request that asked for them, off every other request's path: in the sync front that request's
+own thread, in the async fronts on threads (imports) and the model's own executor (loads), never blocking the
+event loop. Changes to one server are serialised.
+
+With several server processes, the one that took a change publishes it and the others apply it through their own
+`ModelControl` (repository/desired.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+
+from twinserve.errors import ModelNotFound
+from twinserve.repository.registry import ModelRegistry, ServedVersion
+
+__all__ = ["ModelControl"]
+
+logger = logging.getLogger("twinserve.repository")
+
+
+class ModelControl:
+    """Load and unload over one `ModelRegistry` (see the module docstring)."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self._lock = threading.Lock()  # the sync front: one change at a time across request threads
+        self._alock: asyncio.Lock | None = None  # the async fronts: made on the loop that first needs it
+        self._timeout = registry.config.graceful_timeout
+
+    # -- the sync front -----------------------------------------------------------------------------------
+    def load(self, name: str) -> list[dict[str, str]]:
+        """(Re)load `name` from the repository; its index entries after."""
+        folder = self.registry.reread(name)
+        with self._lock:
+            staged = self.registry.built(folder)
+            self.registry.load_entries(_loading(staged))
+            self._retire(self.registry.install(name, staged))
+        return self._entries(name)
+
+    def unload(self, name: str) -> list[dict[str, str]]:
+        """Drain and close every version of `name`; its index entries after."""
+        self._known(name)
+        with self._lock:
+            self._retire(self.registry.install(name, _unloaded(self.registry, name)))
+        return self._entries(name)
+
+    def _retire(self, old: list[ServedVersion]) -> None:
+        for entry in _stopping(old):
+            assert entry.runtime is not None
+            if not entry.runtime.occupancy.wait_empty(self._timeout):
+                logger.warning("model %r version %s: requests still inside after the drain", entry.name, entry.version)
+            entry.runtime.close()
+            _forget(entry)
+
+    # -- the async fronts ---------------------------------------------------------------------------------
+    async def aload(self, name: str) -> list[dict[str, str]]:
+        folder = await asyncio.to_thread(self.registry.reread, name)
+        async with self._async_lock():
+            # Importing a model runs its module's code: on a thread, so the loop keeps serving.
+            staged = await asyncio.to_thread(self.registry.built, folder)
+            await self.registry.aload_entries(_loading(staged))
+            await self._aretire(self.registry.install(name, staged))
+        return self._entries(name)
+
+    async def aunload(self, name: str) -> list[dict[str, str]]:
+        self._known(name)
+        async with self._async_lock():
+            await self._aretire(self.registry.install(name, _unloaded(self.registry, name)))
+        return self._entries(name)
+
+    async def _aretire(self, old: list[ServedVersion]) -> None:
+        for entry in _stopping(old):
+            assert entry.runtime is not None
+            if not await entry.runtime.occupancy.await_empty(self._timeout):
+                logger.warning("model %r version %s: requests still inside after the drain", entry.name, entry.version)
+            await entry.runtime.aclose()
+            _forget(entry)
+
+    def _async_lock(self) -> asyncio.Lock:
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        return self._alock
+
+    # -- both ---------------------------------------------------------------------------------------------
+    def _known(self, name: str) -> None:
+        if not self.registry.knows(name):
+            raise ModelNotFound(f"model {name!r} is not in the model repository")
+
+    def _entries(self, name: str) -> list[dict[str, str]]:
+        return [entry.describe() for entry in self.registry.versions_of(name)]
+
+
+def _loading(staged: dict[str, ServedVersion]) -> list[ServedVersion]:
+    return [entry for entry in staged.values() if entry.state == "LOADING" and entry.runtime is not None]
+
+
+def _unloaded(registry: ModelRegistry, name: str) -> dict[str, ServedVersion]:
+    """`name`'s versions as they read once unloaded: UNAVAILABLE, "unloaded", no runtime."""
+    return {
+        entry.version: ServedVersion(entry.name, entry.version, "UNAVAILABLE", "unloaded")
+        for entry in registry.versions_of(name)
+    }
+
+
+def _stopping(old: list[ServedVersion]) -> list[ServedVersion]:
+    """Stop admission to each old version (requests inside finish), marked UNLOADING until it is closed."""
+    for entry in old:
+        assert entry.runtime is not None
+        entry.runtime.occupancy.stop()
+        entry.state = "UNLOADING"
+    return old
+
+
+def _forget(entry: ServedVersion) -> None:
+    """Drop a closed version's module, so that its code and data can be freed (each load imports its own)."""
+    if entry.runtime is not None and entry.runtime.module is not None:
+        sys.modules.pop(entry.runtime.module, None)

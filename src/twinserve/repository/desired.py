@@ -1,0 +1,193 @@
+"""`--model-control explicit` over several server processes: every process follows the loads and unloads that any
+one of them was asked for.
+
+A load or unload reaches the one process that took the request. That process applies it, then publishes it in a
+small file every process of the server shares: the *desired state* of each model changed so far (loaded or not)
+with a generation number, one counter for the whole server. Every other process looks at the file's size and
+modification time a few times a second (one `stat`) and, when it changed, reads it and applies each model's
+change newer than the one it applied last, through the same `ModelControl` (so the repository folder stays the
+source of the files: a load reads the folder again in each process). A worker started later (a replacement)
+applies the whole file once it has loaded the folder.
+
+Each process therefore reaches the state the API answered within a fraction of a second; the answer itself comes
+once the process that took it has changed (docs/repository.md).
+
+The starting process makes the file (`create`) and names it in `TWINSERVE_REPOSITORY_STATE`, as `core/shared.py`
+does for the rate limits' slots: gunicorn forks the workers and uvicorn spawns them, and the environment is all
+they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twinserve.repository.control import ModelControl
+
+__all__ = ["DESIRED_STATE_ENV", "DesiredState", "RepositoryFollower", "create"]
+
+DESIRED_STATE_ENV = "TWINSERVE_REPOSITORY_STATE"
+#: How often a process looks at the shared file (one `stat` each time).
+FOLLOW_INTERVAL_S = 0.2
+_SHM = "/dev/shm"
+
+logger = logging.getLogger("twinserve.repository")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One model's desired state, as of server-wide generation `generation`."""
+
+    model: str
+    loaded: bool
+    generation: int
+
+
+def create() -> str:
+    """Make the empty shared file for the server about to start and name it in the environment its workers get."""
+    folder = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
+    fd, path = tempfile.mkstemp(prefix="twinserve-repository-", suffix=".json", dir=folder)
+    with os.fdopen(fd, "w") as file:
+        json.dump({"generation": 0, "models": {}}, file)
+    os.environ[DESIRED_STATE_ENV] = path
+    atexit.register(_remove, path)
+    return path
+
+
+def _remove(path: str) -> None:
+    for leftover in (path, path + ".lock"):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+
+
+class DesiredState:
+    """The shared file, seen from one process: what it published and applied, by model."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._applied: dict[str, int] = {}
+        self._stamp: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def attach(cls) -> DesiredState | None:
+        """This server's shared file (None: one process, nothing to share)."""
+        path = os.environ.get(DESIRED_STATE_ENV)
+        return cls(Path(path)) if path else None
+
+    def publish(self, model: str, loaded: bool) -> int:
+        """Record that `model` is now loaded (or unloaded) here, for the other processes; its generation."""
+        with self._locked():
+            state = self._read()
+            generation = state["generation"] = int(state["generation"]) + 1
+            state["models"][model] = {"loaded": loaded, "generation": generation}
+            with self._lock:  # before the file says so: this process's own follower must not apply it again
+                self._applied[model] = generation
+            temporary = self.path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(state))
+            os.replace(temporary, self.path)  # readers see the old file or the new one, never half of one
+        return generation
+
+    def pending(self) -> list[Change]:
+        """The changes published since this process last applied each model's, oldest first (none when the
+        file's size and modification time are as last seen)."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return []
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return []
+        self._stamp = stamp
+        try:
+            models = self._read()["models"]
+        except (OSError, ValueError):
+            self._stamp = None  # look again next time
+            return []
+        with self._lock:
+            changes = [
+                Change(name, bool(entry["loaded"]), int(entry["generation"]))
+                for name, entry in models.items()
+                if int(entry["generation"]) > self._applied.get(name, 0)
+            ]
+        return sorted(changes, key=lambda change: change.generation)
+
+    def applied(self, change: Change) -> None:
+        with self._lock:
+            self._applied[change.model] = max(change.generation, self._applied.get(change.model, 0))
+
+    def _read(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads(self.path.read_text())
+        return state
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(str(self.path) + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class RepositoryFollower:
+    """Apply, in this process, what the other processes published (see the module docstring)."""
+
+    def __init__(self, control: ModelControl, desired: DesiredState) -> None:
+        self.control = control
+        self.desired = desired
+        self._stop = threading.Event()
+
+    # -- the sync front: a thread -------------------------------------------------------------------------
+    def follow(self) -> None:
+        for change in self.desired.pending():
+            try:
+                if change.loaded:
+                    self.control.load(change.model)
+                elif self.control.registry.knows(change.model):
+                    self.control.unload(change.model)
+            except Exception:  # one model's failure must not stop the others'
+                logger.exception("model %r: following a change another server process made failed", change.model)
+            self.desired.applied(change)
+
+    def start(self) -> None:
+        self.follow()  # a replacement worker catches up at once
+        threading.Thread(target=self._run, name="twinserve-repository-follow", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(FOLLOW_INTERVAL_S):
+            if self.control.registry.closed:
+                return
+            self.follow()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the async fronts: a task -------------------------------------------------------------------------
+    async def afollow(self) -> None:
+        for change in await asyncio.to_thread(self.desired.pending):
+            try:
+                if change.loaded:
+                    await self.control.aload(change.model)
+                elif self.control.registry.knows(change.model):
+                    await self.control.aunload(change.model)
+            except Exception:
+                logger.exception("model %r: following a change another server process made failed", change.model)
+            self.desired.applied(change)
+
+    async def arun(self) -> None:
+        """Follow until cancelled (at shutdown)."""
+        while True:
+            await self.afollow()
+            await asyncio.sleep(FOLLOW_INTERVAL_S)

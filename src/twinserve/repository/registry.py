@@ -1,0 +1,243 @@
+"""Every model and version one server process knows, with its state: what the fronts serve and the repository
+index lists.
+
+Models come either from MODEL arguments (`strict`: a model that fails to import or load stops the server, as
+it always has) or from a model repository (`--model-repository`, repository/layout.py): there a version that
+fails to import or load is UNAVAILABLE, with the reason in the index and the log, and every other keeps
+serving. The states are Triton's: LOADING, READY, UNLOADING, UNAVAILABLE.
+
+`runtimes` maps each model name to its default version's runtime, the one the unversioned routes use: the
+highest version number that is ready (while the server starts, the highest one loading). The dict is updated
+in place, so a `Service` holding it sees every change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from twinserve.config import Config
+from twinserve.core.runtime import ModelRuntime, load_runtimes
+from twinserve.errors import ModelNotFound, ModelUnavailable, TwinserveError
+from twinserve.repository.layout import ModelFolder, read_model, read_repository
+
+__all__ = ["ModelRegistry", "ServedVersion", "State"]
+
+logger = logging.getLogger("twinserve.repository")
+
+State = Literal["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]
+#: Loads of repository versions in this process, numbering their module names.
+_LOADS = itertools.count(1)
+
+
+@dataclass
+class ServedVersion:
+    """One version of one model: its runtime (None when it could not be built) and state."""
+
+    name: str
+    version: str
+    state: State
+    reason: str = ""
+    runtime: ModelRuntime | None = None
+
+    def describe(self) -> dict[str, str]:
+        """Its entry in the repository index (Triton's and MLServer's fields)."""
+        return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason}
+
+
+class ModelRegistry:
+    """The models of this process, by name and version (see the module docstring)."""
+
+    def __init__(self, config: Config, strict: bool) -> None:
+        self.config = config
+        #: MODEL arguments: any failure is the server's. A repository: a failure is that version's.
+        self.strict = strict
+        self._versions: dict[str, dict[str, ServedVersion]] = {}
+        #: Model name -> its default version's runtime (updated in place).
+        self.runtimes: dict[str, ModelRuntime] = {}
+        #: Set once its models are closed (the server stops): a repository poll thread then ends.
+        self.closed = False
+
+    # -- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Config) -> ModelRegistry:
+        """The models `config` names: its repository's, else its MODEL arguments' (imported, not yet loaded)."""
+        if config.model_repository is None:
+            return cls.of_runtimes(load_runtimes(config), config)
+        registry = cls(config, strict=False)
+        for folder in read_repository(config.model_repository):
+            registry.add(folder)
+        return registry
+
+    @classmethod
+    def of_runtimes(cls, runtimes: Mapping[str, ModelRuntime], config: Config) -> ModelRegistry:
+        """A strict registry over runtimes built already (MODEL arguments), each its model's only version."""
+        registry = cls(config, strict=True)
+        for name, runtime in runtimes.items():
+            entry = ServedVersion(name, runtime.spec.version, "LOADING", runtime=runtime)
+            registry._versions[name] = {entry.version: entry}
+        registry._choose_defaults()
+        return registry
+
+    def add(self, folder: ModelFolder) -> None:
+        """Import every version of a repository model folder (its load comes later); failures are its own."""
+        versions: dict[str, ServedVersion] = {}
+        if folder.error is not None:
+            versions[""] = self._unavailable(folder.name, "", folder.error)
+        for found in folder.versions:
+            version = str(found.version)
+            try:
+                # A module name per load: a reload imports the files afresh, beside the old module still serving.
+                module = f"{found.module}_{next(_LOADS)}"
+                runtime = ModelRuntime(
+                    found.target, self.config, folder.settings, module, name=folder.name, version=version
+                )
+            except Exception as exc:
+                versions[version] = self._unavailable(folder.name, version, f"{type(exc).__name__}: {exc}")
+                continue
+            versions[version] = ServedVersion(folder.name, version, "LOADING", runtime=runtime)
+        self._versions[folder.name] = versions
+        self._choose_defaults()
+
+    def reread(self, name: str) -> ModelFolder:
+        """The repository's folder for `name`, read again (ModelNotFound when it has none)."""
+        root = self.config.model_repository
+        if root is None or not (root / name).is_dir() or name.startswith((".", "_")) or "/" in name:
+            raise ModelNotFound(f"model {name!r} is not in the model repository")
+        return read_model(root / name)
+
+    def built(self, folder: ModelFolder) -> dict[str, ServedVersion]:
+        """Every version of `folder` imported (LOADING) or UNAVAILABLE, without touching what is served."""
+        staged = ModelRegistry(self.config, strict=False)
+        staged.add(folder)
+        return staged._versions[folder.name]
+
+    def install(self, name: str, versions: dict[str, ServedVersion]) -> list[ServedVersion]:
+        """Serve `versions` as `name`'s (loaded already, or UNAVAILABLE) in place of its current ones, which are
+        returned: still open, for the caller to drain and close."""
+        old = [e for e in self._versions.get(name, {}).values() if e.runtime is not None]
+        self._versions[name] = versions
+        self._choose_defaults()
+        return old
+
+    def _unavailable(self, name: str, version: str, reason: str) -> ServedVersion:
+        label = f"{name!r} version {version}" if version else repr(name)
+        logger.error("model %s is unavailable: %s", label, reason)
+        return ServedVersion(name, version, "UNAVAILABLE", reason)
+
+    # -- loading and closing ----------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load every version waiting to (sync front: in this process)."""
+        self.load_entries(self._waiting())
+
+    def load_entries(self, entries: list[ServedVersion]) -> None:
+        """Load these versions: each READY, or UNAVAILABLE with the reason."""
+        for entry in entries:
+            assert entry.runtime is not None
+            try:
+                entry.runtime.load()
+            except Exception as exc:
+                self._failed(entry, exc)
+            else:
+                entry.state = "READY"
+        self._choose_defaults()
+
+    async def aload(self) -> None:
+        """Load every version waiting to (async fronts)."""
+        await self.aload_entries(self._waiting())
+
+    async def aload_entries(self, entries: list[ServedVersion]) -> None:
+        """`load_entries` for the event loop."""
+        for entry in entries:
+            assert entry.runtime is not None
+            try:
+                await entry.runtime.aload()
+            except Exception as exc:
+                self._failed(entry, exc)
+            else:
+                entry.state = "READY"
+        self._choose_defaults()
+
+    def _waiting(self) -> list[ServedVersion]:
+        return [e for e in self.entries() if e.state == "LOADING" and e.runtime is not None]
+
+    def _failed(self, entry: ServedVersion, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        runtime, entry.runtime = entry.runtime, None
+        if runtime is not None:
+            runtime.close()
+        # A model's own exception text stays in the log (model_code logged it): clients read the index.
+        text = exc.message if isinstance(exc, TwinserveError) else f"{type(exc).__name__}: {exc}"
+        entry.state, entry.reason = "UNAVAILABLE", f"load() failed: {text}"
+        logger.error("model %r version %s is unavailable: %s", entry.name, entry.version, entry.reason)
+
+    def close(self) -> None:
+        self.closed = True
+        for entry in self.entries():
+            if entry.runtime is not None:
+                entry.runtime.close()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        for entry in self.entries():
+            if entry.runtime is not None:
+                await entry.runtime.aclose()
+
+    # -- lookup -------------------------------------------------------------------------------------------
+    def entries(self) -> Iterator[ServedVersion]:
+        for versions in self._versions.values():
+            yield from versions.values()
+
+    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
+        """The runtime of `name` (its default version when `version` is None); 404 for an unknown model or
+        version, 503 model_unavailable (with the reason) for one that failed or was unloaded."""
+        versions = self._versions.get(name)
+        if versions is None:
+            raise ModelNotFound(f"model {name!r} is not served here; GET /v1/models lists the served models")
+        if version is None:
+            runtime = self.runtimes.get(name)
+            if runtime is not None:
+                return runtime
+            reasons = "; ".join(e.reason for e in versions.values() if e.reason)
+            raise ModelUnavailable(f"model {name!r} is unavailable: {reasons or 'no version is loaded'}")
+        entry = versions.get(version)
+        if entry is None:
+            served = ", ".join(v for v in versions if v)
+            raise ModelNotFound(f"model {name!r} has no version {version!r}; it serves version(s) {served or 'none'}")
+        if entry.runtime is None or entry.state in ("UNAVAILABLE", "UNLOADING"):
+            raise ModelUnavailable(f"model {name!r} version {version} is unavailable: {entry.reason or entry.state}")
+        return entry.runtime
+
+    def knows(self, name: str) -> bool:
+        """Whether `name` is a model of this registry (served, or unavailable)."""
+        return name in self._versions
+
+    def versions_of(self, name: str) -> list[ServedVersion]:
+        return sorted(self._versions.get(name, {}).values(), key=lambda e: _number(e.version))
+
+    def index(self) -> list[dict[str, str]]:
+        """The repository index: every model and version with its state and reason, by name then version."""
+        return [e.describe() for name in sorted(self._versions) for e in self.versions_of(name)]
+
+    def _choose_defaults(self) -> None:
+        """Each model's default: the highest ready version, else (while starting) the highest loading one."""
+        for name, versions in self._versions.items():
+            ranked = sorted((e for e in versions.values() if e.runtime is not None), key=lambda e: _number(e.version))
+            ready = [e for e in ranked if e.state == "READY"]
+            candidates = ready or [e for e in ranked if e.state == "LOADING"]
+            chosen = candidates[-1] if candidates else None
+            if chosen is None or chosen.runtime is None:
+                self.runtimes.pop(name, None)
+            else:
+                self.runtimes[name] = chosen.runtime
+        for name in list(self.runtimes):
+            if name not in self._versions:
+                del self.runtimes[name]
+
+
+def _number(version: str) -> tuple[int, str]:
+    return (int(version), version) if version.isdigit() else (-1, version)
