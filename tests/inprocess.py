@@ -248,7 +248,7 @@ class AsyncClient:
 
 def build(arch: str, models: list[str] | tuple[str, ...], **overrides: Any) -> SyncClient | AsyncClient:
     """The app `twinserve serve MODELS --arch ARCH --flag value ...` would serve, built in this process."""
-    named = {"models": list(models)} if models else {}  # none: a --model-repository names them
+    named: dict[str, Any] = {"models": list(models)} if models else {}  # none: a --model-repository names them
     config = load_config(**named, arch=arch, **overrides)
     return SyncClient(config) if arch == "sync" else AsyncClient(config)
 
