@@ -324,7 +324,10 @@ def test_poll_control_follows_the_folder(tmp_path: Path, arch: str) -> None:
             return {(e["version"], e["state"]) for e in index if e["name"] == name}
 
         assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 1, "version": 1}]
-        _versions(root / "grow", 'model = "model.py:Scaler"\n', (2,))  # a new version: loaded, then the default
+        # A new version, moved in whole (as docs/repository.md advises for poll: a folder half copied may be read
+        # half written): loaded, then the default.
+        _versions(tmp_path / "staging", 'model = "model.py:Scaler"\n', (2,))
+        (tmp_path / "staging" / "2").rename(root / "grow" / "2")
         _wait_for(lambda: states("grow") == {("1", "READY"), ("2", "READY")})
         assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 2, "version": 2}]
         shutil.rmtree(root / "flat")  # a removed model: unloaded
