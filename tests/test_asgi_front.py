@@ -13,8 +13,7 @@ from uvicorn.server import ServerState
 
 from twinserve.config import load_config
 from twinserve.errors import ClientDisconnected, MethodNotAllowed, NotFound
-from twinserve.fronts import asgi
-from twinserve.fronts.asgi import DISCONNECT_EXTENSION
+from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, predict_unless_gone
 from twinserve.fronts.dispatch import Dispatcher
 from twinserve.fronts.routes import ROUTES, Route
 from twinserve.servers import httptools
@@ -158,12 +157,12 @@ def test_the_front_polls_the_servers_disconnect_extension() -> None:
         return False
 
     request = _request({DISCONNECT_EXTENSION: {"disconnected": disconnected}})
-    assert asyncio.run(asgi._predict(request, runtime, [1], None)) == ["computed"]  # type: ignore[arg-type]
+    assert asyncio.run(predict_unless_gone(request, runtime, [1], None)) == ["computed"]  # type: ignore[arg-type]
     assert runtime.gone == [disconnected]
 
 
 def test_without_the_extension_a_watcher_task_sees_the_client_leave() -> None:
     runtime = _Runtime()
     with pytest.raises(ClientDisconnected):
-        asyncio.run(asgi._predict(_request({}), runtime, [1], None))  # type: ignore[arg-type]
+        asyncio.run(predict_unless_gone(_request({}), runtime, [1], None))  # type: ignore[arg-type]
     assert runtime.gone == [None]

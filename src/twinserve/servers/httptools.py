@@ -17,8 +17,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from twinserve.config import Config
 from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
-from twinserve.fronts.asgi import DISCONNECT_EXTENSION
 from twinserve.fronts.contract import raw_error_response
+from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 
 __all__ = ["CONFIG_ENV", "GuardedHttpToolsProtocol"]
 
