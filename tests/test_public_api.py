@@ -21,5 +21,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "extras",
         "encoding",
         "repository",
+        "settings_file",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules
