@@ -11,7 +11,7 @@ from twinserve.cli import build_parser, main
 from twinserve.config import Config, load_config
 from twinserve.deploy.commands import k8s_config
 from twinserve.errors import ConfigError
-from twinserve.settings_file import settings_file_text
+from twinserve.lab.settings_writer import settings_file_text
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -190,12 +190,15 @@ def test_burn_rate_and_queue_alerts_fire_when_they_should(promtool: str, tmp_pat
     ]  # fmt: skip
     # Three days of samples every 30 minutes (evaluated as often: every minute would take promtool half a minute).
     slow = [
-        # 0.05% fail for three days: half the budget rate: not even a ticket.
-        _case("30m", [_requests("200", "0+60000x150"), _requests("503", "0+30x150")],
-              [("3d", "TwinserveAvailabilityBudgetBurnSlow", [])]),
-        # 0.2% fail for three days: twice the budget rate: a ticket.
-        _case("30m", [_requests("200", "0+30000x150"), _requests("503", "0+60x150")],
-              [("3d", "TwinserveAvailabilityBudgetBurnSlow", [SLOW_ERRORS])]),
+        # Evaluated at 4 days, a day past the longest window: the recording rules and the alert are in different
+        # groups, whose order within one 30 min evaluation promtool does not fix, so the edge of the 3-day window
+        # is no place to judge.
+        # 0.05% fail for four days: half the budget rate: not even a ticket.
+        _case("30m", [_requests("200", "0+60000x200"), _requests("503", "0+30x200")],
+              [("4d", "TwinserveAvailabilityBudgetBurnSlow", [])]),
+        # 0.2% fail for four days: twice the budget rate: a ticket.
+        _case("30m", [_requests("200", "0+30000x200"), _requests("503", "0+60x200")],
+              [("4d", "TwinserveAvailabilityBudgetBurnSlow", [SLOW_ERRORS])]),
     ]  # fmt: skip
     for name, interval, cases in (("fast.yaml", "1m", tests), ("slow.yaml", "30m", slow)):
         (tmp_path / name).write_text(

@@ -18,10 +18,10 @@ from tests.serving import Server
 from twinserve.cli import build_parser
 from twinserve.config import DEFAULT_MODEL, load_config
 from twinserve.lab.results import Ceiling
+from twinserve.lab.settings_writer import serve_command
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, probe_cost
 from twinserve.lab.tune_space import ModelFacts, search_space
 from twinserve.lab.variants import Variant
-from twinserve.settings_file import serve_command
 
 SLO = 50.0
 

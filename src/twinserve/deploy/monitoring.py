@@ -247,10 +247,9 @@ def rule_groups(scope: Scope) -> list[Doc]:
     alerts = _burn_alerts(scope, "errors", "Availability", budget, f"availability ({objectives.availability:g}%)")
     if objectives.p95_ms is not None:
         alerts += _burn_alerts(scope, "slow", "Latency", LATENCY_BUDGET, f"latency (P95 {objectives.p95_ms:g} ms)")
-    return [
-        {"name": f"twinserve-{scope.job}-slo-ratios", "rules": _ratio_rules(scope)},
-        {"name": f"twinserve-{scope.job}-alerts", "rules": alerts + _service_alerts(scope)},
-    ]
+    # One group: Prometheus evaluates a group's rules in order, so each burn-rate alert reads the ratios recorded in
+    # the same evaluation; across two groups the order is not fixed and an alert could read the previous one's.
+    return [{"name": f"twinserve-{scope.job}", "rules": _ratio_rules(scope) + alerts + _service_alerts(scope)}]
 
 
 def rules_file(scope: Scope) -> Doc:

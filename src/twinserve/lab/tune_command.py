@@ -87,10 +87,10 @@ def run_tune_command(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from twinserve.lab.bench import _machine
+    from twinserve.lab.settings_writer import serve_command
     from twinserve.lab.tune import TuneRequest, model_bodies, run_tune
     from twinserve.lab.tune_report import decision_lines, winner_config, write_tune_outputs
     from twinserve.model import import_model
-    from twinserve.settings_file import serve_command
 
     import_model(args.model)  # a bad MODEL: one line, before anything starts
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds: servers are stopped

@@ -19,9 +19,9 @@ from twinserve import __version__
 from twinserve.config import Config, load_config
 from twinserve.lab.report_html import _CSS, _table
 from twinserve.lab.report_svg import _linear_ticks, _Scale, _svg_text
+from twinserve.lab.settings_writer import serve_command, settings_file_text
 from twinserve.lab.tune import TuneOutcome
 from twinserve.lab.tune_search import Ranked, meets
-from twinserve.settings_file import serve_command, settings_file_text
 
 __all__ = ["decision_lines", "tune_record", "winner_config", "write_tune_outputs"]
 

@@ -1,0 +1,67 @@
+"""Writing the settings file `twinserve serve --config` reads (`twinserve.settings_file`), and the equivalent
+`twinserve serve ...` command line: what `twinserve tune` hands the user."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from twinserve.config import Config
+
+__all__ = ["serve_command", "settings_file_text"]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} has no TOML spelling")
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        # A JSON string is a TOML basic string: the same quotes and backslash escapes (\n, \", \\, \uXXXX).
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise ValueError(f"{value!r} ({type(value).__name__}) has no TOML spelling here")
+
+
+def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] = ("api_keys",)) -> str:
+    """A settings file that `twinserve serve --config` reads back into `config`: the models and every field off
+    its default (unset optional fields are left out: TOML has no null). API keys are never written."""
+    skip = set(omit)
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for name, field in type(config).model_fields.items():
+        value = getattr(config, name)
+        if name in skip or value is None:
+            continue
+        if name != "models" and value == field.get_default(call_default_factory=True):
+            continue
+        lines.append(f"{name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def serve_command(config: Config) -> list[str]:
+    """The `twinserve serve ...` line equivalent to `settings_file_text(config)`: the same fields, as flags."""
+    command = ["twinserve", "serve", *config.models]
+    for name, field in type(config).model_fields.items():
+        value = getattr(config, name)
+        if name in ("models", "api_keys") or value is None:
+            continue
+        if name != "arch" and value == field.get_default(call_default_factory=True):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            command.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            command += [flag, ",".join(value)]
+        else:
+            command += [flag, str(value)]
+    return command
