@@ -12,7 +12,7 @@ from pydantic_core import PydanticUndefined
 
 from twinserve.config import Config
 
-__all__ = ["add_config_flags", "default_text", "positive"]
+__all__ = ["add_config_flags", "default_text", "flag_args", "positive"]
 
 
 def positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -68,3 +68,13 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=name, action="append", default=None, metavar=name.upper(), help=help_text)
         else:
             parser.add_argument(flag, default=None, metavar=name.upper(), help=help_text)
+
+
+def flag_args(name: str, value: object) -> list[str]:
+    """The command-line spelling of Config field `name` set to `value` (`--no-x` for False, lists comma-joined)."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + flag[2:]]
+    if isinstance(value, list):
+        return [flag, ",".join(str(item) for item in value)]
+    return [flag, str(value)]

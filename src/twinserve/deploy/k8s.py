@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from twinserve.cli_args import flag_args
 from twinserve.config import Config
 from twinserve.deploy.monitoring import Objectives, Scope, prometheus_rule
 from twinserve.lab.advise import AutoscalingTargets
@@ -123,13 +124,7 @@ def serve_command(config: Config) -> list[str]:
             continue  # secrets never go into a manifest: TWINSERVE_API_KEYS from a Secret, or --api-key-file
         if name == "workers":
             value = config.effective_workers
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            command.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, list):
-            command += [flag, ",".join(value)]
-        else:
-            command += [flag, str(value)]
+        command += flag_args(name, value)
     return command
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from twinserve.cli_args import flag_args
 from twinserve.config import Config
 
 __all__ = ["serve_command", "settings_file_text"]
@@ -57,11 +58,5 @@ def serve_command(config: Config) -> list[str]:
             continue
         if name != "arch" and value == field.get_default(call_default_factory=True):
             continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            command.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, list):
-            command += [flag, ",".join(value)]
-        else:
-            command += [flag, str(value)]
+        command += flag_args(name, value)
     return command
