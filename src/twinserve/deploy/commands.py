@@ -38,7 +38,8 @@ from twinserve.deploy.monitoring import DEFAULT_AVAILABILITY, Objectives, latenc
 from twinserve.deploy.wheel import write_wheel
 from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
-from twinserve.lab.results import Results, Run, load_results
+from twinserve.lab.results import Results, Run
+from twinserve.lab.tune_results import load_measured
 
 __all__ = ["add_k8s", "k8s_config"]
 
@@ -64,12 +65,17 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--autoscale", type=_autoscale, default=(2, 10), metavar="MIN,MAX", help="autoscaler bounds (default 2,10)"
     )
-    k8s.add_argument("--results", type=Path, help="bench results.json (or its folder): autoscaling targets, memory")
+    k8s.add_argument(
+        "--results",
+        type=Path,
+        help="bench's or tune's results.json (or its folder): autoscaling targets, memory, and the measured settings "
+        "for flags left unset",
+    )
     k8s.add_argument(
         "--slo-p95-ms",
         type=positive(float),
         help="P95 objective: the latency SLO the alerts hold to, and for --results the level to size on "
-        "(default: bench's objective; none: no latency alerts)",
+        "(default: the objective bench or tune measured against; none: no latency alerts)",
     )
     k8s.add_argument(
         "--slo-availability",
@@ -184,16 +190,18 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
     Targets measured with one set of settings do not transfer to another, so an explicit flag that differs from
     the measured run gets a warning. Also returns the P95 objective used (--slo-p95-ms, else bench's).
     """
-    path: Path = args.results / "results.json" if args.results.is_dir() else args.results
     try:
-        results = load_results(path)
+        measured = load_measured(args.results, args.slo_p95_ms)  # bench's results, or tune's winner as one run
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--results: {exc}") from None
+    results = measured.results
     slo = args.slo_p95_ms or results.slo_p95_ms
     if slo is None:
         raise ConfigError("--slo-p95-ms: needed with --results (the bench had no objective)")
     if not overrides.get("models"):
         overrides["models"] = [results.model]  # the model that was measured
+    if measured.tuned_arch is not None and overrides.get("arch") is None and overrides.get("config_file") is None:
+        overrides["arch"] = measured.tuned_arch  # tune's winner (its winner.toml, if given, says the same)
     given = k8s_config(overrides)
     arch = given.arch
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
-from twinserve.lab.probe import TreeSampler
+from twinserve.lab.probe import TreeSampler, scrape
 from twinserve.lab.results import Ceiling
 from twinserve.lab.servers import ServerFailed, TwinserveServer
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search
@@ -107,6 +107,8 @@ class ProbeServers:
         self._request = request
         self._label: str | None = None
         self._server: TwinserveServer | None = None
+        #: pid -> role ("server", "model_worker") of the running server's processes, from its /metrics.
+        self.roles: dict[int, str] = {}
 
     def get(self, variant: Variant) -> TwinserveServer:
         if self._label == variant.label and self._server is not None:
@@ -123,13 +125,15 @@ class ProbeServers:
         )
         self._label = variant.label
         self._server = server.start()  # ServerFailed: nothing is left running
+        snapshot = scrape(server.url)
+        self.roles = snapshot.roles if snapshot is not None else {}
         return server
 
     def close(self) -> None:
         if self._server is not None:
             with contextlib.suppress(ServerFailed, OSError):
                 self._server.stop()
-        self._server, self._label = None, None
+        self._server, self._label, self.roles = None, None, {}
 
 
 def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneRequest, seed: int) -> ProbeResult:
@@ -152,8 +156,9 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
         timeout_s=max(1.0, 10 * request.goal.slo_p95_ms / 1000),
         seed=seed,
     )
-    with TreeSampler(server.pid, interval=0.2) as sampler:
+    with TreeSampler(server.pid, interval=0.2, roles=servers.roles) as sampler:
         level = run_level_sync(spec)
+    resources = sampler.result()
     errors = sum(level.http_errors.values()) + sum(level.transport_errors.values())
     return ProbeResult(
         probe=probe,
@@ -164,10 +169,12 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
         p50_ms=level.latency_ms.get("p50"),
         p95_ms=level.latency_ms.get("p95"),
         p99_ms=level.latency_ms.get("p99"),
-        rss_mib=sampler.result().rss_mib_max,
+        rss_mib=resources.rss_mib_max,
         wall_s=round(time.monotonic() - started, 3),
         failed=None if level.sent else "no request was sent",
         generator_limited=level.generator_limited,
+        mean_ms=level.latency_ms.get("mean"),
+        resources=resources,
     )
 
 

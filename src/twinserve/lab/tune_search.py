@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from twinserve.lab.results import Resources
 from twinserve.lab.variants import Variant
 
 __all__ = [
@@ -79,6 +80,10 @@ class ProbeResult:
     failed: str | None = None  # the server did not start, or the probe could not run
     #: The load generator may have been the limit (it shares the machine): the latencies are an upper bound.
     generator_limited: bool = False
+    #: The mean latency (ms): Little's law turns a rate into requests in flight with it (`twinserve k8s`).
+    mean_ms: float | None = None
+    #: The server's process tree over the probe (RSS per process and role, CPU): pod sizing and CPU targets.
+    resources: Resources | None = None
 
 
 def meets(result: ProbeResult, goal: Goal) -> tuple[bool, str]:
