@@ -8,9 +8,14 @@ pick and the grid's best with their capacities and P95 there, the time each took
 asks for: pick / best capacity (>= 0.90) and tune time / grid time (<= 0.25).
 
     python benchmarks/tune_vs_grid.py [--examples tabular,embed,io] [--slo-p95-ms 50] [--seconds 3]
+    python benchmarks/tune_vs_grid.py --quick [--examples tabular] [--archs sync,async,hybrid]
 
-The grid takes long (tens of minutes per example on a small machine): run it alone on a quiet machine. The io
-example needs `redis-server` (one is started); embed needs the `torch` extra.
+The full grid takes long (tens of minutes per example on a small machine): run it alone on a quiet machine.
+`--quick` is the affordable check (under ~8 minutes an example on 2 cores): a smaller grid (processes = the
+cores only, 2 batchings, 2 sync thread counts: 8 points), 1 s probes, and a capacity search of at most 6 probes
+bisected to 20%; the ratios are computed the same way, against that grid. `--archs` narrows both the grid and
+tune to some architectures (a smoke test: `--quick --archs async --seconds 0.5`). The io example needs
+`redis-server` (one is started); embed needs the `torch` extra.
 """
 
 from __future__ import annotations
@@ -38,14 +43,33 @@ PICK_WITHIN = 0.90  # tune's pick / the grid's best capacity
 TIME_AT_MOST = 0.25  # tune's time / the grid's
 
 
-def grid(cpus: int) -> list[Variant]:
+@dataclass(frozen=True)
+class GridShape:
+    """How exhaustive the grid is, and how each point's capacity is searched."""
+
+    name: str
+    workers: tuple[str, ...]  # "1", "half", "cpus"
+    batchings: tuple[tuple[int, float], ...]
+    threads: tuple[int, ...]
+    max_probes: int  # per capacity search
+    resolution: float  # stop bisecting once highest missed / lowest met is within this
+    seconds: float  # default seconds per probe
+
+
+FULL = GridShape(
+    "full", ("1", "half", "cpus"), ((1, 0.0), (8, 0.0), (32, 0.0), (32, 2.0)), (1, 4, 16, 32), 10, 1.1, 3.0
+)
+QUICK = GridShape("quick", ("cpus",), ((1, 0.0), (32, 2.0)), (4, 16), 6, 1.2, 1.0)
+
+
+def grid(cpus: int, shape: GridShape = FULL, archs: tuple[str, ...] = ("sync", "async", "hybrid")) -> list[Variant]:
     """Every combination worth listing by hand, no pruning."""
-    workers = sorted({1, max(1, cpus // 2), cpus})
-    batchings = [(1, 0.0), (8, 0.0), (32, 0.0), (32, 2.0)]
+    sizes = {"1": 1, "half": max(1, cpus // 2), "cpus": cpus}
+    workers = sorted({sizes[w] for w in shape.workers})
     points: list[Variant] = []
     for count in workers:
-        for batch, delay in batchings:
-            for threads in (1, 4, 16, 32):
+        for batch, delay in shape.batchings:
+            for threads in shape.threads:
                 points.append(
                     Variant(
                         "sync",
@@ -59,7 +83,7 @@ def grid(cpus: int) -> list[Variant]:
                     {"workers": 1, "model_workers": count, "max_batch_size": batch, "max_batch_delay_ms": delay},
                 )
             )
-    return points
+    return [p for p in points if p.arch in archs]
 
 
 @dataclass
@@ -71,14 +95,22 @@ class Capacity:
 
 
 def capacity(
-    servers: ProbeServers, request: TuneRequest, name: str, variant: Variant, seconds: float, start: float
+    servers: ProbeServers,
+    request: TuneRequest,
+    name: str,
+    variant: Variant,
+    seconds: float,
+    start: float,
+    shape: GridShape = FULL,
 ) -> Capacity:
-    """Double/halve from `start` until met and missed are bracketed, then bisect to 10%, at most 10 probes."""
+    """Double/halve from `start` until met and missed are bracketed, then bisect to the shape's resolution, at
+    most its probes."""
     goal = request.goal
     met: dict[float, ProbeResult] = {}
     missed: list[float] = []
     rate = start
-    for count in range(10):
+    count = 0
+    for count in range(shape.max_probes):
         result = measure_probe(servers, Probe(variant, "grid", round(rate, 2), seconds), name, request, count)
         if meets(result, goal)[0]:
             met[rate] = result
@@ -87,7 +119,7 @@ def capacity(
         lo = max(met, default=None)
         hi = min((m for m in missed if lo is None or m > lo), default=None)
         if lo is not None and hi is not None:
-            if hi / lo <= 1.1:
+            if hi / lo <= shape.resolution:
                 break
             rate = math.sqrt(lo * hi)
         elif lo is not None:
@@ -117,28 +149,31 @@ def example_env(example: str) -> Iterator[None]:
         redis.stop()
 
 
-def run_example(example: str, goal: Goal, seconds: float, cpus: int) -> dict[str, object]:
+def run_example(
+    example: str, goal: Goal, seconds: float, cpus: int, shape: GridShape, archs: tuple[str, ...]
+) -> dict[str, object]:
     model = EXAMPLES[example]
     name, bodies = model_bodies(model)
-    request = TuneRequest(model, goal, budget_s=0, bodies=bodies, min_probe_s=seconds)
+    request = TuneRequest(model, goal, budget_s=0, bodies=bodies, archs=archs, min_probe_s=seconds)
     servers = ProbeServers(request)
     started = time.monotonic()
     measured = []
-    for point in grid(cpus):
-        found = capacity(servers, request, name, point, seconds, start=100.0)
+    for point in grid(cpus, shape, archs):
+        found = capacity(servers, request, name, point, seconds, start=100.0, shape=shape)
         measured.append(found)
         print(f"  grid {point.label:<64} {found.rate:>8,.1f} req/s  p95 {found.p95_ms or 0:6.1f} ms", flush=True)
     grid_s = time.monotonic() - started
     best = max(measured, key=lambda c: c.rate)
 
     tune_started = time.monotonic()
-    tuned = run_tune(
-        TuneRequest(model, goal, budget_s=TIME_AT_MOST * grid_s, bodies=bodies, min_probe_s=seconds), name, cpus
+    tune_request = TuneRequest(
+        model, goal, budget_s=TIME_AT_MOST * grid_s, bodies=bodies, archs=archs, min_probe_s=seconds
     )
+    tuned = run_tune(tune_request, name, cpus)
     tune_s = time.monotonic() - tune_started
     winner = tuned.decision.winner
     pick = (
-        capacity(servers, request, name, winner.candidate, seconds, start=max(winner.rate, 1.0))
+        capacity(servers, request, name, winner.candidate, seconds, start=max(winner.rate, 1.0), shape=shape)
         if winner is not None
         else None
     )
@@ -160,15 +195,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", default="tabular,embed,io")
     parser.add_argument("--slo-p95-ms", type=float, default=50.0)
-    parser.add_argument("--seconds", type=float, default=3.0, help="seconds per grid probe (and tune's rung 0)")
+    parser.add_argument(
+        "--seconds", type=float, help="seconds per grid probe (and tune's rung 0); default 3, or 1 with --quick"
+    )
+    parser.add_argument("--quick", action="store_true", help="the affordable check: a smaller grid, shorter probes")
+    parser.add_argument("--archs", default="sync,async,hybrid", help="architectures of the grid and of tune")
     args = parser.parse_args()
+    shape = QUICK if args.quick else FULL
+    seconds = args.seconds or shape.seconds
+    archs = tuple(args.archs.split(","))
     cpus = os.cpu_count() or 1
     goal = Goal(args.slo_p95_ms)
     rows = []
     for example in args.examples.split(","):
-        print(f"{example}: grid of {len(grid(cpus))} points, then tune", flush=True)
+        print(f"{example}: {shape.name} grid of {len(grid(cpus, shape, archs))} points, then tune", flush=True)
         with example_env(example):
-            rows.append(run_example(example, goal, args.seconds, cpus))
+            rows.append(run_example(example, goal, seconds, cpus, shape, archs))
     print()
     print(f"{'example':<8} {'tune pick':<58} {'req/s':>8} {'p95':>6} {'grid best':<58} {'req/s':>8} {'p95':>6} "
           f"{'tune s':>7} {'grid s':>7} {'pick/best':>9} {'time':>6}")  # fmt: skip

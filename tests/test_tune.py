@@ -13,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.serving import Server
-from twinserve.cli import build_parser
+from twinserve.cli import build_parser, main
 from twinserve.config import DEFAULT_MODEL, load_config
 from twinserve.lab.results import Ceiling
 from twinserve.lab.settings_writer import serve_command
@@ -276,7 +277,7 @@ def _twinserve(*args: str, cwd: Path, timeout: float = 240) -> subprocess.Comple
     )
 
 
-def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path) -> None:
+def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     done = _twinserve(
         "tune",
@@ -304,6 +305,17 @@ def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path) -> Non
     # Progress: one line per probe, numbered.
     progress = re.compile(r"^\s*\d+\s+\d+/\d+\s*s\s+(rung|repeat)\d+\s")
     assert sum(bool(progress.match(line)) for line in done.stdout.splitlines()) == len(record["probes"])
+    # Each probe kept the server's process tree: memory by role and CPU, for `twinserve k8s`.
+    assert all(p["resources"]["processes"] >= 1 for p in record["probes"] if p["sent"])
+    # The round trip: `twinserve k8s` sizes the autoscaler on this run's winner.
+    code = main(["k8s", "--image", "i", "--results", str(out), "--config", str(out / "winner.toml")])
+    manifests = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    assert code == 0
+    command = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--arch") + 1] == "async"
+    hpa = manifests["HorizontalPodAutoscaler"]
+    assert "tune winner" in hpa["metadata"]["annotations"]["twinserve.dev/target-basis"]
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] not in ("0", "0m")
 
 
 def test_verify_passes_a_server_that_meets_the_goal_and_fails_one_that_does_not(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def write_tune(out: Path, arch: str, *, winner: bool = True) -> TuneOutcome:
     """A tune run's outputs: the winner's capacity search (100 and 200 req/s met, 400 missed) and a repeat, and a
     faster loser whose probes must not count."""
     best = WINNERS[arch]
-    loser = Variant(arch, {**best.settings, "max_batch_delay_ms": 5.0})
+    loser = Variant(best.arch, {**best.settings, "max_batch_delay_ms": 5.0})
     results = [
         _probe(best, "rung0", 100, 100, 10, 5, cpu=60),
         _probe(best, "rung0", 200, 199, 30, 12, cpu=150),

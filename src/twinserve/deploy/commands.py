@@ -198,8 +198,12 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
     slo = args.slo_p95_ms or results.slo_p95_ms
     if slo is None:
         raise ConfigError("--slo-p95-ms: needed with --results (the bench had no objective)")
-    if not overrides.get("models"):
-        overrides["models"] = [results.model]  # the model that was measured
+    if not overrides.get("models") and not overrides.get("model_repository"):
+        # The model that was measured (tune's of a repository: the repository, whose [settings] hold its knobs).
+        if measured.model_repository is not None:
+            overrides["model_repository"] = measured.model_repository
+        else:
+            overrides["models"] = [results.model]
     if measured.tuned_arch is not None and overrides.get("arch") is None and overrides.get("config_file") is None:
         overrides["arch"] = measured.tuned_arch  # tune's winner (its winner.toml, if given, says the same)
     given = k8s_config(overrides)

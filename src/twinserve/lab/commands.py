@@ -109,10 +109,19 @@ def add_tune(tune: argparse.ArgumentParser) -> None:
     tune.description = (
         "Search the settings (architecture, workers, threads, batch size and delay, model workers) that meet a "
         "latency objective under open-loop Poisson load, a real server per candidate, pruned by the model's "
-        "in-process batch curve, then successive halving; write the winner as a `twinserve serve --config` file, "
-        "every probe to results.json and report.html. With --verify URL: a short pilot run against a deployment."
+        "in-process batch curve, then successive halving; write the winner as a `twinserve serve --config` file "
+        "(and, for a model with per-model settings, its [settings] table), every probe to results.json and "
+        "report.html. With --verify URL: a short pilot run against a deployment."
     )
-    tune.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    tune.add_argument("model", nargs="?", metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    tune.add_argument(
+        "--model-repository",
+        type=Path,
+        metavar="DIR",
+        help="tune one model of this repository (--model NAME): its [settings] are the search's start, the winner's "
+        "go to winner-model-settings.toml",
+    )
+    tune.add_argument("--model", dest="repository_model", metavar="NAME", help="with --model-repository: its folder")
     tune.add_argument("--slo-p95-ms", type=_positive(float), required=True, help="P95 objective")
     tune.add_argument("--slo-p99-ms", type=_positive(float), help="P99 objective too")
     tune.add_argument("--target-rps", type=_positive(float), help="the rate to meet it at (default: the highest)")

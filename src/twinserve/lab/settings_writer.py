@@ -12,10 +12,11 @@ from typing import Any
 from twinserve.cli_args import flag_args
 from twinserve.config import Config
 
-__all__ = ["serve_command", "settings_file_text"]
+__all__ = ["serve_command", "settings_file_text", "toml_value"]
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """A value in TOML (inline: numbers, booleans, strings, arrays)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -30,7 +31,7 @@ def _toml_value(value: Any) -> str:
         # A JSON string is a TOML basic string: the same quotes and backslash escapes (\n, \", \\, \uXXXX).
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     raise ValueError(f"{value!r} ({type(value).__name__}) has no TOML spelling here")
 
 
@@ -45,7 +46,7 @@ def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] 
             continue
         if name != "models" and value == field.get_default(call_default_factory=True):
             continue
-        lines.append(f"{name} = {_toml_value(value)}")
+        lines.append(f"{name} = {toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ from twinserve.lab.results import Ceiling
 from twinserve.lab.servers import ServerFailed, TwinserveServer
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search
 from twinserve.lab.tune_space import ModelFacts, Space, search_space
+from twinserve.lab.tune_subject import TuneSubject, probe_args, server_flags
 from twinserve.lab.variants import Variant
 
 __all__ = [
@@ -58,6 +59,9 @@ class TuneRequest:
     log_dir: Path | None = None
     ready_timeout_s: float = 120.0
     ceiling_budget_s: float = 1.0
+    #: The model resolved (`tune_subject.subject`): with settings of its own, probes go through a scratch
+    #: repository and its own settings are a candidate. None: `model` served with flags, as a plain MODEL.
+    subject: TuneSubject | None = None
 
 
 @dataclass
@@ -91,20 +95,12 @@ def model_bodies(model: str) -> tuple[str, list[bytes]]:
     return spec.name, [orjson.dumps({"instances": [e]}, default=json_default) for e in examples]
 
 
-def server_flags(variant: Variant) -> list[str]:
-    """The `twinserve serve` flags of a candidate."""
-    flags: list[str] = []
-    for name, value in variant.settings.items():
-        if value is not None:
-            flags += ["--" + name.replace("_", "-"), str(value)]
-    return flags
-
-
 class ProbeServers:
     """At most one probe server at a time, kept while the candidate stays the same."""
 
-    def __init__(self, request: TuneRequest) -> None:
+    def __init__(self, request: TuneRequest, scratch: Path | None = None) -> None:
         self._request = request
+        self._scratch = scratch  # where scratch repositories go (a model with settings of its own)
         self._label: str | None = None
         self._server: TwinserveServer | None = None
         #: pid -> role ("server", "model_worker") of the running server's processes, from its /metrics.
@@ -116,12 +112,15 @@ class ProbeServers:
         self.close()
         log_dir = self._request.log_dir
         log = None if log_dir is None else log_dir / (variant.label.replace(" ", "_").replace("=", "-") + ".log")
+        subject = self._request.subject
+        if subject is not None and subject.per_model:
+            if self._scratch is None:
+                raise ValueError("a model with settings of its own is probed from a scratch repository: pass scratch")
+            models, flags = probe_args(subject, variant, self._scratch)
+        else:
+            models, flags = [self._request.model], server_flags(variant)
         server = TwinserveServer(
-            [self._request.model],
-            variant.arch,
-            *server_flags(variant),
-            log_path=log,
-            ready_timeout=self._request.ready_timeout_s,
+            models, variant.arch, *flags, log_path=log, ready_timeout=self._request.ready_timeout_s
         )
         self._label = variant.label
         self._server = server.start()  # ServerFailed: nothing is left running
@@ -197,7 +196,8 @@ def run_tune(request: TuneRequest, name: str, cpus: int, on_probe: OnProbe | Non
     """Measure, prune, plan, then probe until the policy decides; every server is stopped on the way out."""
     started = time.monotonic()
     facts = measure_facts(request, cpus)
-    space = search_space(facts, request.goal.target_rps, request.archs)
+    own = request.subject.settings if request.subject is not None else None
+    space = search_space(facts, request.goal.target_rps, request.archs, own)
     left = request.budget_s - (time.monotonic() - started)
     plan = plan_search(
         space.candidates,
@@ -211,17 +211,18 @@ def run_tune(request: TuneRequest, name: str, cpus: int, on_probe: OnProbe | Non
     )
     clock_start = time.monotonic()
     results: list[ProbeResult] = []
-    servers = ProbeServers(request)
-    try:
-        while True:
-            step = next_step(plan, results, time.monotonic() - clock_start)
-            if isinstance(step, Decision):
-                decision = step
-                break
-            result = measure_probe(servers, step, name, request, seed=len(results))
-            results.append(result)
-            if on_probe is not None:
-                on_probe(len(results), result, time.monotonic() - started, plan)
-    finally:
-        servers.close()
+    with _scratch() as scratch:
+        servers = ProbeServers(request, scratch)
+        try:
+            while True:
+                step = next_step(plan, results, time.monotonic() - clock_start)
+                if isinstance(step, Decision):
+                    decision = step
+                    break
+                result = measure_probe(servers, step, name, request, seed=len(results))
+                results.append(result)
+                if on_probe is not None:
+                    on_probe(len(results), result, time.monotonic() - started, plan)
+        finally:
+            servers.close()
     return TuneOutcome(request, facts, space, plan, decision, results, name, round(time.monotonic() - started, 2))

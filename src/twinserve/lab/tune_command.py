@@ -11,8 +11,10 @@ import signal
 import sys
 from pathlib import Path
 
+from twinserve.config import DEFAULT_MODEL
 from twinserve.errors import ConfigError
 from twinserve.lab.tune_search import Goal, Plan, ProbeResult, meets
+from twinserve.lab.tune_subject import TuneSubject
 
 __all__ = ["run_tune_command"]
 
@@ -88,21 +90,26 @@ def run_tune_command(args: argparse.Namespace) -> int:
 
     from twinserve.lab.bench import _machine
     from twinserve.lab.settings_writer import serve_command
-    from twinserve.lab.tune import TuneRequest, model_bodies, run_tune
+    from twinserve.lab.tune import TuneRequest, run_tune
     from twinserve.lab.tune_report import decision_lines, winner_config, write_tune_outputs
-    from twinserve.model import import_model
+    from twinserve.lab.tune_subject import subject
 
-    import_model(args.model)  # a bad MODEL: one line, before anything starts
+    if args.model_repository is not None and args.model is not None:
+        raise ConfigError("MODEL and --model-repository are exclusive: tune one or the other")
+    if args.repository_model is not None and args.model_repository is None:
+        raise ConfigError("--model NAME names a folder of --model-repository DIR: pass both (or MODEL alone)")
+    # A bad MODEL or folder: one line, before anything starts.
+    tuned = subject(args.model or DEFAULT_MODEL, args.model_repository, args.repository_model)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds: servers are stopped
     console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     out: Path = args.out or Path("twinserve-tune") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name, bodies = model_bodies(args.model)
+    name, bodies = tuned.name, tuned.bodies
     if args.payload is not None:
         bodies = _payload(args.payload)
     if not bodies:
         raise ConfigError(f"model {name!r} has no examples() to send: pass --payload FILE (one body per line)")
     request = TuneRequest(
-        model=args.model,
+        model=tuned.model,
         goal=_goal(args),
         budget_s=args.budget_s,
         bodies=bodies,
@@ -112,10 +119,11 @@ def run_tune_command(args: argparse.Namespace) -> int:
         log_dir=out / "logs",
         ready_timeout_s=args.ready_timeout,
         ceiling_budget_s=min(1.0, max(0.1, args.budget_s / 100)),
+        subject=tuned,
     )
     goal = request.goal
     console.print(
-        f"[bold]twinserve tune[/] {escape(args.model)}: P95 <= {goal.slo_p95_ms:g} ms"
+        f"[bold]twinserve tune[/] {escape(_what(tuned))}: P95 <= {goal.slo_p95_ms:g} ms"
         + (f" at {goal.target_rps:g} req/s" if goal.target_rps else ", the highest rate")
         + f", budget {args.budget_s:g} s -> {out}"
     )
@@ -145,10 +153,29 @@ def run_tune_command(args: argparse.Namespace) -> int:
     config = winner_config(outcome)
     if config is None:
         return 1
+    if "model_settings" in written:
+        assert tuned.settings is not None
+        target = (
+            tuned.repository / tuned.name / "twinserve.toml"
+            if tuned.repository is not None
+            else f"{tuned.model}.settings"
+        )
+        console.print(
+            f"\n[bold]Set the model's own settings[/] (in {escape(str(target))}), from {written['model_settings']}:"
+        )
+        for line in written["model_settings"].read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#"):
+                console.print(f"  {escape(line)}")
     console.print("\n[bold]Serve it with[/]")
     console.print(f"  twinserve serve --config {shlex.quote(str(written['settings']))}")
     console.print(f"  {escape(shlex.join(serve_command(config)))}")
     return 0
+
+
+def _what(tuned: TuneSubject) -> str:
+    if tuned.repository is not None:
+        return f"{tuned.name} of {tuned.repository}"
+    return tuned.model
 
 
 def _payload(path: Path) -> list[bytes]:

@@ -1,6 +1,7 @@
 """What `twinserve tune` leaves in --out: `results.json` (every probe), `winner.toml` (a settings file
-`twinserve serve --config` reads), `report.html` (the decision, a Pareto plot of throughput vs P95 with memory as
-marker size, every probe), and the lines printed at the end.
+`twinserve serve --config` reads; for a model with per-model settings of its own, the server-wide part, and
+`winner-model-settings.toml` its `[settings]` table), `report.html` (the decision, a Pareto plot of throughput
+vs P95 with memory as marker size, every probe), and the lines printed at the end.
 
 The HTML reuses the bench report's style sheet, table and SVG scales (`report_html`, `report_svg`).
 """
@@ -22,8 +23,9 @@ from twinserve.lab.report_svg import _linear_ticks, _Scale, _svg_text
 from twinserve.lab.settings_writer import serve_command, settings_file_text
 from twinserve.lab.tune import TuneOutcome
 from twinserve.lab.tune_search import Ranked, meets
+from twinserve.lab.tune_subject import candidate_settings, server_level, settings_table
 
-__all__ = ["decision_lines", "tune_record", "winner_config", "write_tune_outputs"]
+__all__ = ["decision_lines", "tune_record", "winner_config", "winner_model_settings", "write_tune_outputs"]
 
 _ARCH_COLOURS = {"sync": "#0072B2", "async": "#E69F00", "hybrid": "#009E73"}
 #: The Pareto plot's P95 axis stops at this many SLOs; points above sit on its edge.
@@ -49,10 +51,46 @@ def _ranked(r: Ranked | None) -> dict[str, Any] | None:
 
 
 def winner_config(outcome: TuneOutcome) -> Config | None:
+    """The winner as `serve`'s Config: every setting, or for a model with settings of its own the server-wide
+    ones alone (its knobs go in its own [settings]: `winner_model_settings`)."""
     winner = outcome.decision.winner
     if winner is None:
         return None
-    return load_config(models=[outcome.request.model], arch=winner.candidate.arch, **winner.candidate.settings)
+    subject = outcome.request.subject
+    if subject is None or not subject.per_model:
+        return load_config(models=[outcome.request.model], arch=winner.candidate.arch, **winner.candidate.settings)
+    where: dict[str, Any] = (
+        {"model_repository": subject.repository} if subject.repository is not None else {"models": [subject.model]}
+    )
+    return load_config(arch=winner.candidate.arch, **where, **server_level(winner.candidate))
+
+
+def winner_model_settings(outcome: TuneOutcome) -> dict[str, Any] | None:
+    """The winner's [settings] table for a model with settings of its own: its own, the winner's knobs over them
+    (None: no winner, or a model the flags reach)."""
+    winner, subject = outcome.decision.winner, outcome.request.subject
+    if winner is None or subject is None or not subject.per_model:
+        return None
+    return candidate_settings(subject, winner.candidate)
+
+
+def _model_settings_text(outcome: TuneOutcome, settings: dict[str, Any]) -> str:
+    subject = outcome.request.subject
+    assert subject is not None and outcome.decision.winner is not None
+    own = subject.settings or {}
+    changed = [f"{k}: {own.get(k, '(unset)')} -> {v}" for k, v in settings.items() if own.get(k) != v] or ["none"]
+    where = (
+        f"the [settings] table of {subject.repository / subject.name / 'twinserve.toml'} (replace the table)"
+        if subject.repository is not None
+        else f"the `settings` class attribute of {subject.model} (as a dict), or a repository's twinserve.toml"
+    )
+    header = [
+        f"twinserve tune {subject.name} ({datetime.date.today().isoformat()}): the model-level settings of "
+        f"{outcome.decision.winner.candidate.label}",
+        f"Put this in {where};",
+        "the server-wide settings are in winner.toml. Changed from the model's own: " + "; ".join(changed),
+    ]
+    return "\n".join(f"# {line}" for line in header) + "\n" + settings_table(settings)
 
 
 def _score_text(outcome: TuneOutcome, r: Ranked) -> str:
@@ -128,6 +166,8 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]
             }
         )
     config = winner_config(outcome)
+    subject = outcome.request.subject
+    per_model = subject is not None and subject.per_model
     return {
         "kind": "twinserve-tune",
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -162,6 +202,11 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]
             "lines": decision_lines(outcome),
         },
         "serve_command": None if config is None else serve_command(config),
+        # A model with settings of its own: what it had, the winner's [settings] for it, and the server's part.
+        "model_repository": None if subject is None or subject.repository is None else str(subject.repository),
+        "own_settings": subject.settings if per_model and subject is not None else None,
+        "model_settings": winner_model_settings(outcome),
+        "server_settings": server_level(d.winner.candidate) if per_model and d.winner is not None else None,
     }
 
 
@@ -299,4 +344,8 @@ def write_tune_outputs(outcome: TuneOutcome, out: Path, machine: dict[str, Any])
         )
         written["settings"] = out / "winner.toml"
         written["settings"].write_text(settings_file_text(config, header), encoding="utf-8")
+    model_settings = winner_model_settings(outcome)
+    if model_settings is not None:
+        written["model_settings"] = out / "winner-model-settings.toml"
+        written["model_settings"].write_text(_model_settings_text(outcome, model_settings), encoding="utf-8")
     return written

@@ -31,6 +31,8 @@ class Measured:
 
     results: Results
     tuned_arch: str | None = None
+    #: A model of a repository was tuned: the repository the pod serves (its [settings] hold the model's knobs).
+    model_repository: Path | None = None
 
 
 def probe_results(record: dict[str, Any]) -> list[ProbeResult]:
@@ -133,4 +135,5 @@ def load_measured(path: Path, slo_p95_ms: float | None = None) -> Measured:
         raise ValueError(f"{path}: not a twinserve tune results file this version reads ({exc!r} missing)") from None
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    return Measured(results, results.runs[0].arch)
+    repository = data.get("model_repository")
+    return Measured(results, results.runs[0].arch, None if repository is None else Path(repository))

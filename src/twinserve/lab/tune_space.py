@@ -15,13 +15,19 @@ sizes 1, 8, 32), hence its single-request service time, and the machine's cores.
 
 Each candidate gets a prior: the throughput its processes could reach at that speed. It orders the survivors,
 so that when the budget cannot cover them all, the most promising are probed.
+
+A model with per-model settings of its own (`own`) starts the search from them: for each architecture, one
+candidate "as the model sets it" (its batching, model workers and executor; processes up to the cores) comes
+first, whatever its prior, so it is always measured. Its other keys (timeout, cache, queue...) stay in every
+candidate, and hybrid is dropped when the model asks for an executor other than processes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from twinserve.lab.results import Ceiling
 from twinserve.lab.variants import Variant
@@ -100,11 +106,53 @@ def _process_counts(cpus: int) -> list[int]:
     return sorted({1, max(1, cpus // 2), cpus})
 
 
-def search_space(facts: ModelFacts, target_rps: float | None = None, archs: Sequence[str] = ()) -> Space:
-    """Every candidate worth a server for this model on this machine, and the reasons for the rest."""
+def _threads(rate: float, facts: ModelFacts, count: int, batch: int) -> int:
+    """Sync threads per worker by Little's law: requests in the server = rate x time there (the rate at most the
+    prior), with BURST headroom; a batch fills from the worker's own request threads: at least as many."""
+    in_flight = rate * (facts.single_ms + FRONT_MS) / 1000.0
+    threads = max(math.ceil(BURST * in_flight / count), batch if batch > 1 else 1)
+    return max(1, min(64, threads))
+
+
+def _own_candidates(
+    own: Mapping[str, Any], facts: ModelFacts, target_rps: float | None, archs: Sequence[str]
+) -> list[tuple[Variant, float]]:
+    """One candidate per architecture with the model's own knobs; the server's processes up to the cores."""
+    knobs = {k: own[k] for k in ("max_batch_size", "max_batch_delay_ms", "model_workers", "executor") if k in own}
+    batch = int(knobs.get("max_batch_size") or 1)
+    found: list[tuple[Variant, float]] = []
+    for arch in archs:
+        settings: dict[str, Any] = {}
+        if arch == "hybrid":
+            settings.update(workers=1, model_workers=int(knobs.get("model_workers") or facts.cpus))
+            processes = settings["model_workers"]
+        else:
+            settings["workers"] = processes = facts.cpus
+        prior = _prior(arch, processes, batch, facts)
+        if arch == "sync":
+            settings["threads"] = _threads(min(target_rps or prior, prior), facts, processes, batch)
+        settings.update({k: v for k, v in knobs.items() if k not in settings})
+        found.append((Variant(arch, settings), prior))  # type: ignore[arg-type]
+    return found
+
+
+def search_space(
+    facts: ModelFacts,
+    target_rps: float | None = None,
+    archs: Sequence[str] = (),
+    own: Mapping[str, Any] | None = None,
+) -> Space:
+    """Every candidate worth a server for this model on this machine, and the reasons for the rest; `own`: the
+    model's per-model settings, the search's starting point."""
     archs = list(archs) or ["sync", "async", "hybrid"]
     pruned: list[Pruned] = []
     notes: list[str] = []
+    executor = (own or {}).get("executor")
+    if "hybrid" in archs and executor not in (None, "auto", "process"):
+        archs.remove("hybrid")
+        pruned.append(
+            Pruned("hybrid", f"the model's own settings ask for executor {executor!r}; hybrid runs processes")
+        )
     batchings = _batchings(facts)
     if len(batchings) == 1:
         notes.append(
@@ -139,12 +187,7 @@ def search_space(facts: ModelFacts, target_rps: float | None = None, archs: Sequ
                 settings.update(max_batch_size=batch, max_batch_delay_ms=delay)
                 prior = _prior(arch, count, batch, facts)
                 if arch == "sync":
-                    # Little's law: requests in the server = rate x time there; the rate at most the prior.
-                    rate = min(target_rps or prior, prior)
-                    in_flight = rate * (facts.single_ms + FRONT_MS) / 1000.0
-                    # A batch fills from the worker's own request threads: at least as many as the batch.
-                    threads = max(math.ceil(BURST * in_flight / count), batch if batch > 1 else 1)
-                    settings["threads"] = max(1, min(64, threads))
+                    settings["threads"] = _threads(min(target_rps or prior, prior), facts, count, batch)
                 variant = Variant(arch, dict(settings))  # type: ignore[arg-type]
                 if target_rps is not None and prior < REACH * target_rps:
                     pruned.append(
@@ -157,4 +200,10 @@ def search_space(facts: ModelFacts, target_rps: float | None = None, archs: Sequ
                 found.append((variant, prior))
     # Most promising first; among equals, the cheaper (fewer processes, no batching wait).
     found.sort(key=lambda vp: (-vp[1], sum(int(v) for v in vp[0].settings.values() if isinstance(v, int))))
+    if own is not None:
+        # The model's own settings first, whatever their prior: the search starts from what the model says.
+        first = _own_candidates(own, facts, target_rps, archs)
+        labels = {v.label for v, _ in first}
+        found = first + [vp for vp in found if vp[0].label not in labels]
+        notes.append(f"the model's own settings first: {', '.join(v.label for v, _ in first)}")
     return Space([v for v, _ in found], {v.label: p for v, p in found}, pruned, notes)
