@@ -125,6 +125,16 @@ def test_a_model_with_a_settings_attribute_is_probed_through_a_one_line_module(
     )
 
 
+def test_the_in_process_measurement_imports_a_repository_version_as_the_server_does(tmp_path: Path) -> None:
+    """Version 2's model.py imports helper_2.py beside it: the in-process batch curve still measures it."""
+    from twinserve.lab.tune import measure_facts
+
+    tuned = subject(None, make_repository(tmp_path), "adder")
+    request = TuneRequest(tuned.model, Goal(50.0), 10, tuned.bodies, ceiling_budget_s=0.1, subject=tuned)
+    facts = measure_facts(request, 2)
+    assert [c.batch_size for c in facts.ceiling] == [1, 8, 32] and facts.rows_per_s(1) > 0
+
+
 def test_tune_refuses_model_and_repository_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from twinserve.cli import main
 
@@ -182,6 +192,9 @@ def test_the_winner_is_split_into_server_settings_and_the_models_own_table(tmp_p
     config = load_config(config_file=written["settings"])
     assert (config.arch, config.workers, config.model_repository) == ("hybrid", 1, repository.resolve())
     assert "max_batch_size" not in written["settings"].read_text()
+    assert "models =" not in written["settings"].read_text()  # the repository names them
+    record_command = orjson.loads((out / "results.json").read_bytes())["serve_command"]
+    assert record_command[:3] == ["twinserve", "serve", "--arch"] and "--model-repository" in record_command
     # winner-model-settings.toml: the [settings] table to paste, the model's own keys kept, the knobs changed.
     text = written["model_settings"].read_text()
     assert str(repository.resolve() / "adder" / "twinserve.toml") in text and "max_batch_size: 4 -> 16" in text

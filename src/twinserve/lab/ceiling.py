@@ -7,6 +7,7 @@ model's memory leaves with it (and its prints cannot mix with the result).
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -56,17 +57,28 @@ def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float =
 
 
 def measure_in_subprocess(
-    model: str, bodies: list[bytes], sizes: list[int], scratch: Path, budget_s: float = 2.0
+    model: str,
+    bodies: list[bytes],
+    sizes: list[int],
+    scratch: Path,
+    budget_s: float = 2.0,
+    search_path: Path | None = None,
 ) -> list[Ceiling]:
-    """`measure` in a process of its own; `budget_s` per batch size."""
+    """`measure` in a process of its own; `budget_s` per batch size. `search_path`: a folder the model's file
+    imports its neighbours from (a repository version's), put first on the subprocess's PYTHONPATH."""
     path, out = scratch / "ceiling-bodies.jsonl", scratch / "ceiling.json"
     path.write_bytes(b"\n".join(bodies))
     sizes_arg = ",".join(map(str, sizes))
+    env = None
+    if search_path is not None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(search_path), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
         [sys.executable, "-m", "twinserve.lab.ceiling", model, str(path), sizes_arg, str(out), str(budget_s)],
         capture_output=True,
         timeout=600,
         check=False,
+        env=env,
     )
     path.unlink()
     if done.returncode != 0:

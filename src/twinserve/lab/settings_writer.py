@@ -44,6 +44,8 @@ def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] 
         value = getattr(config, name)
         if name in skip or value is None:
             continue
+        if name == "models" and config.model_repository is not None:
+            continue  # the repository names the models (and `models` holds only its placeholder default)
         if name != "models" and value == field.get_default(call_default_factory=True):
             continue
         lines.append(f"{name} = {toml_value(value)}")
@@ -52,7 +54,7 @@ def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] 
 
 def serve_command(config: Config) -> list[str]:
     """The `twinserve serve ...` line equivalent to `settings_file_text(config)`: the same fields, as flags."""
-    command = ["twinserve", "serve", *config.models]
+    command = ["twinserve", "serve", *([] if config.model_repository is not None else config.models)]
     for name, field in type(config).model_fields.items():
         value = getattr(config, name)
         if name in ("models", "api_keys") or value is None:

@@ -186,8 +186,11 @@ def _scratch() -> Iterator[Path]:
 def measure_facts(request: TuneRequest, cpus: int) -> ModelFacts:
     """The model's in-process batch curve (a subprocess, so its memory leaves with it) and the cores."""
     with _scratch() as scratch:
+        subject = request.subject
+        # A repository version's model.py imports the files beside it, as the server lets it.
+        beside = Path(request.model.rpartition(":")[0]).parent if subject and subject.repository else None
         ceiling: list[Ceiling] = measure_in_subprocess(
-            request.model, list(request.bodies), CEILING_SIZES, scratch, request.ceiling_budget_s
+            request.model, list(request.bodies), CEILING_SIZES, scratch, request.ceiling_budget_s, beside
         )
     return ModelFacts(ceiling, cpus)
 

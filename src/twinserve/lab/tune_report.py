@@ -74,6 +74,13 @@ def winner_model_settings(outcome: TuneOutcome) -> dict[str, Any] | None:
     return candidate_settings(subject, winner.candidate)
 
 
+def _subject_text(outcome: TuneOutcome) -> str:
+    subject = outcome.request.subject
+    if subject is not None and subject.repository is not None:
+        return f"--model-repository {subject.repository} --model {subject.name}"
+    return outcome.request.model
+
+
 def _model_settings_text(outcome: TuneOutcome, settings: dict[str, Any]) -> str:
     subject = outcome.request.subject
     assert subject is not None and outcome.decision.winner is not None
@@ -336,7 +343,7 @@ def write_tune_outputs(outcome: TuneOutcome, out: Path, machine: dict[str, Any])
         assert outcome.decision.winner is not None
         header = "\n".join(
             [
-                f"twinserve tune {outcome.request.model} ({datetime.date.today().isoformat()}): "
+                f"twinserve tune {_subject_text(outcome)} ({datetime.date.today().isoformat()}): "
                 f"{outcome.decision.winner.candidate.label}",
                 *decision_lines(outcome),
                 "Serve with: twinserve serve --config THIS_FILE (flags override it)",

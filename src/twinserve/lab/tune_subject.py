@@ -101,6 +101,7 @@ def subject(model: str | None, repository: Path | None = None, name: str | None 
 
     if name is None:
         raise ConfigError("--model-repository needs --model NAME: the model folder to tune")
+    repository = repository.resolve()
     folder = repository / name
     if not folder.is_dir():
         raise ConfigError(f"--model {name}: no such model folder in {repository}")
@@ -112,7 +113,7 @@ def subject(model: str | None, repository: Path | None = None, name: str | None 
     _, bodies = _examples(cls)
     # The repository's [settings] win over the class's (as the server reads them).
     own = {**class_settings(cls), **found.settings}
-    return TuneSubject(version.target, name, own, repository.resolve(), version.module, bodies)
+    return TuneSubject(version.target, name, own, repository, version.module, bodies)
 
 
 def _scratch_model(subject: TuneSubject, settings: Mapping[str, Any], folder: Path) -> None:
