@@ -16,6 +16,7 @@ from twinserve.config import load_config
 from twinserve.deploy.commands import k8s_config
 from twinserve.deploy.dockerfile import REPOSITORY_CONTEXT, dockerfile
 from twinserve.deploy.k8s import (
+    ADMIN_KEY_ENTRY,
     READY_PATH,
     REPOSITORY_PATH,
     REPOSITORY_VOLUME,
@@ -149,3 +150,20 @@ def test_repository_flags_are_checked(tmp_path: Path, capsys: pytest.CaptureFixt
     argv = ["--model-repository", str(repository), "--model-control", "explicit", "--replicas", "1"]
     assert main(["k8s", "--image", "i", *argv]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_admin_key_comes_from_the_secret_never_from_the_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repository = make_repository(tmp_path / "repo")
+    argv = ["--model-repository", str(repository), "--model-control", "explicit", "--replicas", "1"]
+    assert main(["k8s", "--image", "i", *argv, "--admin-api-key", "admin-key-123456"]) == 2
+    assert "--admin-api-key: keys never go into a manifest" in capsys.readouterr().err
+    plan = plan_for("async", repository)
+    plan = K8sPlan(config=plan.config, image="i", api_key_secret=("keys", "api-keys"))
+    (container,) = docs_of(plan)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert env["TWINSERVE_ADMIN_API_KEY"] == {"name": "keys", "key": ADMIN_KEY_ENTRY, "optional": True}
+    check_native(docs_of(plan)["Deployment"])
+    config = k8s_config({"model_repository": repository, "api_keys": ["k" * 16], "admin_api_key": "a" * 16})
+    assert "a" * 16 not in serve_command(config) and "--admin-api-key" not in serve_command(config)

@@ -30,6 +30,7 @@ from twinserve.config import Config, load_config
 from twinserve.deploy.dashboard import dashboard
 from twinserve.deploy.dockerfile import copy_model_files, copy_repository, dockerfile, model_files
 from twinserve.deploy.k8s import (
+    ADMIN_KEY_ENTRY,
     DEFAULT_MEMORY_PER_PROCESS_MIB,
     K8sPlan,
     cpu_request_cores,
@@ -144,7 +145,13 @@ def _claim_name(text: str) -> str:
 
 
 def _repository_checks(config: Config, repository_volume: str | None, replicas: int | None) -> None:
-    """--repository-volume needs a repository; explicit model control reaches one pod per request: say so."""
+    """--repository-volume needs a repository; the admin key never goes into a manifest; explicit model control
+    reaches one pod per request: say so."""
+    if config.admin_api_key is not None:
+        raise ConfigError(
+            "--admin-api-key: keys never go into a manifest; put it in the --api-key-secret Secret as "
+            f"{ADMIN_KEY_ENTRY!r} (the container reads it from there)"
+        )
     if repository_volume is not None and config.model_repository is None:
         raise ConfigError("--repository-volume: needs --model-repository (the repository it holds)")
     if config.model_control == "explicit" and replicas != 1:

@@ -31,6 +31,7 @@ from twinserve.deploy.monitoring import Objectives, Scope, prometheus_rule
 from twinserve.lab.advise import AutoscalingTargets
 
 __all__ = [
+    "ADMIN_KEY_ENTRY",
     "DEFAULT_CPU_UTILIZATION",
     "DEFAULT_IN_FLIGHT_PER_CORE",
     "DEFAULT_MEMORY_PER_PROCESS_MIB",
@@ -88,6 +89,8 @@ TMP_DIR = "/tmp"
 REPOSITORY_PATH = "/models"
 #: The pod volume holding the repository when it comes from a PersistentVolumeClaim.
 REPOSITORY_VOLUME = "model-repository"
+#: The entry of the --api-key-secret Secret holding the repository API's admin key (`--admin-api-key`).
+ADMIN_KEY_ENTRY = "admin-api-key"
 #: Fields the manifest always sets on the command line, whatever their value.
 _ALWAYS = ("arch", "host", "port", "workers")
 
@@ -133,7 +136,7 @@ def serve_command(config: Config) -> list[str]:
         value = getattr(config, name)
         if name not in _ALWAYS and value == field.get_default(call_default_factory=True):
             continue
-        if name == "api_keys":
+        if name in ("api_keys", "admin_api_key"):
             continue  # secrets never go into a manifest: TWINSERVE_API_KEYS from a Secret, or --api-key-file
         if name == "workers":
             value = config.effective_workers
@@ -245,6 +248,10 @@ def _env(plan: K8sPlan) -> list[Doc]:
         # Keys never appear in a manifest: the server reads them from a Secret the cluster owner creates.
         name, key = plan.api_key_secret
         env.append({"name": "TWINSERVE_API_KEYS", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+        if plan.config.model_repository is not None:
+            # The repository API's admin key, from the same Secret when it has one (optional: none, no changes).
+            admin = {"name": name, "key": ADMIN_KEY_ENTRY, "optional": True}
+            env.append({"name": "TWINSERVE_ADMIN_API_KEY", "valueFrom": {"secretKeyRef": admin}})
     return env
 
 
