@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.deploy.kube import check_crd, check_native
+from tests.deploy.test_k8s import bench
 from twinserve.cli import build_parser, main
 from twinserve.config import load_config
 from twinserve.deploy.commands import k8s_config
@@ -78,7 +79,9 @@ def test_the_pod_serves_the_repository_at_models(arch: str, volume: str | None, 
         assert command[command.index("--model-repository") + 1] == REPOSITORY_PATH
         local = [str(repository) if arg == REPOSITORY_PATH else arg for arg in command]
         args = build_parser().parse_args(local[1:])
-        assert load_config(**{k: v for k, v in vars(args).items() if k != "command"}) == plan.config
+        assert args.models == []  # no MODEL argument beside the repository
+        overrides = {k: v for k, v in vars(args).items() if k not in ("command", "models")}
+        assert load_config(**overrides) == plan.config
         assert plan.config.model_control == "poll" and plan.config.repository_poll_s == 30
         assert container["readinessProbe"]["httpGet"]["path"] == READY_PATH  # the models that loaded
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -167,3 +170,14 @@ def test_the_admin_key_comes_from_the_secret_never_from_the_manifest(
     check_native(docs_of(plan)["Deployment"])
     config = k8s_config({"model_repository": repository, "api_keys": ["k" * 16], "admin_api_key": "a" * 16})
     assert "a" * 16 not in serve_command(config) and "--admin-api-key" not in serve_command(config)
+
+
+def test_results_of_a_repository_bench_deploy_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repository = make_repository(tmp_path / "repo")
+    measured = bench().model_copy(update={"model": str(repository), "repository": str(repository)})
+    data = tmp_path / "results.json"
+    data.write_text(measured.model_dump_json())
+    assert main(["k8s", "--image", "i", "--results", str(data), "--slo-p95-ms", "50", "--arch", "async"]) == 0
+    deployment = next(yaml.safe_load_all(capsys.readouterr().out))
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[2:4] == ["--arch", "async"] and command[command.index("--model-repository") + 1] == REPOSITORY_PATH

@@ -27,7 +27,7 @@ from tests.errors import error_fields
 from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape, wait_for_file
 from twinserve.cli import main
 from twinserve.config import Config
-from twinserve.deploy.ray import Scaling, replica_capacity
+from twinserve.deploy.ray import Scaling, _replica_config, replica_capacity
 
 pytestmark = pytest.mark.ray
 
@@ -377,6 +377,15 @@ def test_replica_capacity_counts_every_version_with_its_own_settings(tmp_path: P
     per_batcher = 2 * 1 * 16  # two batches of 16 in flight per model worker
     # scaler: two versions, each with its own queue of 7; flat: one version with the server's 200.
     assert replica_capacity(config) == 2 * (7 + per_batcher) + (200 + per_batcher)
+    # What a replica is handed (as JSON) validates there, with the repository at its absolute path.
+    moved = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        relative = config.model_copy(update={"model_repository": Path("scaler").parent})
+        replica = Config.model_validate_json(_replica_config([], relative).model_dump_json())
+    finally:
+        os.chdir(moved)
+    assert replica.model_repository == tmp_path and replica.model_repository.is_absolute()
 
 
 @pytest.mark.parametrize(

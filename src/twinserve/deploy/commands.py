@@ -229,8 +229,11 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
     slo = args.slo_p95_ms or results.slo_p95_ms
     if slo is None:
         raise ConfigError("--slo-p95-ms: needed with --results (the bench had no objective)")
-    if not overrides.get("models"):
-        overrides["models"] = [results.model]  # the model that was measured
+    if not overrides.get("models") and overrides.get("model_repository") is None:
+        if results.repository is not None:  # a bench over a repository measured it
+            overrides["model_repository"] = Path(results.repository)
+        else:
+            overrides["models"] = [results.model]  # the model that was measured
     given = k8s_config(overrides)
     arch = given.arch
     try:

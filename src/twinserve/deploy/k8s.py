@@ -129,7 +129,8 @@ def serve_command(config: Config) -> list[str]:
     """`twinserve serve MODEL... --arch A --host H --port P --workers N` plus every setting off its default.
 
     A model repository is named by its path in the container (`REPOSITORY_PATH`), not the local one."""
-    command = ["twinserve", "serve", *config.models]
+    # With a repository `models` holds Config's default, which the repository stands in for: no MODEL argument.
+    command = ["twinserve", "serve", *(config.models if config.model_repository is None else [])]
     for name, field in Config.model_fields.items():
         if name == "models":
             continue

@@ -226,8 +226,9 @@ def _replica_config(models: Sequence[str], config: Config) -> Config:
     if config.model_repository is not None:
         if models:
             raise ConfigError("MODEL arguments and --model-repository are exclusive: serve one or the other")
-        # Replicas run in Ray's worker processes, whose working directory is not this one.
-        return config.model_copy(update={"models": [], "model_repository": config.model_repository.resolve()})
+        # Replicas run in Ray's worker processes, whose working directory is not this one. (`models` keeps
+        # Config's default, which a repository stands in for.)
+        return config.model_copy(update={"model_repository": config.model_repository.resolve()})
     if not models:
         raise ConfigError("MODEL: give at least one model to serve, or --model-repository")
     return config.model_copy(update={"models": list(models)})
@@ -242,7 +243,7 @@ def build_app(model: str | Sequence[str], config: Config, scaling: Scaling | Non
     require("ray", "twinserve ray", "ray.serve", needs="Ray Serve")
     config = _replica_config([model] if isinstance(model, str) else model, config)
     check_tracing(config)
-    for target in config.models:
+    for target in config.models if config.model_repository is None else []:
         import_model(target)  # a bad MODEL fails here, not in every replica (a repository's are its own)
     scaling = scaling or Scaling()
     if config.model_control == "explicit" and (scaling.autoscale is not None or scaling.replicas > 1):
