@@ -6,9 +6,11 @@ One Ray deployment serves the whole module (Ray starts slowly); `serve` runs wit
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -401,6 +403,42 @@ def test_cli_refuses_what_a_repository_on_ray_cannot_mean(
 ) -> None:
     assert main(["ray", "--model-repository", str(_repository(tmp_path)), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+#: A replica's app built and driven in a process of its own, without Ray (it sets the process's logging and
+#: metrics directory, as a replica process would): the answers of the paths given, and the repository index.
+REPLICA = """
+import json, sys
+from starlette.testclient import TestClient
+from twinserve.config import Config
+from twinserve.deploy.ray import TwinserveReplica, _replica_config
+
+config = _replica_config([], Config(arch="async", model_repository=sys.argv[1], log_level="warning"))
+app = TwinserveReplica(config.model_dump_json(), ".").__serve_build_asgi_app__()
+with TestClient(app, base_url="http://127.0.0.1") as client:
+    out = {p: client.post(p, json={"instances": [1]}).json()["predictions"][0] for p in sys.argv[2:]}
+    out["index"] = client.post("/v2/repository/index").json()
+print(json.dumps(out))
+"""
+
+
+def test_a_replica_builds_the_servers_registry_over_a_repository(tmp_path: Path) -> None:
+    """What each replica runs, checked in seconds; the real Ray test below runs it under Ray Serve."""
+    paths = ["/v1/models/scaler:predict", "/v1/models/scaler/versions/1:predict", "/v1/models/flat:predict"]
+    done = subprocess.run(
+        [sys.executable, "-c", REPLICA, str(_repository(tmp_path)), *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout.splitlines()[-1])
+    assert [answers[p] for p in paths] == [20, 10, 1]  # the default is the highest version
+    assert {(e["name"], e["version"], e["state"]) for e in answers["index"]} == {
+        ("flat", "1", "READY"), ("scaler", "1", "READY"), ("scaler", "2", "READY")
+    }  # fmt: skip
 
 
 def _scaled(server: ServerProcess, path: str) -> Any:
