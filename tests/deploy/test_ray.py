@@ -6,9 +6,11 @@ One Ray deployment serves the whole module (Ray starts slowly); `serve` runs wit
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +29,7 @@ from tests.errors import error_fields
 from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape, wait_for_file
 from twinserve.cli import main
 from twinserve.config import Config
-from twinserve.deploy.ray import Scaling, replica_capacity
+from twinserve.deploy.ray import Scaling, _replica_config, replica_capacity
 
 pytestmark = pytest.mark.ray
 
@@ -43,12 +45,12 @@ FLAGS = ("--max-batch-size", "1", "--model-workers", "1", "--max-queue", str(QUE
 class RayServer(ServerProcess):
     """`twinserve ray MODEL... --replicas 2` as a subprocess, bounded for a small machine."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, models: tuple[str, ...] = (MODEL, GATE)) -> None:
         # Ray's session files and the replicas' metrics directories land here, where the test can check and remove
         # them (a short path: Ray's unix sockets live under it).
         self.tmp = Path(tempfile.mkdtemp(prefix="tsr-"))
         port = free_port()  # Ray's proxy binds the port it is given and says no other
-        args = [sys.executable, "-m", "twinserve", "ray", MODEL, GATE, "--port", str(port)]
+        args = [sys.executable, "-m", "twinserve", "ray", *models, "--port", str(port)]
         super().__init__(args, port=port, env={"TMPDIR": str(self.tmp)}, cwd=ROOT)
         self.args += ["--num-cpus", "2", *FLAGS, *extra]
 
@@ -340,3 +342,133 @@ def test_sigterm_exits_zero_and_leaves_no_ray_process(ray_server: RayServer) -> 
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
     # The killed replica's directory stays (it had no chance to clean up); every replica stopped by Ray removes its own.
     assert len(list(ray_server.tmp.glob("twinserve-metrics-*"))) <= 1
+
+
+# -- a model repository ---------------------------------------------------------------------------------------
+SCALER = (
+    "from pathlib import Path\n\n\nclass Scaler:\n    def load(self):\n"
+    "        self.factor = int((Path(__file__).parent / 'factor.txt').read_text())\n\n"
+    "    def predict(self, batch):\n        return [x * self.factor for x in batch]\n"
+)
+
+
+def _add_version(model: Path, number: int) -> None:
+    """A version folder written beside the model and moved in, as a poll must see it (docs/repository.md)."""
+    staging = model.parent / f".staging-{number}"
+    staging.mkdir()
+    (staging / "model.py").write_text(SCALER)
+    (staging / "factor.txt").write_text(str(number * 10))
+    staging.rename(model / str(number))
+
+
+def _repository(root: Path) -> Path:
+    """`scaler` in versions 1 and 2 with its own queue; `flat` (version 1)."""
+    (root / "scaler").mkdir(parents=True)
+    (root / "scaler" / "twinserve.toml").write_text('model = "model.py:Scaler"\n[settings]\nmax_queue = 7\n')
+    for number in (1, 2):
+        _add_version(root / "scaler", number)
+    (root / "flat").mkdir()
+    (root / "flat" / "twinserve.toml").write_text('model = "model.py:Scaler"\n')
+    (root / "flat" / "model.py").write_text(SCALER)
+    (root / "flat" / "factor.txt").write_text("1")
+    return root
+
+
+def test_replica_capacity_counts_every_version_with_its_own_settings(tmp_path: Path) -> None:
+    config = Config(arch="async", model_repository=_repository(tmp_path), max_queue=200, max_batch_size=16)
+    per_batcher = 2 * 1 * 16  # two batches of 16 in flight per model worker
+    # scaler: two versions, each with its own queue of 7; flat: one version with the server's 200.
+    assert replica_capacity(config) == 2 * (7 + per_batcher) + (200 + per_batcher)
+    # What a replica is handed (as JSON) validates there, with the repository at its absolute path.
+    moved = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        relative = config.model_copy(update={"model_repository": Path("scaler").parent})
+        replica = Config.model_validate_json(_replica_config([], relative).model_dump_json())
+    finally:
+        os.chdir(moved)
+    assert replica.model_repository == tmp_path and replica.model_repository.is_absolute()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([MODEL], "MODEL arguments and --model-repository are exclusive"),
+        (["--model-control", "explicit", "--replicas", "2"], "--model-control explicit: a load or unload would"),
+        (["--model-control", "explicit", "--autoscale", "1,2"], "--model-control explicit"),
+    ],
+)
+def test_cli_refuses_what_a_repository_on_ray_cannot_mean(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["ray", "--model-repository", str(_repository(tmp_path)), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+#: A replica's app built and driven in a process of its own, without Ray (it sets the process's logging and
+#: metrics directory, as a replica process would): the answers of the paths given, and the repository index.
+REPLICA = """
+import json, sys
+from starlette.testclient import TestClient
+from twinserve.config import Config
+from twinserve.deploy.ray import TwinserveReplica, _replica_config
+
+config = _replica_config([], Config(arch="async", model_repository=sys.argv[1], log_level="warning"))
+app = TwinserveReplica(config.model_dump_json(), ".").__serve_build_asgi_app__()
+with TestClient(app, base_url="http://127.0.0.1") as client:
+    out = {p: client.post(p, json={"instances": [1]}).json()["predictions"][0] for p in sys.argv[2:]}
+    out["index"] = client.post("/v2/repository/index").json()
+print(json.dumps(out))
+"""
+
+
+def test_a_replica_builds_the_servers_registry_over_a_repository(tmp_path: Path) -> None:
+    """What each replica runs, checked in seconds; the real Ray test below runs it under Ray Serve."""
+    paths = ["/v1/models/scaler:predict", "/v1/models/scaler/versions/1:predict", "/v1/models/flat:predict"]
+    done = subprocess.run(
+        [sys.executable, "-c", REPLICA, str(_repository(tmp_path)), *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout.splitlines()[-1])
+    assert [answers[p] for p in paths] == [20, 10, 1]  # the default is the highest version
+    assert {(e["name"], e["version"], e["state"]) for e in answers["index"]} == {
+        ("flat", "1", "READY"), ("scaler", "1", "READY"), ("scaler", "2", "READY")
+    }  # fmt: skip
+
+
+def _scaled(server: ServerProcess, path: str) -> Any:
+    answer = httpx.post(f"{server.url}{path}", json={"instances": [1]}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["predictions"][0]
+
+
+def test_a_model_repository_serves_every_model_and_version_and_follows_the_folder(tmp_path: Path) -> None:
+    """After the module's Ray is gone (the test above stops it): one replica over a repository, under poll."""
+    repository = _repository(tmp_path / "repo")
+    argv = ("--model-repository", str(repository), "--model-control", "poll", "--repository-poll-s", "0.5")
+    server = RayServer("--replicas", "1", *argv, models=()).start()
+    started = server.tree()
+    try:
+        assert _scaled(server, "/v1/models/scaler:predict") == 20  # the default: the highest version
+        assert _scaled(server, "/v1/models/scaler/versions/1:predict") == 10
+        assert _scaled(server, "/v1/models/flat:predict") == 1
+        index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        assert {(e["name"], e["version"], e["state"]) for e in index} == {
+            ("flat", "1", "READY"), ("scaler", "1", "READY"), ("scaler", "2", "READY")
+        }  # fmt: skip
+        _add_version(repository / "scaler", 3)
+        deadline = time.monotonic() + 120
+        while _scaled(server, "/v1/models/scaler:predict") != 30:
+            assert time.monotonic() < deadline, "the replica did not load version 3 within 120 s"
+            time.sleep(0.5)
+        assert _scaled(server, "/v1/models/scaler/versions/2:predict") == 20  # the others still serve
+    finally:
+        leftovers = [*started, *server.tree()]
+        server.stop()
+        _stop_all([p for p in leftovers if p.is_running()])
+        shutil.rmtree(server.tmp, ignore_errors=True)

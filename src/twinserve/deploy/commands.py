@@ -7,6 +7,11 @@ rules as a plain Prometheus rules file with `--alert-rules`.
 `--out DIR` writes them all as `kubernetes.yaml`, `kserve.yaml`, `grafana-dashboard.json` and
 `prometheus-rules.yaml`, plus the image's build context: `Dockerfile`, the wheel of this twinserve (no index has
 to have it) and the model files the command names, at their relative paths: `docker build -t IMAGE DIR`.
+
+With `--model-repository DIR` the container serves the repository at /models: the image holds a copy of DIR
+(`--out` puts it in the build context), or `--repository-volume CLAIM` mounts an existing PersistentVolumeClaim
+holding it there, read-only (then the image holds no models, and `--model-control poll` follows what is copied
+onto the volume).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from twinserve import __version__
 from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
 from twinserve.deploy.dashboard import dashboard
-from twinserve.deploy.dockerfile import copy_model_files, dockerfile, model_files
+from twinserve.deploy.dockerfile import copy_model_files, copy_repository, dockerfile, model_files
 from twinserve.deploy.k8s import (
+    ADMIN_KEY_ENTRY,
     DEFAULT_MEMORY_PER_PROCESS_MIB,
     K8sPlan,
     cpu_request_cores,
@@ -117,6 +123,13 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
         help="require API keys, read from this Secret's KEY (default api-keys; comma-separated keys) as "
         "TWINSERVE_API_KEYS: keys never go into the manifests",
     )
+    k8s.add_argument(
+        "--repository-volume",
+        type=_claim_name,
+        metavar="CLAIM",
+        help="with --model-repository: an existing PersistentVolumeClaim holding the repository, mounted read-only "
+        "at /models (default: the image holds it there; --out copies it into the build context)",
+    )
     add_config_flags(k8s)
     k8s.set_defaults(handler=_k8s)
 
@@ -129,6 +142,30 @@ def _percentage(text: str) -> float:
     if not 0 < value < 100:
         raise argparse.ArgumentTypeError(f"expected a percentage between 0 and 100 (e.g. 99.9), got {text!r}")
     return value
+
+
+def _claim_name(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"expected the name of a PersistentVolumeClaim, got {text!r}")
+    return text
+
+
+def _repository_checks(config: Config, repository_volume: str | None, replicas: int | None) -> None:
+    """--repository-volume needs a repository; the admin key never goes into a manifest; explicit model control
+    reaches one pod per request: say so."""
+    if config.admin_api_key is not None:
+        raise ConfigError(
+            "--admin-api-key: keys never go into a manifest; put it in the --api-key-secret Secret as "
+            f"{ADMIN_KEY_ENTRY!r} (the container reads it from there)"
+        )
+    if repository_volume is not None and config.model_repository is None:
+        raise ConfigError("--repository-volume: needs --model-repository (the repository it holds)")
+    if config.model_control == "explicit" and replicas != 1:
+        print(
+            "twinserve: warning: --model-control explicit: a load or unload reaches the one pod the Service sends "
+            "it to; with several pods prefer --model-control poll over a --repository-volume, or a new image",
+            file=sys.stderr,
+        )
 
 
 def _secret_ref(text: str) -> tuple[str, str]:
@@ -198,10 +235,13 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
     slo = args.slo_p95_ms or results.slo_p95_ms
     if slo is None:
         raise ConfigError("--slo-p95-ms: needed with --results (the bench had no objective)")
-    if not overrides.get("models") and not overrides.get("model_repository"):
-        # The model that was measured (tune's of a repository: the repository, whose [settings] hold its knobs).
+    if not overrides.get("models") and overrides.get("model_repository") is None:
+        # The model that was measured: tune's of a repository, or a bench over a repository, serve the repository
+        # (whose [settings] hold the model's knobs); else the MODEL that was measured.
         if measured.model_repository is not None:
             overrides["model_repository"] = measured.model_repository
+        elif results.repository is not None:
+            overrides["model_repository"] = Path(results.repository)
         else:
             overrides["models"] = [results.model]
     if measured.tuned_arch is not None and overrides.get("arch") is None and overrides.get("config_file") is None:
@@ -235,6 +275,7 @@ def _plan(args: argparse.Namespace) -> K8sPlan:
         config = k8s_config(overrides)
     else:
         config, targets, slo = _targets(args, overrides)
+    _repository_checks(config, args.repository_volume, args.replicas)
     return K8sPlan(
         config=config,
         image=args.image,
@@ -247,6 +288,7 @@ def _plan(args: argparse.Namespace) -> K8sPlan:
         startup_timeout_s=args.startup_timeout,
         api_key_secret=args.api_key_secret,
         objectives=_objectives(args, slo),
+        repository_volume=args.repository_volume,
     )
 
 
@@ -279,12 +321,16 @@ def _k8s(args: argparse.Namespace) -> int:
     copy_model_files(copied, cwd, args.out)
     for relative in copied:
         print(f"copied {relative} to {args.out / relative}")
+    repository = plan.config.model_repository
+    in_image = repository is not None and plan.repository_volume is None
+    if in_image and repository is not None:
+        print(f"copied {repository} to {copy_repository(repository, args.out)}")
     files = {
         "kubernetes.yaml": to_yaml(manifests(plan), header),
         "kserve.yaml": to_yaml([inference_service(plan)], header),
         "grafana-dashboard.json": _dashboard_json(plan),
         "prometheus-rules.yaml": to_yaml([rules_file(monitoring_scope(plan))], header),
-        "Dockerfile": dockerfile(plan.config, wheel.name, args.extra, copied),
+        "Dockerfile": dockerfile(plan.config, wheel.name, args.extra, copied, repository_in_image=in_image),
     }
     for file_name, text in files.items():
         (args.out / file_name).write_text(text)

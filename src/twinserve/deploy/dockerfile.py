@@ -3,7 +3,9 @@
 `twinserve k8s --out DIR` makes DIR the image's build context (`docker build DIR`): the Dockerfile, the wheel of
 the twinserve that wrote it (`twinserve.deploy.wheel`: no index needs to have this release) and a copy of each
 model file the command names — `path/file.py:Class`, or a `pkg.mod:Class` whose package sits uninstalled in the
-working directory — at the same relative path under the image's WORKDIR, where the command finds it.
+working directory — at the same relative path under the image's WORKDIR, where the command finds it. A model
+repository (`--model-repository DIR`) is copied into the context as `REPOSITORY_CONTEXT` and into the image at
+`REPOSITORY_PATH`, where the command names it; unless it comes from a volume (`--repository-volume`).
 """
 
 from __future__ import annotations
@@ -14,15 +16,25 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from twinserve.config import Config
-from twinserve.deploy.k8s import READY_PATH, RUN_AS_USER, serve_command
+from twinserve.deploy.k8s import READY_PATH, REPOSITORY_PATH, RUN_AS_USER, serve_command
 from twinserve.deploy.wheel import DIST_NAME
 from twinserve.errors import ConfigError
 
-__all__ = ["WHEEL_DIR", "copy_model_files", "dockerfile", "model_files", "pip_requirement"]
+__all__ = [
+    "REPOSITORY_CONTEXT",
+    "WHEEL_DIR",
+    "copy_model_files",
+    "copy_repository",
+    "dockerfile",
+    "model_files",
+    "pip_requirement",
+]
 
 #: Where the image build puts the wheel before installing it.
 WHEEL_DIR = "/tmp/wheels"
 WORKDIR = "/app"
+#: The model repository's folder in the build context.
+REPOSITORY_CONTEXT = "model-repository"
 
 
 def pip_requirement(wheel: str, extras: Sequence[str] = ()) -> str:
@@ -74,8 +86,26 @@ def copy_model_files(files: Sequence[PurePosixPath], cwd: Path, out_dir: Path) -
             shutil.copy2(source, target)
 
 
-def dockerfile(config: Config, wheel: str, extras: Sequence[str] = (), files: Sequence[PurePosixPath] = ()) -> str:
-    """The Dockerfile of a build context holding `wheel` (a file name) and the model `files` (relative paths)."""
+def copy_repository(repository: Path, out_dir: Path) -> Path:
+    """Copy the model repository into the build context as REPOSITORY_CONTEXT (afresh: no stale versions)."""
+    target = out_dir / REPOSITORY_CONTEXT
+    if target.resolve() == repository.resolve():
+        return target  # the context already is the repository's home
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(repository, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def dockerfile(
+    config: Config,
+    wheel: str,
+    extras: Sequence[str] = (),
+    files: Sequence[PurePosixPath] = (),
+    repository_in_image: bool = False,
+) -> str:
+    """The Dockerfile of a build context holding `wheel` (a file name) and the model `files` (relative paths),
+    and with `repository_in_image` the model repository (REPOSITORY_CONTEXT, copied to REPOSITORY_PATH)."""
     health = (
         "import sys, urllib.request; "
         f"sys.exit(urllib.request.urlopen('http://127.0.0.1:{config.port}{READY_PATH}', timeout=2).status != 200)"
@@ -92,9 +122,17 @@ def dockerfile(config: Config, wheel: str, extras: Sequence[str] = (), files: Se
         f"WORKDIR {WORKDIR}",
         "# The model files the command names, at the same paths; COPY here anything else they load (weights...)",
         *(f"COPY {json.dumps([str(path), str(path)])}" for path in files),
+        *(_repository_lines() if repository_in_image else []),
         f"USER {RUN_AS_USER}:{RUN_AS_USER}",
         f"EXPOSE {config.port}",
         f"HEALTHCHECK --interval=10s --timeout=3s --start-period=60s CMD {json.dumps(['python', '-c', health])}",
         f"CMD {json.dumps(serve_command(config))}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _repository_lines() -> list[str]:
+    return [
+        "# The model repository, where the command names it (--model-repository /models)",
+        f"COPY {json.dumps([REPOSITORY_CONTEXT, REPOSITORY_PATH])}",
+    ]

@@ -10,6 +10,8 @@ build from the same flags; the container runs exactly `serve_command(config)`. S
 - Autoscaling: sync on CPU utilization; async and hybrid on `twinserve_in_flight_requests` per pod (a Pods
   metric served by prometheus-adapter, whose rule ships as a ConfigMap). Targets come from
   `lab.advise.autoscaling_targets` with results, else `DEFAULT_CPU_UTILIZATION` / `DEFAULT_IN_FLIGHT_PER_CORE`.
+- A model repository (`--model-repository DIR`) is at `REPOSITORY_PATH` in the container: in the image (the
+  Dockerfile copies DIR there), or on an existing PersistentVolumeClaim (`repository_volume`) mounted read-only.
 - Monitoring: the PodMonitor names the scrape job after the deployment (`jobLabel`), which the alerting rules
   (`deploy.monitoring`, a PrometheusRule) and the Grafana dashboard (`deploy.dashboard`) select on.
 """
@@ -29,6 +31,7 @@ from twinserve.deploy.monitoring import Objectives, Scope, prometheus_rule
 from twinserve.lab.advise import AutoscalingTargets
 
 __all__ = [
+    "ADMIN_KEY_ENTRY",
     "DEFAULT_CPU_UTILIZATION",
     "DEFAULT_IN_FLIGHT_PER_CORE",
     "DEFAULT_MEMORY_PER_PROCESS_MIB",
@@ -40,6 +43,8 @@ __all__ = [
     "METRICS_PATH",
     "PRESTOP_SLEEP_S",
     "READY_PATH",
+    "REPOSITORY_PATH",
+    "REPOSITORY_VOLUME",
     "RUN_AS_USER",
     "STARTUP_PERIOD_S",
     "TMP_DIR",
@@ -80,6 +85,12 @@ PRESTOP_SLEEP_S = 5  # endpoints controllers and kube-proxy stop routing to the 
 STARTUP_PERIOD_S = 5
 RUN_AS_USER = 10001
 TMP_DIR = "/tmp"
+#: Where the container finds a model repository, whichever way it got there (image or volume).
+REPOSITORY_PATH = "/models"
+#: The pod volume holding the repository when it comes from a PersistentVolumeClaim.
+REPOSITORY_VOLUME = "model-repository"
+#: The entry of the --api-key-secret Secret holding the repository API's admin key (`--admin-api-key`).
+ADMIN_KEY_ENTRY = "admin-api-key"
 #: Fields the manifest always sets on the command line, whatever their value.
 _ALWAYS = ("arch", "host", "port", "workers")
 
@@ -101,6 +112,9 @@ class K8sPlan:
     api_key_secret: tuple[str, str] | None = None
     #: What the alerting rules hold the deployment to.
     objectives: Objectives = dataclasses.field(default_factory=Objectives)
+    #: With --model-repository: an existing PersistentVolumeClaim holding it (mounted read-only at
+    #: REPOSITORY_PATH); None: the image holds it there.
+    repository_volume: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,18 +126,23 @@ class Sizing:
 
 
 def serve_command(config: Config) -> list[str]:
-    """`twinserve serve MODEL... --arch A --host H --port P --workers N` plus every setting off its default."""
-    command = ["twinserve", "serve", *config.models]
+    """`twinserve serve MODEL... --arch A --host H --port P --workers N` plus every setting off its default.
+
+    A model repository is named by its path in the container (`REPOSITORY_PATH`), not the local one."""
+    # With a repository `models` holds Config's default, which the repository stands in for: no MODEL argument.
+    command = ["twinserve", "serve", *(config.models if config.model_repository is None else [])]
     for name, field in Config.model_fields.items():
         if name == "models":
             continue
         value = getattr(config, name)
         if name not in _ALWAYS and value == field.get_default(call_default_factory=True):
             continue
-        if name == "api_keys":
+        if name in ("api_keys", "admin_api_key"):
             continue  # secrets never go into a manifest: TWINSERVE_API_KEYS from a Secret, or --api-key-file
         if name == "workers":
             value = config.effective_workers
+        if name == "model_repository":
+            value = REPOSITORY_PATH
         command += flag_args(name, value)
     return command
 
@@ -213,8 +232,15 @@ def _container(plan: K8sPlan, port_name: str, probes: dict[str, Doc]) -> Doc:
             "runAsNonRoot": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}],
+        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR}, *_repository_mounts(plan)],
     }
+
+
+def _repository_mounts(plan: K8sPlan) -> list[Doc]:
+    """The repository's volume at REPOSITORY_PATH, read-only: the server only reads it (poll included)."""
+    if plan.repository_volume is None:
+        return []
+    return [{"name": REPOSITORY_VOLUME, "mountPath": REPOSITORY_PATH, "readOnly": True}]
 
 
 def _env(plan: K8sPlan) -> list[Doc]:
@@ -223,11 +249,19 @@ def _env(plan: K8sPlan) -> list[Doc]:
         # Keys never appear in a manifest: the server reads them from a Secret the cluster owner creates.
         name, key = plan.api_key_secret
         env.append({"name": "TWINSERVE_API_KEYS", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+        if plan.config.model_repository is not None:
+            # The repository API's admin key, from the same Secret when it has one (optional: none, no changes).
+            admin = {"name": name, "key": ADMIN_KEY_ENTRY, "optional": True}
+            env.append({"name": "TWINSERVE_ADMIN_API_KEY", "valueFrom": {"secretKeyRef": admin}})
     return env
 
 
-def _volumes() -> list[Doc]:
-    return [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
+def _volumes(plan: K8sPlan) -> list[Doc]:
+    volumes: list[Doc] = [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
+    if plan.repository_volume is not None:
+        claim = {"claimName": plan.repository_volume, "readOnly": True}
+        volumes.append({"name": REPOSITORY_VOLUME, "persistentVolumeClaim": claim})
+    return volumes
 
 
 def _pod_security() -> Doc:
@@ -277,7 +311,7 @@ def deployment(plan: K8sPlan) -> Doc:
                 "terminationGracePeriodSeconds": termination_grace_s(plan.config),
                 "securityContext": _pod_security(),
                 "containers": [container],
-                "volumes": _volumes(),
+                "volumes": _volumes(plan),
             },
         },
     }
@@ -435,7 +469,7 @@ def inference_service(plan: K8sPlan) -> Doc:
                 **scale,
                 "securityContext": _pod_security(),
                 "containers": [container],
-                "volumes": _volumes(),
+                "volumes": _volumes(plan),
             }
         },
     }

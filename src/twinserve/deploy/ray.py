@@ -8,6 +8,12 @@ requests the shared front handles, and would bypass twinserve's admission, deadl
 against a bare `@serve.batch` deployment of the same model in `benchmarks/ray_batching.py`). Ray's HTTP proxy
 routes every path to the app (`route_prefix="/"`).
 
+A model repository (`--model-repository DIR`): each replica builds the same `ModelRegistry` as `twinserve serve`,
+so it serves every model and version of DIR with the versioned routes and the repository API. DIR is read from
+the replica's node, at its absolute path: a local Ray shares this machine's; on a cluster every node needs it
+there (a shared filesystem). `--model-control poll` works per replica (each follows the folder); `explicit` is
+refused beside more than one replica, since a load would reach the one replica Ray routed it to.
+
 gRPC (`--grpc-port`): the lifespan of each replica also starts twinserve's `grpc.aio` server on that port, on the
 replica's node and event loop (replicas on one node share it through SO_REUSEPORT). Ray's own gRPC proxy is not
 used: it routes only to Ray-defined servicer methods, not to `inference.GRPCInferenceService`.
@@ -43,8 +49,10 @@ from typing import TYPE_CHECKING, Any
 
 from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
+from twinserve.core.settings import model_config
 from twinserve.errors import ConfigError
 from twinserve.extras import require
+from twinserve.repository.layout import read_repository
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -113,8 +121,22 @@ def replica_capacity(config: Config) -> int:
     queue the excess (unbounded, or answered by Ray in plain text) where twinserve answers 503 + Retry-After with
     its own body: above it, a full replica still gets the request and rejects it like `twinserve serve` does.
     """
+    if config.model_repository is None:
+        return len(config.models) * _batcher_capacity(config)
+    # Every version of a repository model has a batcher of its own, sized by the model's own settings.
+    capacity = 0
+    for folder in read_repository(config.model_repository):
+        try:
+            own = model_config(config, folder.settings, folder.name)
+        except ConfigError:
+            continue  # that model will be unavailable: it holds nothing
+        capacity += len(folder.versions) * _batcher_capacity(own)
+    return max(capacity, 1)
+
+
+def _batcher_capacity(config: Config) -> int:
     in_flight = config.model_workers * config.effective_max_batch_size
-    return len(config.models) * (config.max_queue + 2 * in_flight)
+    return config.max_queue + 2 * in_flight
 
 
 class _ReplicaApp:
@@ -181,17 +203,18 @@ class TwinserveReplica:
     def __serve_build_asgi_app__(self) -> ASGIApp:
         """Called by Ray once per replica; Ray then runs the app's lifespan, which loads the models."""
         metrics_dir = _own_metrics_dir()
-        from twinserve.core.runtime import load_runtimes
         from twinserve.fronts.asgi import create_asgi_app
         from twinserve.fronts.contract import Service
         from twinserve.observability.logging import configure_logging
         from twinserve.observability.metrics import start_memory_sampler
         from twinserve.observability.tracing import setup_tracing
+        from twinserve.repository import ModelRegistry
 
         config = Config.model_validate_json(self._config_json)
         configure_logging(config.log_level, config.log_format)
         start_memory_sampler("server")
-        service = Service(load_runtimes(config), config, setup_tracing(config))
+        # The registry `twinserve serve` builds: MODEL arguments, or every model and version of a repository.
+        service = Service(ModelRegistry.from_config(config), config, setup_tracing(config))
         return _ReplicaApp(create_asgi_app(service), metrics_dir)
 
 
@@ -200,8 +223,14 @@ def _replica_config(models: Sequence[str], config: Config) -> Config:
         raise ConfigError("--arch: Ray replicas run the async front; use async or hybrid")
     if config.workers not in (None, 1):
         raise ConfigError("--workers: each Ray replica is one server process; use --replicas or --autoscale")
+    if config.model_repository is not None:
+        if models:
+            raise ConfigError("MODEL arguments and --model-repository are exclusive: serve one or the other")
+        # Replicas run in Ray's worker processes, whose working directory is not this one. (`models` keeps
+        # Config's default, which a repository stands in for.)
+        return config.model_copy(update={"model_repository": config.model_repository.resolve()})
     if not models:
-        raise ConfigError("MODEL: give at least one model to serve")
+        raise ConfigError("MODEL: give at least one model to serve, or --model-repository")
     return config.model_copy(update={"models": list(models)})
 
 
@@ -214,8 +243,14 @@ def build_app(model: str | Sequence[str], config: Config, scaling: Scaling | Non
     require("ray", "twinserve ray", "ray.serve", needs="Ray Serve")
     config = _replica_config([model] if isinstance(model, str) else model, config)
     check_tracing(config)
-    for target in config.models:
-        import_model(target)  # a bad MODEL fails here, not in every replica
+    for target in config.models if config.model_repository is None else []:
+        import_model(target)  # a bad MODEL fails here, not in every replica (a repository's are its own)
+    scaling = scaling or Scaling()
+    if config.model_control == "explicit" and (scaling.autoscale is not None or scaling.replicas > 1):
+        raise ConfigError(
+            "--model-control explicit: a load or unload would reach one replica only; use --replicas 1, or "
+            "--model-control poll (every replica follows the folder)"
+        )
     if config.api_keys:
         logger.warning(
             "API keys given inline travel in the Ray deployment's arguments (visible to the Ray cluster): "
@@ -223,7 +258,6 @@ def build_app(model: str | Sequence[str], config: Config, scaling: Scaling | Non
         )
     from ray import serve
 
-    scaling = scaling or Scaling()
     deployment = serve.deployment(name=APP_NAME, **scaling.options(config))(serve.ingress()(TwinserveReplica))
     return deployment.bind(config.model_dump_json(), os.getcwd())
 
@@ -264,6 +298,8 @@ def run(
         serve.start(http_options={"host": config.host, "port": config.port})
         serve.run(app, name=APP_NAME, route_prefix="/")
         served = model if isinstance(model, str) else " ".join(model)
+        if config.model_repository is not None:
+            served = f"the models of {config.model_repository}"
         print(f"twinserve: serving {served} on Ray Serve at http://{config.host}:{config.port}", flush=True)
         while not stop.wait(0.5):
             pass
@@ -306,11 +342,15 @@ def _bounds(text: str) -> tuple[int, int]:
 def add_ray(parser: argparse.ArgumentParser) -> None:
     """The arguments of `twinserve ray`: its own, and every serve setting's flag."""
     parser.description = (
-        "Deploy MODEL(s) as a Ray Serve application (a local Ray unless --address) whose replicas each "
-        "run twinserve's async front; Ray's proxy listens on --host:--port. Runs until SIGTERM/SIGINT."
+        "Deploy MODEL(s), or every model of --model-repository DIR, as a Ray Serve application (a local Ray "
+        "unless --address) whose replicas each run twinserve's async front; Ray's proxy listens on --host:--port. "
+        "Runs until SIGTERM/SIGINT."
     )
     parser.add_argument(
-        "models", nargs="+", metavar="MODEL", help="import string `pkg.mod:Class` or `path/file.py:Class`"
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="import string `pkg.mod:Class` or `path/file.py:Class` (or --model-repository DIR instead)",
     )
     scaling = parser.add_mutually_exclusive_group()
     scaling.add_argument("--replicas", type=positive(int), default=1, help="fixed number of replicas (default 1)")

@@ -2,6 +2,11 @@
 
 Each server is started the way a user starts it (`twinserve serve`, a subprocess on a free loopback port) and
 measured from outside: load from `loadgen` (or wrk, or Locust), its process tree from psutil, its own /metrics.
+
+Over a model repository (`--model-repository DIR`) each architecture's server serves the whole repository, and
+the levels are driven at one model after another (`BenchTarget`): each model's default version over the
+unversioned routes, or a named version over the versioned ones. Each (server, model, version) is one `Run`,
+labelled with the model and version.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import psutil
 
 from twinserve import __version__
+from twinserve.errors import ConfigError
 from twinserve.lab import drivers
 from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
@@ -27,8 +34,47 @@ from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
 from twinserve.lab.servers import ServerFailed, TwinserveServer, free_port, request_bodies
 from twinserve.lab.variants import SWEEPABLE, Arch, Variant, variants
 from twinserve.lab.verdicts import verdicts
+from twinserve.repository.layout import read_repository
 
-__all__ = ["SWEEPABLE", "Arch", "BenchPlan", "Variant", "run_bench", "variants"]
+__all__ = ["SWEEPABLE", "Arch", "BenchPlan", "BenchTarget", "Variant", "repository_targets", "run_bench", "variants"]
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    """One model of a repository to drive load at, and the version that answers."""
+
+    model: str
+    version: str
+    #: Named with --version: the versioned routes; else the unversioned ones, which the default version answers.
+    versioned: bool = False
+    #: The version's class as an import string (`path/model.py:Class`), for the in-process ceiling.
+    target: str = ""
+
+    def describe(self) -> str:
+        return f"{self.model} v{self.version}"
+
+
+def repository_targets(root: Path, model: str | None = None, version: str | None = None) -> list[BenchTarget]:
+    """What to measure in the repository at `root`: `model` (every servable model when None), at `version`
+    (each model's default version when None). Raises ConfigError naming what is not there."""
+    folders = {folder.name: folder for folder in read_repository(root)}
+    if model is not None and model not in folders:
+        raise ConfigError(f"--model: {root} has no model {model!r} (it has: {', '.join(folders) or 'none'})")
+    if version is not None and model is None:
+        raise ConfigError("--version: name the model too (--model NAME)")
+    chosen = [folders[model]] if model is not None else [f for f in folders.values() if f.error is None]
+    targets: list[BenchTarget] = []
+    for folder in chosen:
+        if folder.error is not None:
+            raise ConfigError(f"--model: {folder.error}")
+        by_number = {str(v.version): v for v in folder.versions}
+        if version is not None and version not in by_number:
+            raise ConfigError(f"--version: {folder.name!r} serves versions {', '.join(by_number)}, not {version!r}")
+        number = version if version is not None else str(folder.default_version)
+        targets.append(BenchTarget(folder.name, number, version is not None, by_number[number].target))
+    if not targets:
+        raise ConfigError(f"--model-repository: no model of {root} can be served")
+    return targets
 
 
 @dataclass
@@ -48,6 +94,9 @@ class BenchPlan:
     protocol: Literal["v1", "v2", "grpc"] = "v1"
     ceiling_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
     ready_timeout_s: float = 300.0
+    #: A model repository every server serves (`model` is then its path), measured at each of `targets`.
+    repository: Path | None = None
+    targets: list[BenchTarget] = field(default_factory=list)
 
     def levels(self) -> list[tuple[Literal["closed", "open"], float]]:
         return [("closed", float(c)) for c in self.concurrency] + [("open", r) for r in self.rates]
@@ -92,10 +141,13 @@ def _describe(mode: str, load: float) -> str:
 
 @dataclass
 class _Sent:
-    """What the servers were sent: the first served model's name and the request bodies."""
+    """What the servers were first sent: the model's name, the request bodies, and the model's import string
+    (what the in-process ceiling measures), and for a repository the target."""
 
     model_name: str = ""
     bodies: list[bytes] = field(default_factory=list)
+    model: str = ""
+    target: BenchTarget | None = None
 
 
 def settings_flags(settings: dict[str, Any]) -> list[str]:
@@ -107,51 +159,102 @@ def settings_flags(settings: dict[str, Any]) -> list[str]:
     return flags
 
 
-def _measure(plan: BenchPlan, variant: Variant, progress: Progress, sent: _Sent) -> Run:
+def _label(variant: Variant, target: BenchTarget | None) -> str:
+    return variant.label if target is None else f"{variant.label} {target.describe()}"
+
+
+def _routes(plan: BenchPlan, base: str, target: BenchTarget | None) -> tuple[str, str, list[bytes]]:
+    """The model's name, the URL to drive and its bodies: the first listed model's (MODEL), or the target's."""
+    if target is not None:
+        ready = httpx.get(f"{base}/v2/models/{target.model}/versions/{target.version}/ready", timeout=30)
+        if ready.status_code != 200:
+            raise ValueError(f"model {target.describe()} is not ready in the repository (see the server's log)")
+    name, bodies = request_bodies(base, plan.payload, model=target.model if target is not None else None)
+    versioned = target is not None and target.versioned
+    version = f"/versions/{target.version}" if target is not None and versioned else ""
+    url = f"{base}/v1/models/{name}{version}:predict"
+    if plan.protocol == "v2":
+        url, bodies = drivers.v2_requests(base, name, bodies, plan.payload)
+        url = f"{base}/v2/models/{name}{version}/infer"
+    return name, url, bodies
+
+
+def _measure(plan: BenchPlan, variant: Variant, progress: Progress, sent: _Sent) -> list[Run]:
+    """One server of `variant`, driven at every level for each target (the one MODEL, or each repository model)."""
     slug = variant.label.replace(" ", "_").replace("=", "-")
     grpc_port = free_port() if plan.protocol == "grpc" else None
+    served = ["--model-repository", str(plan.repository)] if plan.repository is not None else []
     server = TwinserveServer(
-        [plan.model],
+        [] if plan.repository is not None else [plan.model],
         variant.arch,
+        *served,
         *settings_flags(variant.settings),
         *(["--grpc-port", str(grpc_port)] if grpc_port is not None else []),
         env={"TWINSERVE_LOG_FORMAT": "json"},
         log_path=plan.out / "logs" / f"{slug}.log",
         ready_timeout=plan.ready_timeout_s,
     )
-    run = Run(label=variant.label, arch=variant.arch, settings=variant.settings, command=server.display_command())
+    targets: list[BenchTarget | None] = list(plan.targets) if plan.repository is not None else [None]
+    runs = [
+        Run(
+            label=_label(variant, target),
+            arch=variant.arch,
+            settings=variant.settings,
+            command=server.display_command(),
+            model=target.model if target is not None else None,
+            version=target.version if target is not None else None,
+        )
+        for target in targets
+    ]
     progress("start", variant.label, None, 0.0)
     try:
         with server:
-            run.startup_s = server.startup_s
-            name, bodies = request_bodies(server.url, plan.payload)
-            sent.model_name, sent.bodies = name, bodies
-            url = f"{server.url}/v1/models/{name}:predict"
-            if plan.protocol == "v2":
-                url, bodies = drivers.v2_requests(server.url, name, bodies, plan.payload)
-                sent.bodies = bodies
-            grpc_target = f"127.0.0.1:{grpc_port}" if grpc_port is not None else None
             snapshot = scrape(server.url)
             roles = snapshot.roles if snapshot is not None else {}
             with TreeSampler(server.pid, roles=roles) as idle:
                 idle_wait = min(1.0, plan.warmup_s or 1.0)
                 progress("idle", variant.label, None, idle_wait)
                 time.sleep(idle_wait)  # what the server holds before any load
-            run.idle = idle.result()
-            for mode, load in plan.levels():
-                progress("level", variant.label, _describe(mode, load), plan.warmup_s + plan.duration_s)
-                before = scrape(server.url)
-                with TreeSampler(server.pid, roles=roles) as sampler:
-                    figures = drivers.drive(plan, url, bodies, mode, load, grpc_target)
-                level = Level.model_validate(
-                    {**figures, "resources": sampler.result(), "server": server_stats(before, scrape(server.url))}
-                )
-                run.levels.append(level)
-                progress("done", variant.label, _describe(mode, load), 0.0)
-    except (ServerFailed, ValueError, drivers.DriverError) as exc:
-        run.error = str(exc)
+            for run, target in zip(runs, targets, strict=True):
+                run.startup_s, run.idle = server.startup_s, idle.result()
+                _drive_levels(plan, server, run, target, roles, grpc_port, progress, sent)
+    except ServerFailed as exc:
+        for run in runs:
+            run.error = str(exc)
         progress("failed", variant.label, None, 0.0)
-    return run
+    return runs
+
+
+def _drive_levels(
+    plan: BenchPlan,
+    server: TwinserveServer,
+    run: Run,
+    target: BenchTarget | None,
+    roles: dict[int, str],
+    grpc_port: int | None,
+    progress: Progress,
+    sent: _Sent,
+) -> None:
+    """Every level of the plan at one model (and version) of a running server, into `run`."""
+    try:
+        name, url, bodies = _routes(plan, server.url, target)
+        if not sent.bodies:  # the in-process ceiling measures the model the servers were first sent
+            sent.model_name, sent.bodies, sent.target = name, bodies, target
+            sent.model = target.target if target is not None else plan.model
+        grpc_target = f"127.0.0.1:{grpc_port}" if grpc_port is not None else None
+        for mode, load in plan.levels():
+            progress("level", run.label, _describe(mode, load), plan.warmup_s + plan.duration_s)
+            before = scrape(server.url)
+            with TreeSampler(server.pid, roles=roles) as sampler:
+                figures = drivers.drive(plan, url, bodies, mode, load, grpc_target)
+            level = Level.model_validate(
+                {**figures, "resources": sampler.result(), "server": server_stats(before, scrape(server.url))}
+            )
+            run.levels.append(level)
+            progress("done", run.label, _describe(mode, load), 0.0)
+    except (ValueError, httpx.HTTPError, drivers.DriverError) as exc:
+        run.error = str(exc)
+        progress("failed", run.label, None, 0.0)
 
 
 def run_bench(plan: BenchPlan, progress: Progress, on_run: Callable[[Run], None] | None = None) -> Results:
@@ -161,15 +264,15 @@ def run_bench(plan: BenchPlan, progress: Progress, on_run: Callable[[Run], None]
     ceiling: list[Ceiling] = []
     runs: list[Run] = []
     for variant in plan.variants:
-        run = _measure(plan, variant, progress, sent)
-        runs.append(run)
-        if on_run is not None:
-            on_run(run)
+        for run in _measure(plan, variant, progress, sent):
+            runs.append(run)
+            if on_run is not None:
+                on_run(run)
     # The in-process ceiling comes last, with no server competing for the cores, on the bodies the servers got.
     if sent.bodies and plan.ceiling_sizes:
         progress("ceiling", "in-process", None, 2.0 * len(plan.ceiling_sizes))
         try:
-            ceiling = measure_in_subprocess(plan.model, sent.bodies, plan.ceiling_sizes, plan.out)
+            ceiling = measure_in_subprocess(sent.model, sent.bodies, plan.ceiling_sizes, plan.out)
         except (RuntimeError, OSError) as exc:
             progress("failed", "in-process", str(exc), 0.0)
     results = Results(
@@ -186,6 +289,10 @@ def run_bench(plan: BenchPlan, progress: Progress, on_run: Callable[[Run], None]
         slo_p95_ms=plan.slo_p95_ms,
         runs=runs,
         ceiling=ceiling,
+        repository=str(plan.repository) if plan.repository is not None else None,
     )
-    results.verdicts = verdicts(results)
+    # The article's claims compare architectures on one model: over a repository, the one the ceiling measured.
+    first = sent.target
+    compared = [r for r in runs if first is None or (r.model, r.version) == (first.model, first.version)]
+    results.verdicts = verdicts(results.model_copy(update={"runs": compared}))
     return results

@@ -17,6 +17,7 @@ from twinserve.lab.variants import SWEEPABLE, Arch
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from twinserve.lab.bench import BenchTarget
     from twinserve.lab.results import Results, Run
 
 __all__ = ["add_advise", "add_bench", "add_locustfile", "add_tune"]
@@ -53,10 +54,25 @@ def _archs(text: str) -> list[Arch]:
 
 def add_bench(bench: argparse.ArgumentParser) -> None:
     bench.description = (
-        "Start MODEL under each architecture (and setting) as a real server on 127.0.0.1, drive every "
-        "load level against it, and write results.json, report.html and plots."
+        "Start MODEL (or a model repository) under each architecture (and setting) as a real server on 127.0.0.1, "
+        "drive every load level against it, and write results.json, report.html and plots."
     )
-    bench.add_argument("model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    bench.add_argument("model", nargs="?", metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    bench.add_argument(
+        "--model-repository",
+        type=Path,
+        metavar="DIR",
+        help="serve this model repository instead of MODEL and drive each model's default version in turn",
+    )
+    bench.add_argument(
+        "--model", dest="repository_model", metavar="NAME", help="with --model-repository: only this model"
+    )
+    bench.add_argument(
+        "--version",
+        dest="repository_version",
+        metavar="V",
+        help="with --model: this version, over the versioned routes (default: the default version, unversioned)",
+    )
     bench.add_argument("--arch", type=_archs, default=["sync", "async", "hybrid"], help="default sync,async,hybrid")
     bench.add_argument("--concurrency", type=_list(int), help="closed-loop levels: connections (default 1,8,32,128)")
     bench.add_argument("--rate", type=_list(float), help="open-loop levels: req/s with --arrivals")
@@ -185,8 +201,10 @@ def _bench(args: argparse.Namespace) -> int:
     from twinserve.lab.variants import variants
     from twinserve.model import import_model
 
-    # A bad MODEL, a missing extra or tool: one line, before any server starts.
-    import_model(args.model)
+    # A bad MODEL or repository, a missing extra or tool: one line, before any server starts.
+    repository, targets = _bench_targets(args)
+    if repository is None:
+        import_model(args.model)
     check_driver(args.driver, args.protocol)
     # A stopped bench must stop the servers it started: SIGTERM unwinds through their context managers.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -209,12 +227,16 @@ def _bench(args: argparse.Namespace) -> int:
         protocol=args.protocol,
         ceiling_sizes=args.ceiling_sizes,
         ready_timeout_s=args.ready_timeout,
+        repository=repository,
+        targets=targets,
     )
     per_level = plan.duration_s + plan.warmup_s
-    total = len(plan.variants) * (len(plan.levels()) * per_level + 1.0)
+    measured = max(len(targets), 1)
+    total = len(plan.variants) * (measured * len(plan.levels()) * per_level + 1.0)
+    what = plan.model if repository is None else f"{plan.model} ({', '.join(t.describe() for t in targets)})"
     console.print(
-        f"[bold]twinserve bench[/] {plan.model}: {len(plan.variants)} server(s) x {len(plan.levels())} level(s), "
-        f"{per_level:g} s each -> {out}"
+        f"[bold]twinserve bench[/] {what}: {len(plan.variants)} server(s) x {measured * len(plan.levels())} "
+        f"level(s), {per_level:g} s each -> {out}"
     )
 
     def finished(run: Run) -> None:
@@ -277,6 +299,27 @@ def _bench(args: argparse.Namespace) -> int:
         _print_advice(console, results, slo, None, None)
     console.print(f"\nWrote {out / 'results.json'} and {out / 'report.html'}")
     return 0 if all(r.error is None for r in results.runs) else 1
+
+
+def _bench_targets(args: argparse.Namespace) -> tuple[Path | None, list[BenchTarget]]:
+    """`--model-repository` and what of it to measure (none: MODEL, set to its default here); ConfigError when the
+    flags disagree or name what the repository does not have."""
+    from twinserve.lab.bench import repository_targets
+
+    repository: Path | None = args.model_repository
+    if repository is None:
+        if args.repository_model is not None or args.repository_version is not None:
+            raise ConfigError("--model and --version choose within a --model-repository")
+        args.model = args.model or DEFAULT_MODEL
+        return None, []
+    if args.model is not None:
+        raise ConfigError("MODEL and --model-repository are exclusive: bench one or the other")
+    if not repository.is_dir():
+        raise ConfigError(f"--model-repository: {repository} is not a folder")
+    if args.repository_version is not None and args.driver == "perf_analyzer":
+        raise ConfigError("--version: perf_analyzer drives a model's default version only")
+    args.model = str(repository)
+    return repository, repository_targets(repository, args.repository_model, args.repository_version)
 
 
 def _advise(args: argparse.Namespace) -> int:

@@ -129,6 +129,9 @@ class Run(_Model):
     idle: Resources | None = None
     levels: list[Level] = Field(default_factory=list)
     error: str | None = None  # why the server could not be started or measured
+    #: Over a model repository: the model and version this run drove (None: the one MODEL of the bench).
+    model: str | None = None
+    version: str | None = None
 
 
 class Ceiling(_Model):
@@ -154,7 +157,7 @@ class Results(_Model):
     twinserve_version: str
     machine: Machine
     versions: dict[str, str]
-    model: str  # the MODEL import string
+    model: str  # the MODEL import string (the repository's path with --model-repository)
     model_name: str
     payload: str  # "examples" or the --payload file
     instances_per_request: float = 1.0
@@ -164,6 +167,8 @@ class Results(_Model):
     runs: list[Run]
     ceiling: list[Ceiling] = Field(default_factory=list)
     verdicts: list[Verdict] = Field(default_factory=list)
+    #: `--model-repository`: the repository every server served; each run names its model and version.
+    repository: str | None = None
 
 
 def load_results(path: str | Path) -> Results:

@@ -380,12 +380,12 @@ class PrometheusServer(ServerProcess):
 
 
 def request_bodies(
-    base_url: str, payload: Path | None, headers: Mapping[str, str] | None = None
+    base_url: str, payload: Path | None, headers: Mapping[str, str] | None = None, model: str | None = None
 ) -> tuple[str, list[bytes]]:
-    """The first served model's name, and request bodies: one per `--payload` line, else one per example.
-    `headers` go with the look-ups (an API key)."""
+    """`model`'s name (default: the first served model's), and request bodies: one per `--payload` line, else one
+    per example. `headers` go with the look-ups (an API key)."""
     with httpx.Client(timeout=30, headers=dict(headers or {})) as client:
-        name: str = client.get(base_url + "/v1/models").json()["models"][0]  # KServe V1's listing: names
+        name: str = model or client.get(base_url + "/v1/models").json()["models"][0]  # KServe V1's listing: names
         if payload is not None:
             lines = [line.strip() for line in payload.read_bytes().splitlines() if line.strip()]
             bodies = [orjson.dumps(orjson.loads(line)) for line in lines]
