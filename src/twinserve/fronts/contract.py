@@ -156,7 +156,7 @@ class Service:
         self._levels: dict[tuple[str, int, str], Any] = {}
         self._versions: dict[tuple[str, str, str], Any] = {}
         self._refusals = RefusalLog()
-        self._early: dict[tuple[str, str, int, str, int, str], tuple[Any, ...]] = {}
+        self._early: dict[tuple[str, str | None, str, int, int, str], tuple[Any, ...]] = {}
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
         #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
@@ -348,7 +348,7 @@ class Service:
                 served.inc()
 
     def refused_early(
-        self, model: str, version: str, endpoint: str, priority: int, status: int, error_code: str
+        self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str
     ) -> None:
         """Count a request the HTTP server refused from its head, before the app (fronts/early.py), as `finish`
         counts a refusal (requests, rejections, the priority and version outcomes, the aggregate refusal log)
@@ -361,9 +361,11 @@ class Service:
                 m.requests.labels(model, endpoint, str(status)),
                 m.rejected.labels(model, REJECTION_REASONS[error_code]),
                 m.by_priority.labels(model, str(priority), "refused"),
-                m.by_version.labels(model, version, "refused"),
                 m.early_refusals.labels(model),
             )
+            if version is not None:  # refused once its version was known (not by the sync backlog)
+                counters += (m.by_version.labels(model, version, "refused"),)
+                self._early[key] = counters
         for counter in counters:
             counter.inc()
         self._refusals.refused(model, error_code)

@@ -28,23 +28,32 @@ other request goes to the app unchanged, which decides as before:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import unquote
 
 from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Service, request_id_from
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.exchange import error_reply
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
+from twinserve.fronts.exchange import Reply, error_reply
+from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
-__all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal"]
+__all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]
 
 #: The key of the lifespan state under which the app publishes its `EarlyRefusal`.
 EARLY_REFUSAL_STATE = "twinserve.early_refusal"
 _ENDPOINTS = frozenset({"predict", "infer"})
-_PREFIXES = (b"/v1/models/", b"/v2/models/")
+_TEXT_PREFIXES = ("/v1/models/", "/v2/models/")
+_PREFIXES = tuple(prefix.encode() for prefix in _TEXT_PREFIXES)
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode("latin-1")
+_REQUEST_ID_ENVIRON = "HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_")
+#: The request headers the decision reads.
+_READ = frozenset(
+    {b"content-length", b"transfer-encoding", b"expect", b"x-priority", _REQUEST_ID, b"accept-encoding", b"host"}
+)
 
 
 class EarlyRefusal:
@@ -68,44 +77,71 @@ class EarlyRefusal:
     ) -> bytes | None:
         """The whole response (status line to body) when the request is refused, else None: the app takes it.
 
-        `headers` are the request's, names lower-cased (as uvicorn keeps them); `default_headers` the server's
-        own (`date`, `server`), written first as the server writes them on every response; without `keep_alive`
-        the answer says `connection: close`, as the server's would."""
+        For an HTTP server that parses bytes (servers/httptools.py): `headers` are the request's, names
+        lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
+        them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
         if method != b"POST" or not url.startswith(_PREFIXES):
             return None  # the common case, decided on bytes
-        priority_header = request_id = accept_encoding = host = None
+        fields: dict[bytes, str] = {}
         for name, value in headers:
-            if name == b"content-length":
-                if not value.isdigit() or int(value) > self._max_body:
-                    return None
-            elif name in (b"transfer-encoding", b"expect"):
-                return None
-            elif name == b"x-priority":
-                priority_header = value.decode("latin-1")
-            elif name == _REQUEST_ID:
-                request_id = value.decode("latin-1")
-            elif name == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
-            elif name == b"host":
-                host = value.decode("latin-1")
-        if self._hosts is not None and not self._hosts.allows_host(host):
-            return None  # the app refuses a foreign Host first (400)
-        raw_path = url.split(b"?", 1)[0]
-        path = raw_path.decode("latin-1")
+            if name in _READ:
+                fields[name] = value.decode("latin-1")
+        length = fields.get(b"content-length")
+        if b"transfer-encoding" in fields or b"expect" in fields or not self._small(length):
+            return None
+        path = url.split(b"?", 1)[0].decode("latin-1")
         if "%" in path:
             path = unquote(path)
+        head = Head(path, fields.get(b"x-priority"), fields.get(_REQUEST_ID), fields.get(b"accept-encoding"))
+        refusal = self.decide(head, fields.get(b"host"))
+        return None if refusal is None else _response(refusal, default_headers, keep_alive)
+
+    def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
+        """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
+        servers/gunicorn_workers.py); `backlog`: the requests waiting for a request thread behind it."""
+        if environ.get("REQUEST_METHOD") != "POST":
+            return None
+        path: str = environ.get("PATH_INFO", "")
+        if not path.startswith(_TEXT_PREFIXES):
+            return None
+        if "HTTP_TRANSFER_ENCODING" in environ or "HTTP_EXPECT" in environ:
+            return None
+        if not self._small(environ.get("CONTENT_LENGTH")):
+            return None
+        head = Head(
+            path, environ.get("HTTP_X_PRIORITY"), environ.get(_REQUEST_ID_ENVIRON), environ.get("HTTP_ACCEPT_ENCODING")
+        )
+        return self.decide(head, environ.get("HTTP_HOST"), backlog)
+
+    def _small(self, length: str | None) -> bool:
+        """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
+        return length is None or (length.isdigit() and int(length) <= self._max_body)
+
+    def decide(self, head: Head, host: str | None, backlog: int | None = None) -> Refusal | None:
+        """The app's decision from the head, in the app's order (fronts/exchange.py `Exchange.admit`): the
+        request's level from `X-Priority`, the sync backlog (`backlog`, None for none), the model, its default
+        level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
+        if self._hosts is not None and not self._hosts.allows_host(host):
+            return None  # the app refuses a foreign Host first (400)
         try:
-            endpoint, params = self.match("POST", path)
+            endpoint, params = self.match("POST", head.path)
         except ROUTE_ERRORS:
             return None
         if endpoint not in _ENDPOINTS:
             return None
         service = self.service
+        admission = service.admission
+        model, version = params["model"], None
         try:
-            runtime = service.runtime(params["model"], params.get("version"))
+            priority = admission.priority(head.priority)
+            if backlog is not None:
+                admission.shed(backlog, priority)
+            runtime = service.runtime(model, params.get("version"))
             if not runtime.ready:
                 return None
-            priority = service.admission.priority(priority_header, default=runtime.config.default_priority)
+            model, version = runtime.name, runtime.spec.version
+            if head.priority is None:
+                priority = admission.priority(None, default=runtime.config.default_priority)
             runtime.refuse_early(priority)
         except QueueFull as full:
             error: TwinserveError = full
@@ -113,22 +149,42 @@ class EarlyRefusal:
             return None  # a 400, 404 or 503 of another kind: the app's to answer, as always
         else:
             return None
-        service.refused_early(runtime.name, runtime.spec.version, endpoint, priority, error.status, error.code)
-        return _response(error, request_id, error_shape(path), accept_encoding, default_headers, keep_alive)
+        if model not in service.runtimes:
+            return None  # shed before the model was known, and it is unknown: the app counts it without a label
+        service.refused_early(model, version, endpoint, priority, error.status, error.code)
+        return Refusal(error, head)
 
 
-def _response(
-    error: TwinserveError,
-    request_id_header: str | None,
-    shape: ErrorShape,
-    accept_encoding: str | None,
-    default_headers: list[tuple[bytes, bytes]],
-    keep_alive: bool,
-) -> bytes:
-    """The app's error response as bytes: the server's status line and own headers, then the front's headers in
-    the order its response writes them (request id, the error's, content-length, content-type)."""
-    request_id = request_id_from(request_id_header)
-    reply = compress_reply(error_reply(error, request_id, shape), accept_encoding)
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What the decision reads from a request's head: its path (unquoted), `X-Priority`, `X-Request-ID`,
+    `Accept-Encoding`."""
+
+    path: str
+    priority: str | None
+    request_id: str | None
+    accept_encoding: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request refused before the app: its error, and what the answer's rendering reads from the request."""
+
+    error: TwinserveError
+    head: Head
+
+    def reply(self) -> tuple[Reply, str]:
+        """The app's reply (its body in the path's error shape, compressed as the app would) and request id."""
+        head = self.head
+        request_id = request_id_from(head.request_id)
+        reply = error_reply(self.error, request_id, error_shape(head.path))
+        return compress_reply(reply, head.accept_encoding), request_id
+
+
+def _response(refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
+    """The app's answer as uvicorn writes it: its status line and own headers, then the front's headers in the
+    order its response writes them (request id, the error's, content-length, content-type)."""
+    reply, request_id = refusal.reply()
     lines = [f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n".encode("latin-1")]
     lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
     fields = {REQUEST_ID_HEADER: request_id, **(reply.headers or {})}

@@ -166,7 +166,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._keep_alive:
             self.transport.close()
         elif self.timeout_keep_alive_task is None:
-            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers any parser error, ours included, with this 400; a refusal gets its own status.
