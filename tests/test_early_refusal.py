@@ -124,8 +124,8 @@ def test_requests_the_app_answers_otherwise_are_left_to_it() -> None:
 
 def test_with_api_keys_or_cors_on_nothing_is_refused_before_the_app() -> None:
     config = Config(max_queue=1)
-    for settings in ({"auth": object()}, {"cors": object()}):
-        service = _Service(config, _Runtime(config, 1, QueueBound(1)), **settings)
+    for auth, cors in ((object(), None), (None, object())):
+        service = _Service(config, _Runtime(config, 1, QueueBound(1)), auth=auth, cors=cors)
         assert not EarlyRefusal(cast(Service, service)).active
 
 
