@@ -155,11 +155,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return False
         self.transport.write(answer)
         self._discarding, self._keep_alive = True, keep_alive
+        self._arm_head_timer()  # the body it discards gets --read-timeout-s too, as the front would give it
         return True
 
     def _refusal_complete(self) -> None:
         """The refused request's body has been read: close, or wait for the next request as after any answer."""
         self._discarding = False
+        self._cancel_head_timer()
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
