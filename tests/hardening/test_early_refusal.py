@@ -204,9 +204,12 @@ def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: 
 @pytest.mark.hardening
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(arch: str, tmp_path: Path) -> None:
-    with Server([GATE], arch, *FLAGS, "--read-timeout-s", "1") as server, _held(server, tmp_path):
-        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
-            head = _post("/v1/models/gate:predict", b"").replace(b"Content-Length: 0", b"Content-Length: 100")
-            status, _, _ = _raw(sock, head)  # answered from the head; the body is never sent
-            assert status.split()[1] == b"503"
-            assert sock.recv(1) == b""  # closed by the server (read deadline, or keep-alive timeout), not held
+    head = _post("/v1/models/gate:predict", b"").replace(b"Content-Length: 0", b"Content-Length: 100")
+    with (
+        Server([GATE], arch, *FLAGS, "--read-timeout-s", "1") as server,
+        _held(server, tmp_path),
+        socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock,
+    ):
+        status, _, _ = _raw(sock, head)  # answered from the head; the body is never sent
+        assert status.split()[1] == b"503"
+        assert sock.recv(1) == b""  # closed by the server (read deadline, or keep-alive timeout), not held
