@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission, QueueBound
+from twinserve.core.batch_queue import BatchQueue, Pending
 from twinserve.errors import ModelNotFound, QueueFull
 from twinserve.fronts.contract import Service
 from twinserve.fronts.early import EarlyRefusal
@@ -33,6 +34,10 @@ class _Runtime:
     name: str = "m"
     ready: bool = True
     spec: _Spec = field(default_factory=_Spec)
+
+    @property
+    def crowded(self) -> bool:
+        return self.queued >= self.bound.limit_for(self.bound.levels)
 
     def refuse_early(self, priority: int = 1) -> None:
         self.bound.check(self.queued, 1, f"the queue holds {self.queued} instances", priority)
@@ -139,3 +144,12 @@ def test_the_sync_backlog_refuses_from_the_environ() -> None:
     assert reply.status == 503 and request_id == "id-1" and reply.headers == {"Retry-After": "1"}
     assert service.counted == [("m", None, "predict", 2, 503, "queue_full")]  # shed before the model's version
     assert early.refuse_environ({**environ, "HTTP_TRANSFER_ENCODING": "chunked"}, backlog=3) is None
+
+
+def test_crowded_means_the_lowest_level_may_be_refused() -> None:
+    queue: BatchQueue[None] = BatchQueue(1, 0.0, max_queue=4, max_in_flight=1, levels=2)
+    for expected in (False, False, True):  # level 2's share is 2 of the 4
+        assert queue.crowded is expected
+        queue.put(Pending([0.0], 0.0, None, None, context=None))
+    admission = Admission(Config(max_queue=4, priority_levels=2))
+    assert not admission.backlog_crowded(2) and admission.backlog_crowded(3)

@@ -80,8 +80,8 @@ class EarlyRefusal:
         For an HTTP server that parses bytes (servers/httptools.py): `headers` are the request's, names
         lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
         them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
-        if method != b"POST" or not url.startswith(_PREFIXES):
-            return None  # the common case, decided on bytes
+        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded():
+            return None  # the common case, decided on bytes and a few counters
         fields: dict[bytes, str] = {}
         for name, value in headers:
             if name in _READ:
@@ -104,6 +104,8 @@ class EarlyRefusal:
         path: str = environ.get("PATH_INFO", "")
         if not path.startswith(_TEXT_PREFIXES):
             return None
+        if not (self.crowded() or (backlog is not None and self.service.admission.backlog_crowded(backlog))):
+            return None
         if "HTTP_TRANSFER_ENCODING" in environ or "HTTP_EXPECT" in environ:
             return None
         if not self._small(environ.get("CONTENT_LENGTH")):
@@ -112,6 +114,12 @@ class EarlyRefusal:
             path, environ.get("HTTP_X_PRIORITY"), environ.get(_REQUEST_ID_ENVIRON), environ.get("HTTP_ACCEPT_ENCODING")
         )
         return self.decide(head, environ.get("HTTP_HOST"), backlog)
+
+    def crowded(self) -> bool:
+        """Whether any model's queue may refuse a request now (`ModelRuntime.crowded`): what every predict request
+        pays when nothing is refused. Default versions only: a request for another version whose queue alone is
+        full goes to the app, which refuses it there."""
+        return any(runtime.crowded for runtime in self.service.runtimes.values())
 
     def _small(self, length: str | None) -> bool:
         """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
