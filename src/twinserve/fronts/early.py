@@ -4,8 +4,11 @@ the request's head, without an ASGI task, a request context, a body read or a de
 Under a flood most requests are refused; through the ASGI app each refusal costs a task, uvicorn's cycle, an
 exchange and the front's Python, about as much as a small served request. twinserve's own httptools protocol
 (servers/httptools.py) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
-answer and discards the body; the app never sees the request. The app publishes the object in the ASGI lifespan
-state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server.
+answer and discards the body; the app never sees the request. The ASGI app publishes the object in the lifespan
+state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server; the Flask app publishes it in its
+`extensions`, for twinserve's gthread worker (servers/gunicorn_workers.py), which asks `refuse_environ` with the
+request threads' backlog before Flask runs. Every predict request asks, so the first test is a few counter reads
+(`crowded`): while no model's queue holds its lowest level's share, nothing more is looked at.
 
 The decision is the app's own, on the same objects: the route table's match (V1 `:predict`, V2 `/infer`, their
 versioned forms), the same runtime lookup, the request's priority by the same rule (`X-Priority`, else the model's
