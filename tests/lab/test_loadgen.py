@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -27,7 +28,8 @@ class LabServer:
 
     /ok answers 200; /flaky 500 every other request; /chunked a chunked 200; /close 200 then closes;
     /drop closes without answering; /slow answers 200 after SLOW_S; /eof an HTTP/1.0 200 whose body runs to the
-    connection's end; /split a 200 in three writes; /continue a 100 Continue, then a 200.
+    connection's end; /split a 200 in three writes; /continue a 100 Continue, then a 200; /busy 503, 503, 200
+    in turn (over every connection), with a Retry-After the retrying client ignores.
     """
 
     def __init__(self) -> None:
@@ -36,6 +38,7 @@ class LabServer:
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         self.writers: set[asyncio.StreamWriter] = set()
         self.flaky = itertools.count()
+        self.busy = itertools.count()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
@@ -79,7 +82,9 @@ class LabServer:
                 await writer.drain()
                 await asyncio.sleep(0.002)  # separate segments, separate reads
             return True
-        if path == b"/flaky" and next(self.flaky) % 2:
+        if path == b"/busy" and next(self.busy) % 3 != 2:
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\n" + fixed + b"\r\n" + answer)
+        elif path == b"/flaky" and next(self.flaky) % 2:
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\n" + fixed + b"\r\n" + answer)
         elif path == b"/chunked":
             chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (answer[:5], answer[5:]))
@@ -146,6 +151,24 @@ def test_http_errors_are_counted_by_status(lab_server: LabServer) -> None:
     assert set(result.http_errors) == {"500"}
     assert result.http_errors["500"] > 0 and result.ok > 0
     assert abs(result.http_errors["500"] - result.ok) <= 2
+
+
+def test_refused_requests_are_retried_at_once_up_to_the_limit(lab_server: LabServer) -> None:
+    lab_server.busy = itertools.count()
+    spec = LoadSpec(lab_server.url + "/busy", [BODY], duration_s=0.3, concurrency=1, retries=2)
+    result = run_level_sync(spec)  # one connection: each request meets 503, 503, then 200
+    assert_adds_up(result)
+    assert result.ok == result.sent > 0 and result.http_errors == {}
+    assert result.retries == 2 * result.sent
+    lab_server.busy = itertools.count()
+    once = run_level_sync(dataclasses.replace(spec, retries=1))  # 503, 503 | 200 | 503, 503 | 200 ...
+    assert_adds_up(once)
+    assert once.retries == once.http_errors["503"] > 0 and abs(once.ok - once.retries) <= 1
+
+
+def test_other_errors_are_not_retried(lab_server: LabServer) -> None:
+    result = run_level_sync(LoadSpec(lab_server.url + "/flaky", [BODY], duration_s=0.3, concurrency=2, retries=3))
+    assert result.http_errors["500"] > 0 and result.retries == 0
 
 
 def test_chunked_responses_are_read_whole(lab_server: LabServer) -> None:
@@ -229,6 +252,7 @@ def test_latency_counts_from_the_intended_send_time(lab_server: LabServer) -> No
         ({"rate": 10.0}, "exactly one"),
         ({"concurrency": None}, "exactly one"),
         ({"concurrency": 0}, "concurrency"),
+        ({"retries": -1}, "retries"),
         ({"duration_s": 0}, "duration_s"),
         ({"bodies": []}, "bodies"),
         ({"headers": {"Content-Length": "3"}}, "Content-Length"),

@@ -230,6 +230,10 @@ class Admission:
         holds = f"{backlog} requests are waiting for a request thread"
         self.backlog.check(backlog, 0, holds, priority, self.backlog_wait(backlog))
 
+    def backlog_crowded(self, backlog: int) -> bool:
+        """Whether `shed` may refuse some level with `backlog` waiting (past the lowest level's count share)."""
+        return backlog > self.backlog.limit_for(self.backlog.levels)
+
     def backlog_wait(self, backlog: int) -> float | None:
         """Seconds the request threads need for `backlog` requests, from their measured time per request."""
         seconds = self.thread_seconds

@@ -144,6 +144,12 @@ class BatchQueue(Generic[W]):
         self.batch_seconds: float | None = None
         self._measured = 0
 
+    @property
+    def crowded(self) -> bool:
+        """Whether the queue holds its lowest level's share of the bound or more: below it, every level may put
+        one more instance, so no refusal can come (a cheap test before `QueueBound.check`)."""
+        return self.queued_instances >= self.bound.limit_for(self.bound.levels)
+
     def __len__(self) -> int:
         return sum(len(lane) for lane in self._lanes)
 

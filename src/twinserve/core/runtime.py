@@ -227,6 +227,13 @@ class ModelRuntime:
         self.close()
 
     # -- inference ---------------------------------------------------------------------------------------
+    @property
+    def crowded(self) -> bool:
+        """Whether `refuse_early` may refuse any level now: a few reads, no lock, for the HTTP server to ask on
+        every request before it looks closer (fronts/early.py)."""
+        batcher = self._async_batcher or self._thread_batcher
+        return batcher is not None and self.cache is None and batcher.queue.crowded
+
     def refuse_early(self, priority: int = 1) -> None:
         """QueueFull now, from the request's head, when the batch queue cannot take even one more instance at
         `priority`: such a rejection costs no body read and no decode. A model with a cache is never refused

@@ -40,6 +40,7 @@ from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
+from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, step_or_none
@@ -153,7 +154,7 @@ class _AsgiFront:
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await self._lifespan(scope, receive, send)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -178,8 +179,9 @@ class _AsgiFront:
         exchange.close()
         await _respond(reply, exchange.request_id)(scope, receive, send)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        """ASGI's lifespan protocol; a failure is reported with its traceback (the server logs it and exits)."""
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI's lifespan protocol; a failure is reported with its traceback (the server logs it and exits). The
+        lifespan state carries the refusal twinserve's own HTTP server makes before the app (fronts/early.py)."""
         service = self.service
         started = False
         await receive()  # lifespan.startup
@@ -192,6 +194,8 @@ class _AsgiFront:
                 from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server
 
                 grpc = await start_grpc_server(service, service.config, _apredict)
+            if "state" in scope:
+                scope["state"][EARLY_REFUSAL_STATE] = EarlyRefusal(service)
             await send({"type": "lifespan.startup.complete"})
             started = True
             await receive()  # lifespan.shutdown

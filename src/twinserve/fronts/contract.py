@@ -156,6 +156,7 @@ class Service:
         self._levels: dict[tuple[str, int, str], Any] = {}
         self._versions: dict[tuple[str, str, str], Any] = {}
         self._refusals = RefusalLog()
+        self._early: dict[tuple[str, str | None, str, int, int, str], tuple[Any, ...]] = {}
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
         #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
@@ -345,6 +346,29 @@ class Service:
                         model, version, outcome
                     )
                 served.inc()
+
+    def refused_early(
+        self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str
+    ) -> None:
+        """Count a request the HTTP server refused from its head, before the app (fronts/early.py), as `finish`
+        counts a refusal (requests, rejections, the priority and version outcomes, the aggregate refusal log)
+        and in `twinserve_early_refusals_total`; it has no request context, so no request event and no latency."""
+        key = (model, version, endpoint, priority, status, error_code)
+        counters = self._early.get(key)
+        if counters is None:
+            m = metrics()
+            counters = self._early[key] = (
+                m.requests.labels(model, endpoint, str(status)),
+                m.rejected.labels(model, REJECTION_REASONS[error_code]),
+                m.by_priority.labels(model, str(priority), "refused"),
+                m.early_refusals.labels(model),
+            )
+            if version is not None:  # refused once its version was known (not by the sync backlog)
+                counters += (m.by_version.labels(model, version, "refused"),)
+                self._early[key] = counters
+        for counter in counters:
+            counter.inc()
+        self._refusals.refused(model, error_code)
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')

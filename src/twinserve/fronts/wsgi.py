@@ -27,6 +27,7 @@ from twinserve.errors import (
 )
 from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
+from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
@@ -97,6 +98,7 @@ def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
     app.url_map.converters["model"] = _ModelNameConverter
+    app.extensions[EARLY_REFUSAL_STATE] = EarlyRefusal(service)  # for twinserve's gunicorn worker, before Flask
 
     def admitted(exchange: Exchange, model: str, version: str | None = None) -> ModelRuntime:
         return exchange.admit(

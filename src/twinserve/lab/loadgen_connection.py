@@ -144,10 +144,13 @@ class _Connection:
         self._timer_deadline = 0.0  # the deadline the timer was set for
         #: The exchange in progress: when it fell due and when it went out (`time.perf_counter` readings).
         self.due = self.sent_at = 0.0
+        #: Its request, and how many times it was sent again after a refusal (`LoadSpec.retries`).
+        self.request = b""
+        self.retried = 0
 
     def send(self, request: bytes, due: float, now: float, deadline: float) -> None:
         """Send `request`, due at `due`, now; its outcome comes back through the run, by `deadline` at the latest."""
-        self.due, self.sent_at = due, now
+        self.due, self.sent_at, self.request = due, now, request
         wire = self._wire
         if wire is not None and wire.idle:
             self._arm(deadline, now)

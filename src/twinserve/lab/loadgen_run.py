@@ -17,12 +17,14 @@ from twinserve.lab.loadgen_http import _Endpoint
 from twinserve.lab.loadgen_spec import LoadSpec
 from twinserve.lab.loadgen_tally import LevelResult, Outcome, _Tally
 
-__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "_Run", "arrival_times"]
+__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "RETRIED_STATUSES", "_Run", "arrival_times"]
 
 #: The generator is one event-loop thread: at this share of one core it is probably the bottleneck.
 CPU_LIMIT_PERCENT = 90.0
 #: Open loop: sending this share fewer requests than were due, with connections to spare, means the generator lagged.
 RATE_SHORTFALL = 0.05
+#: The answers a retrying client (`LoadSpec.retries`) sends its request again after.
+RETRIED_STATUSES = frozenset({429, 503})
 
 
 def arrival_times(start: float, rate: float, arrivals: str, seed: int) -> Iterator[float]:
@@ -54,6 +56,7 @@ class _Run:
         self._address, self._port = endpoint.address, endpoint.port
         self._requests = itertools.cycle(endpoint.requests(spec))
         self._timeout_s = spec.timeout_s
+        self._retries = spec.retries
         self._closed_loop = spec.concurrency is not None
         self._tally = _Tally()
         self._connections: list[_Connection] = []
@@ -93,6 +96,8 @@ class _Run:
         """Record the exchange `connection` just finished, and hand it its next request."""
         try:
             self._active -= 1
+            if self._retries and self._retry(connection, outcome):
+                return
             due = connection.due
             if self._window_start <= due < self._window_end:
                 self._tally.record(outcome, due, connection.sent_at, finished, self._window_end)
@@ -113,6 +118,23 @@ class _Run:
         self._connections.append(connection)
         return connection
 
+    def _retry(self, connection: _Connection, outcome: Outcome) -> bool:
+        """Send a refused request again at once, as a client that ignores Retry-After does; False when it is not
+        to be retried (another answer, its retries spent, its deadline passed)."""
+        if outcome not in RETRIED_STATUSES or connection.retried >= self._retries:
+            return False
+        due, first_sent = connection.due, connection.sent_at
+        now = time.perf_counter()
+        if now >= due + self._timeout_s:
+            return False
+        connection.retried += 1
+        if self._window_start <= due < self._window_end:
+            self._tally.retries += 1
+        self._active += 1
+        connection.send(connection.request, due, now, due + self._timeout_s)
+        connection.sent_at = first_sent  # its service time, too, runs from its first send
+        return True
+
     def _take_up(self, connection: _Connection, due: float) -> bool:
         """Send the request due at `due` over `connection`; False where its deadline has passed, and it never went."""
         now = time.perf_counter()
@@ -122,6 +144,7 @@ class _Run:
                 self._tally.record("unsent", due, None, now, self._window_end)
             return False
         self._active += 1
+        connection.retried = 0
         connection.send(next(self._requests), due, now, deadline)
         return True
 
@@ -180,4 +203,5 @@ class _Run:
             generator_limited=cpu_percent >= CPU_LIMIT_PERCENT or lagged,
             connections_used=len(self._connections),
             pool_exhausted=self._pool_exhausted,
+            retries=tally.retries,
         )

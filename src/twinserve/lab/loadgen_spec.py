@@ -23,6 +23,8 @@ class LoadSpec:
     `timeout_s` bounds each request from the moment it falls due. `seed` makes Poisson arrivals repeatable.
     `remote` lets `url` name another host (`twinserve tune --verify` against a deployment); without it only
     loopback servers are driven, so that a lab run cannot load someone else's machine by a typo.
+    `retries`: a request answered 429 or 503 is sent again at once, `Retry-After` ignored (a retry storm), up to
+    this many times; only its last answer counts, and its latency runs from when it first fell due.
     """
 
     url: str
@@ -37,6 +39,7 @@ class LoadSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     seed: int = 0
     remote: bool = False
+    retries: int = 0
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -51,6 +54,8 @@ class LoadSpec:
                 raise ValueError(f"{name} must be positive, not {value}")
         if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
             raise ValueError(f"warmup_s must be zero or more, not {self.warmup_s}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be zero or more, not {self.retries}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
         if self.arrivals not in ("poisson", "constant"):

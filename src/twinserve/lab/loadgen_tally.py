@@ -29,7 +29,8 @@ class LevelResult:
     `latency_ms` counts from when a request fell due, `service_time_ms` from when a connection took it up; both
     cover every HTTP response, error statuses included. `throughput_rps` is responses per measured second.
     `achieved_rate` (open loop) is requests actually sent within the window per second. `pool_exhausted` says
-    requests had to queue for a connection, so the server, not the generator, set the pace.
+    requests had to queue for a connection, so the server, not the generator, set the pace. `retries` counts the
+    extra sends of refused requests (`LoadSpec.retries`), each request counted once in `sent` whatever its tries.
     """
 
     mode: Literal["closed", "open"]
@@ -48,6 +49,7 @@ class LevelResult:
     generator_limited: bool
     connections_used: int
     pool_exhausted: bool
+    retries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +107,7 @@ class _Tally:
         self.ok = 0
         self.http_errors: Counter[str] = Counter()
         self.transport_errors = dict.fromkeys(TRANSPORT_ERROR_KINDS, 0)
+        self.retries = 0
 
     def record(self, outcome: Outcome, due: float, sent_at: float | None, finished: float, window_end: float) -> None:
         self.sent += 1

@@ -100,6 +100,12 @@ class _Metrics:
         self.rejected = Counter(
             "twinserve_rejected_requests_total", "Requests refused by admission control.", ["model", "reason"]
         )
+        self.early_refusals = Counter(
+            "twinserve_early_refusals_total",
+            "Requests refused by the HTTP server from their head, before the app (a full queue): also counted in "
+            "twinserve_requests_total and twinserve_rejected_requests_total.",
+            ["model"],
+        )
         self.by_priority = Counter(
             "twinserve_priority_requests_total",
             "Requests for a model by priority level (1 is the highest) and outcome: ok (2xx), refused (by admission "

@@ -7,9 +7,12 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from flask import Response
 from gunicorn.workers import gthread, sync
 
 from twinserve.fronts.contract import raw_error_response
+from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
+from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
 from twinserve.servers.gunicorn_reads import (
     BodyInput,
@@ -77,6 +80,20 @@ def _closing_on_request(start_response: Any) -> Any:
     return start
 
 
+def _early_refusal(app: Any) -> EarlyRefusal | None:
+    """The refusal before the app that twinserve's Flask app publishes (fronts/early.py), when it is active."""
+    early = getattr(app, "extensions", {}).get(EARLY_REFUSAL_STATE)
+    return early if isinstance(early, EarlyRefusal) and early.active else None
+
+
+def _refused(refusal: Refusal) -> Response:
+    """The sync front's answer to a request refused before it, built as the front builds it (fronts/wsgi.py)."""
+    reply, request_id = refusal.reply()
+    response = Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
+    response.headers[REQUEST_ID_HEADER] = request_id
+    return response
+
+
 class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: ignore[misc]
     """gunicorn's gthread worker, plus load shedding, read deadlines and JSON bodies for its parser errors.
 
@@ -87,6 +104,9 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
 
     gthread reads a request's body in the request thread, and cannot hand a thread a request whose body is
     already in; the read deadlines (gunicorn_reads.py) bound how long a slow client holds that thread instead.
+
+    A predict request the backlog or its model's batch queue refuses is answered before Flask runs
+    (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body.
     """
 
     def init_process(self) -> None:
@@ -98,11 +118,16 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
+        early = _early_refusal(self.wsgi)  # type: ignore[has-type]
         app: WsgiApp = self.wrap_wsgi(self.wsgi)  # type: ignore[has-type]
         local = self._local
 
         def with_backlog(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-            environ[BACKLOG_ENVIRON] = getattr(local, "backlog", 0)
+            backlog = environ[BACKLOG_ENVIRON] = getattr(local, "backlog", 0)
+            if early is not None:
+                refusal = early.refuse_environ(environ, backlog)
+                if refusal is not None:  # Flask never sees it; gunicorn discards the unread body before the next
+                    return _refused(refusal)(environ, start_response)
             return app(environ, start_response)
 
         self.wsgi = with_backlog

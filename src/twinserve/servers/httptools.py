@@ -4,6 +4,12 @@ twinserve's JSON error body for every request its parser refuses (400 `malformed
 All are what gunicorn's parser and twinserve's gunicorn workers enforce for the sync architecture, so the same
 abusive client meets the same answer in every architecture. The protocol also publishes, as an ASGI extension,
 whether each request's client has gone (`DISCONNECT_EXTENSION`), so the front never reads uvicorn's private state.
+
+A predict request for a model whose queue is full is refused here, from its head, when the app has published its
+`EarlyRefusal` (fronts/early.py) in the lifespan state: the app's 503 is written at once, the body is read and
+discarded as it arrives, and the connection stays open for the next request (RFC 9112 section 9.3: a server that
+answers before the whole request has arrived either reads the rest or closes; closing with unread bytes in the
+socket would reset the connection and could lose the answer). No ASGI task is made and the app never runs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from twinserve.config import Config
 from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
+from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 
 __all__ = ["CONFIG_ENV", "GuardedHttpToolsProtocol"]
 
@@ -63,6 +70,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._in_head = True
         self._refusal: TwinserveError | None = None
+        early: EarlyRefusal | None = self.app_state.get(EARLY_REFUSAL_STATE)
+        self._early = early if early is not None and early.active else None
+        #: Whether the request being parsed was refused early: its body is discarded, the app never sees it.
+        self._discarding = False
+        #: Whether the connection stays open after that refusal.
+        self._keep_alive = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -83,6 +96,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(HeadersTooLarge())
 
     def on_message_begin(self) -> None:
+        self._unset_keepalive_if_required()  # a request after an early refusal, in the same read
         super().on_message_begin()
         self._header_count = 0
         self._arm_head_timer()
@@ -103,6 +117,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        if self._early is not None and self._refused_early():
+            return
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # this request's cycle (not an upgrade's)
@@ -110,9 +126,51 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             extensions = cast(dict[str, Any], self.scope).setdefault("extensions", {})
             extensions[DISCONNECT_EXTENSION] = {"disconnected": functools.partial(getattr, cycle, "disconnected")}
 
+    def on_body(self, body: bytes) -> None:
+        if not self._discarding:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        if self._discarding:
+            self._refusal_complete()
+        else:
+            super().on_message_complete()
         self._in_head, self._head_bytes = True, 0
+
+    def _refused_early(self) -> bool:
+        """Answer the request whose head was just parsed with the app's 503, if `EarlyRefusal` says so. Only on
+        a connection with nothing else in progress (a pipelined request's answer must wait for the one before
+        it), whose client reads its answers (else the server's own backpressure applies), and not an upgrade."""
+        cycle, parser = self.cycle, self.parser
+        if (cycle is not None and not cycle.response_complete) or self.pipeline or self.flow.write_paused:
+            return False
+        if parser.should_upgrade():
+            return False
+        assert self._early is not None
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        answer = self._early.refuse(
+            parser.get_method(), self.url, self.headers, self.server_state.default_headers, keep_alive
+        )
+        if answer is None:
+            return False
+        self.transport.write(answer)
+        self._discarding, self._keep_alive = True, keep_alive
+        self._arm_head_timer()  # the body it discards gets --read-timeout-s too, as the front would give it
+        return True
+
+    def _refusal_complete(self) -> None:
+        """The refused request's body has been read: close, or wait for the next request as after any answer."""
+        self._discarding = False
+        self._cancel_head_timer()
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        if not self._keep_alive:
+            self.transport.close()
+        elif self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers any parser error, ours included, with this 400; a refusal gets its own status.

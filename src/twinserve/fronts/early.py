@@ -1,0 +1,208 @@
+"""Refusal before the app: a predict request for a model whose queue is full, answered by the HTTP server from
+the request's head, without an ASGI task, a request context, a body read or a decode.
+
+Under a flood most requests are refused; through the ASGI app each refusal costs a task, uvicorn's cycle, an
+exchange and the front's Python, about as much as a small served request. twinserve's own httptools protocol
+(servers/httptools.py) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
+answer and discards the body; the app never sees the request. The ASGI app publishes the object in the lifespan
+state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server; the Flask app publishes it in its
+`extensions`, for twinserve's gthread worker (servers/gunicorn_workers.py), which asks `refuse_environ` with the
+request threads' backlog before Flask runs. Every predict request asks, so the first test is a few counter reads
+(`crowded`): while no model's queue holds its lowest level's share, nothing more is looked at.
+
+The decision is the app's own, on the same objects: the route table's match (V1 `:predict`, V2 `/infer`, their
+versioned forms), the same runtime lookup, the request's priority by the same rule (`X-Priority`, else the model's
+default), and `ModelRuntime.refuse_early`, the check the exchange makes before it reads the body, over the same
+`QueueBound` and the batch queue's counters (read without a lock, as the exchange reads them). The answer is the
+app's answer, byte for byte apart from the request id and the `date`: `error_reply` renders the body and the
+headers are written in the order the app's response writes them.
+
+Refused early only where that answer is the one the app would give, and the body may be discarded cheaply; every
+other request goes to the app unchanged, which decides as before:
+- API keys on (the path needs a key): an unauthenticated client must meet 401 first and learn nothing of the
+  load; checking a key here would copy the lockout and per-key rules, so with keys on nothing is refused early.
+- CORS on: the app adds its headers to every answer. A `Host` the allowed hosts refuse is the app's (400).
+- A body sent chunked, larger than `--max-body-bytes`, or behind `Expect: 100-continue` (the app answers those
+  its own way: 413, or a body it never asked for), and an invalid `X-Priority` (400).
+- A V2 request's `parameters.priority` is in its body, unknown before the body: the head's `X-Priority` (or the
+  model's default) decides here, and the body's level may still be refused by the batch queue afterwards.
+- The rate limit is not charged for a request refused early (as the sync backlog's refusal takes no token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote
+
+from twinserve.errors import QueueFull, TwinserveError
+from twinserve.fronts.compression import compress_reply
+from twinserve.fronts.contract import Service, request_id_from
+from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
+from twinserve.fronts.exchange import Reply, error_reply
+from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, error_shape
+
+__all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]
+
+#: The key of the lifespan state under which the app publishes its `EarlyRefusal`.
+EARLY_REFUSAL_STATE = "twinserve.early_refusal"
+_ENDPOINTS = frozenset({"predict", "infer"})
+_TEXT_PREFIXES = ("/v1/models/", "/v2/models/")
+_PREFIXES = tuple(prefix.encode() for prefix in _TEXT_PREFIXES)
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode("latin-1")
+_REQUEST_ID_ENVIRON = "HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_")
+#: The request headers the decision reads.
+_READ = frozenset(
+    {b"content-length", b"transfer-encoding", b"expect", b"x-priority", _REQUEST_ID, b"accept-encoding", b"host"}
+)
+
+
+class EarlyRefusal:
+    """Whether a request's head alone earns it the app's 503 `queue_full`, and that answer's bytes."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.match = Dispatcher((route, route.name) for route in ROUTES).match
+        #: False where the app must see every request first (API keys, CORS: see the module doc).
+        self.active = service.auth is None and service.cors is None
+        self._hosts = service.hosts if service.checks_host else None
+        self._max_body = service.max_body_bytes
+
+    def refuse(
+        self,
+        method: bytes,
+        url: bytes,
+        headers: list[tuple[bytes, bytes]],
+        default_headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+    ) -> bytes | None:
+        """The whole response (status line to body) when the request is refused, else None: the app takes it.
+
+        For an HTTP server that parses bytes (servers/httptools.py): `headers` are the request's, names
+        lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
+        them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
+        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded():
+            return None  # the common case, decided on bytes and a few counters
+        fields: dict[bytes, str] = {}
+        for name, value in headers:
+            if name in _READ:
+                fields[name] = value.decode("latin-1")
+        length = fields.get(b"content-length")
+        if b"transfer-encoding" in fields or b"expect" in fields or not self._small(length):
+            return None
+        path = url.split(b"?", 1)[0].decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        head = Head(path, fields.get(b"x-priority"), fields.get(_REQUEST_ID), fields.get(b"accept-encoding"))
+        refusal = self.decide(head, fields.get(b"host"))
+        return None if refusal is None else _response(refusal, default_headers, keep_alive)
+
+    def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
+        """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
+        servers/gunicorn_workers.py); `backlog`: the requests waiting for a request thread behind it."""
+        if environ.get("REQUEST_METHOD") != "POST":
+            return None
+        path: str = environ.get("PATH_INFO", "")
+        if not path.startswith(_TEXT_PREFIXES):
+            return None
+        if not (self.crowded() or (backlog is not None and self.service.admission.backlog_crowded(backlog))):
+            return None
+        if "HTTP_TRANSFER_ENCODING" in environ or "HTTP_EXPECT" in environ:
+            return None
+        if not self._small(environ.get("CONTENT_LENGTH")):
+            return None
+        head = Head(
+            path, environ.get("HTTP_X_PRIORITY"), environ.get(_REQUEST_ID_ENVIRON), environ.get("HTTP_ACCEPT_ENCODING")
+        )
+        return self.decide(head, environ.get("HTTP_HOST"), backlog)
+
+    def crowded(self) -> bool:
+        """Whether any model's queue may refuse a request now (`ModelRuntime.crowded`): what every predict request
+        pays when nothing is refused. Default versions only: a request for another version whose queue alone is
+        full goes to the app, which refuses it there."""
+        return any(runtime.crowded for runtime in self.service.runtimes.values())
+
+    def _small(self, length: str | None) -> bool:
+        """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
+        return length is None or (length.isdigit() and int(length) <= self._max_body)
+
+    def decide(self, head: Head, host: str | None, backlog: int | None = None) -> Refusal | None:
+        """The app's decision from the head, in the app's order (fronts/exchange.py `Exchange.admit`): the
+        request's level from `X-Priority`, the sync backlog (`backlog`, None for none), the model, its default
+        level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
+        if self._hosts is not None and not self._hosts.allows_host(host):
+            return None  # the app refuses a foreign Host first (400)
+        try:
+            endpoint, params = self.match("POST", head.path)
+        except ROUTE_ERRORS:
+            return None
+        if endpoint not in _ENDPOINTS:
+            return None
+        service = self.service
+        admission = service.admission
+        model, version = params["model"], None
+        try:
+            priority = admission.priority(head.priority)
+            if backlog is not None:
+                admission.shed(backlog, priority)
+            runtime = service.runtime(model, params.get("version"))
+            if not runtime.ready:
+                return None
+            model, version = runtime.name, runtime.spec.version
+            if head.priority is None:
+                priority = admission.priority(None, default=runtime.config.default_priority)
+            runtime.refuse_early(priority)
+        except QueueFull as full:
+            error: TwinserveError = full
+        except TwinserveError:
+            return None  # a 400, 404 or 503 of another kind: the app's to answer, as always
+        else:
+            return None
+        if model not in service.runtimes:
+            return None  # shed before the model was known, and it is unknown: the app counts it without a label
+        service.refused_early(model, version, endpoint, priority, error.status, error.code)
+        return Refusal(error, head)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What the decision reads from a request's head: its path (unquoted), `X-Priority`, `X-Request-ID`,
+    `Accept-Encoding`."""
+
+    path: str
+    priority: str | None
+    request_id: str | None
+    accept_encoding: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request refused before the app: its error, and what the answer's rendering reads from the request."""
+
+    error: TwinserveError
+    head: Head
+
+    def reply(self) -> tuple[Reply, str]:
+        """The app's reply (its body in the path's error shape, compressed as the app would) and request id."""
+        head = self.head
+        request_id = request_id_from(head.request_id)
+        reply = error_reply(self.error, request_id, error_shape(head.path))
+        return compress_reply(reply, head.accept_encoding), request_id
+
+
+def _response(refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
+    """The app's answer as uvicorn writes it: its status line and own headers, then the front's headers in the
+    order its response writes them (request id, the error's, content-length, content-type)."""
+    reply, request_id = refusal.reply()
+    lines = [f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n".encode("latin-1")]
+    lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    fields = {REQUEST_ID_HEADER: request_id, **(reply.headers or {})}
+    lines += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in fields.items()]
+    lines.append(f"content-length: {len(reply.body)}\r\ncontent-type: {reply.content_type}\r\n".encode("latin-1"))
+    if not keep_alive:
+        lines.append(b"connection: close\r\n")
+    lines.append(b"\r\n")
+    lines.append(reply.body)
+    return b"".join(lines)

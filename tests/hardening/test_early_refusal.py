@@ -1,0 +1,215 @@
+"""Refusal before the app: with a model's queue full, a predict request is answered 503 by the HTTP server from its
+head (fronts/early.py, servers/httptools.py), the app's answer byte for byte, and the app never runs.
+
+The queue is held full deterministically: the Gate model blocks in predict until the test releases it, one batch
+of one instance computes at a time, and the queue holds 2 instances, of which priority 2 (the default here) may
+fill 1 and priority 1 both. No timings: every step waits on a condition. In the sync architecture twinserve's
+gunicorn worker refuses before Flask (the batch queue here; the request threads' backlog too).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ARCHS
+from tests.hardening.harness import wait_until
+from tests.serving import Server, model_path, sample, scrape
+
+GATE, ECHO = model_path("Gate"), model_path("Echo")
+FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batch-size", "2"]
+FLAGS += ["--max-queue", "2", "--max-queue-wait-ms", "0", "--priority-levels", "2", "--default-priority", "2"]
+
+TIMEOUT_S = 60.0
+
+
+def _queued(server: Server) -> int:
+    serving = httpx.get(f"{server.url}/v1/models/gate", timeout=TIMEOUT_S).json()["serving"]
+    return int(serving["queued_instances"])
+
+
+def _early(server: Server) -> float:
+    return sample(scrape(server), "twinserve_early_refusals_total", model="gate")
+
+
+def _body(gate: Path, v2: bool = False) -> bytes:
+    instance = {"gate": str(gate)}
+    if v2:
+        data = json.dumps(instance)
+        return json.dumps({"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": [data]}]}).encode()
+    return json.dumps({"instances": [instance]}).encode()
+
+
+def _raw(sock: socket.socket, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Send `request` on `sock` and read one response: status line, headers (lower-cased names), body."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response head: {data!r}"
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    status, *lines = head.split(b"\r\n")
+    headers = {k.decode().lower(): v.decode() for k, v in (line.split(b": ", 1) for line in lines)}
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a response body"
+        rest += chunk
+    assert len(rest) == length, "more bytes than one response"
+    return status, headers, rest
+
+
+def _post(path: str, body: bytes, *extra: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *extra]
+    return ("\r\n".join(lines) + f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+@contextmanager
+def _held(server: Server, tmp: Path) -> Iterator[dict[str, Path]]:
+    """The Gate model computing `a` (priority 2) with `b` (priority 2) and `d` (priority 1) queued behind it:
+    the queue holds 2 of 2 instances. Everything is released, and every held request answered 200, on exit."""
+    gates = {name: tmp / name for name in "abcdefgh"}
+    answers: dict[str, int] = {}
+
+    def send(name: str, priority: str | None) -> None:
+        headers = {"Content-Type": "application/json", **({"X-Priority": priority} if priority else {})}
+        url = f"{server.url}/v1/models/gate:predict"
+        answers[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
+
+    threads = [threading.Thread(target=send, args=("a", None))]
+    threads[0].start()
+    wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+    for name, priority, queued in (("b", None, 1), ("d", "1", 2)):
+        thread = threading.Thread(target=send, args=(name, priority))
+        thread.start()
+        threads.append(thread)
+        wait_until(lambda q=queued: _queued(server) == q, TIMEOUT_S, f"{queued} queued")
+    try:
+        yield gates
+    finally:
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        for thread in threads:
+            thread.join(TIMEOUT_S)
+    assert answers == {"a": 200, "b": 200, "d": 200}
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_full_queue_is_answered_before_the_app_with_its_own_503(arch: str, tmp_path: Path) -> None:
+    with Server([GATE, ECHO], arch, *FLAGS) as server, _held(server, tmp_path) as gates:
+        before = _early(server)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
+            # Priority 2 past its share (1 of 2): refused early, on a kept-alive connection.
+            status, headers, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["c"])))
+            assert status.split()[1] == b"503"
+            assert headers["retry-after"] == "1" and headers["content-type"] == "application/json"
+            assert headers.get("connection", "keep-alive") == "keep-alive"  # the body is discarded, not the connection
+            error = json.loads(body)
+            assert error["code"] == "queue_full" and error["request_id"] == headers["x-request-id"]
+            assert "priority 2" in error["error"]
+            # The same connection serves what comes next: a probe, another model, the V2 route.
+            status, _, body = _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert status.split()[1] == b"200" and json.loads(body) == {"live": True}
+            echo = json.dumps({"instances": [1, 2]}).encode()
+            status, _, body = _raw(sock, _post("/v1/models/echo:predict", echo))
+            assert status.split()[1] == b"200" and json.loads(body) == {"predictions": [1, 2]}
+            status, _, body = _raw(sock, _post("/v2/models/gate/infer", _body(gates["e"], v2=True)))
+            assert status.split()[1] == b"503" and set(json.loads(body)) == {"error"}
+            # Priority 1 may fill the whole queue, which is full now too.
+            status, _, _ = _raw(sock, _post("/v1/models/gate:predict", _body(gates["f"]), "X-Priority: 1"))
+            assert status.split()[1] == b"503"
+        assert _early(server) == before + 3
+        # A bad X-Priority is the app's to answer (400), not refused early.
+        bad = httpx.post(
+            f"{server.url}/v1/models/gate:predict",
+            content=_body(gates["g"]),
+            headers={"Content-Type": "application/json", "X-Priority": "9"},
+            timeout=TIMEOUT_S,
+        )
+        assert bad.status_code == 400 and _early(server) == before + 3
+    for name in "cefg":  # the model never began the refused requests
+        assert not gates[name].with_suffix(".started").exists(), name
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(arch: str, tmp_path: Path) -> None:
+    gates = {name: tmp_path / name for name in "abc"}
+    codes: dict[str, Any] = {}
+    with Server([GATE], arch, *FLAGS) as server:
+
+        def send(name: str, priority: str | None) -> None:
+            headers = {"Content-Type": "application/json", **({"X-Priority": priority} if priority else {})}
+            url = f"{server.url}/v1/models/gate:predict"
+            codes[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
+
+        first = threading.Thread(target=send, args=("a", None))
+        first.start()
+        wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+        second = threading.Thread(target=send, args=("b", None))
+        second.start()
+        wait_until(lambda: _queued(server) == 1, TIMEOUT_S, "b queued")
+        before = _early(server)
+        send("c", None)  # priority 2: its share is full
+        assert codes["c"] == 503 and _early(server) == before + 1
+        high = threading.Thread(target=send, args=("c", "1"))  # priority 1: admitted into the rest of the queue
+        high.start()
+        wait_until(lambda: _queued(server) == 2, TIMEOUT_S, "the priority-1 request queued")
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        for thread in (first, second, high):
+            thread.join(TIMEOUT_S)
+        assert codes == {"a": 200, "b": 200, "c": 200}
+        assert _early(server) == before + 1
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: Path) -> None:
+    """A chunked body is the app's to refuse (fronts/early.py): the same request, once chunked, once not."""
+    with Server([GATE], arch, *FLAGS) as server, _held(server, tmp_path) as gates:
+        body = _body(gates["c"])
+        plain = _post("/v1/models/gate:predict", body, "X-Request-ID: same-id", "Connection: close")
+        head = plain.split(b"\r\nContent-Length:")[0]
+        chunked = head + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+        before = _early(server)
+        answers = []
+        for request in (plain, chunked):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
+                sock.sendall(request)
+                data = b""
+                while chunk := sock.recv(65536):  # Connection: close: the server closes after its answer
+                    data += chunk
+            lines = [line for line in data.split(b"\r\n") if not line.lower().startswith(b"date: ")]
+            answers.append(b"\r\n".join(lines))
+        assert _early(server) == before + 1  # the first was refused early, the second by the app
+        assert answers[0] == answers[1]
+        assert answers[0].startswith(b"HTTP/1.1 503 ") and b"connection: close" in answers[0].lower()
+        samples = scrape(server)
+        assert sample(samples, "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 2
+        assert sample(samples, "twinserve_requests_total", model="gate", endpoint="predict", code="503") == 2
+    assert not gates["c"].with_suffix(".started").exists()
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(arch: str, tmp_path: Path) -> None:
+    head = _post("/v1/models/gate:predict", b"").replace(b"Content-Length: 0", b"Content-Length: 100")
+    with (
+        Server([GATE], arch, *FLAGS, "--read-timeout-s", "1") as server,
+        _held(server, tmp_path),
+        socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock,
+    ):
+        status, _, _ = _raw(sock, head)  # answered from the head; the body is never sent
+        assert status.split()[1] == b"503"
+        assert sock.recv(1) == b""  # closed by the server (read deadline, or keep-alive timeout), not held
