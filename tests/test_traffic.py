@@ -227,9 +227,9 @@ class _FakeRuntime:
 
 def _count(model: str, outcome: str) -> float:
     for line in render().decode().splitlines():
-        if line.startswith("twinserve_shadow_requests_total{") and f'model="{model}"' in line:
-            if f'outcome="{outcome}"' in line:
-                return float(line.rsplit(" ", 1)[1])
+        sample = line.startswith("twinserve_shadow_requests_total{") and f'model="{model}"' in line
+        if sample and f'outcome="{outcome}"' in line:
+            return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 
