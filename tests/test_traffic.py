@@ -206,6 +206,7 @@ class _Spec:
 
 class _Config:
     timeout_ms: int | None = None
+    arch = "sync"
 
 
 class _FakeRuntime:
@@ -217,8 +218,10 @@ class _FakeRuntime:
         self.occupancy = _Occupancy(open_)
         self.spec = _Spec()
         self.config = _Config()
+        self.computing = threading.Event()
 
     def predict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
+        self.computing.set()
         assert self.gate.wait(30)
         if self.fail:
             raise RuntimeError("shadow broke")
@@ -249,7 +252,9 @@ def test_the_sync_runner_never_blocks_and_drops_past_its_bound() -> None:
     runtime = _FakeRuntime(gate)
     runner = ShadowRunner(capacity=1, threads=1)
     model = "runner-bound"
-    for _ in range(4):  # one computing (blocked on the gate), one queued, two dropped: submit never waits
+    runner.submit(_job(model, runtime, [1], [2]))
+    assert runtime.computing.wait(30)  # the thread computes it, held on the gate
+    for _ in range(3):  # one queued, two dropped: submit never waits
         runner.submit(_job(model, runtime, [1], [2]))
     _wait(lambda: _count(model, "dropped") == 2)
     gate.set()
@@ -281,6 +286,7 @@ def test_the_async_runner_is_a_task_that_never_delays_the_caller() -> None:
 
     gate = threading.Event()
     runtime = AsyncRuntime(gate)
+    runtime.config.arch = "async"
     runner = ShadowRunner(capacity=2)
     model = "runner-async"
 

@@ -274,3 +274,43 @@ def test_every_server_process_follows_a_traffic_change(tmp_path: Path, arch: str
         assert httpx.post(url, json={"split": {"1": 1}}, timeout=30).status_code == 200
         _wait_for(lambda: answers() == {1}, timeout=120)
         assert httpx.get(url, timeout=30).json()["traffic"]["split"] == {"1": 1}
+
+
+# -- gRPC ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+def test_grpc_calls_take_the_split_sticky_keys_and_the_shadow(tmp_path: Path, arch: str) -> None:
+    """gRPC's ModelInfer without a version goes through the same lookup: split, sticky by metadata, shadowed."""
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    from tests.serving import free_port, sample, scrape
+
+    root = tmp_path / "repository"
+    shadowed = '[traffic]\nsplit = {"1" = 1}\nshadow = {version = "2", share = 1.0}\n'
+    _model(root / "shadowed", 'model = "model.py:Numbered"\n' + shadowed)
+    sticky = '[traffic]\nsplit = {"1" = 1, "2" = 1}\nsticky_header = "X-Session-Id"\n'
+    _model(root / "sticky", 'model = "model.py:Numbered"\n' + sticky)
+    port = free_port()
+    with Server([], arch, "--model-repository", str(root), "--grpc-port", str(port)) as server:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+
+            def infer(model: str, headers: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+                tensor = triton.InferInput("input", [1], "INT64")
+                tensor.set_data_from_numpy(np.array([5], dtype=np.int64))
+                result = client.infer(model, [tensor], headers=headers)
+                (output,) = result.as_numpy("output")
+                return result.get_response().model_version, json.loads(output)
+
+            n = 10
+            for _ in range(n):
+                assert infer("shadowed") == ("1", {"value": 5, "version": 1})
+            name = "twinserve_shadow_requests_total"
+            labels = {"model": "shadowed", "primary": "1", "shadow": "2", "outcome": "disagree"}
+            _wait_for(lambda: sample(scrape(server), name, **labels) == n, timeout=120)
+            for i in range(10):
+                header = {"x-session-id": f"key-{i}"}
+                answered = {infer("sticky", header)[0] for _ in range(3)}
+                assert len(answered) == 1, answered
+        finally:
+            client.close()

@@ -9,6 +9,9 @@ change newer than the one it applied last, through the same `ModelControl` (so t
 source of the files: a load reads the folder again in each process). A worker started later (a replacement)
 applies the whole file once it has loaded the folder.
 
+A model's traffic policy set through the API (repository/traffic.py) travels the same way, as its own kind of
+change in the same file and generation order.
+
 Each process therefore reaches the state the API answered within a fraction of a second; the answer itself comes
 once the process that took it has changed (docs/repository.md).
 

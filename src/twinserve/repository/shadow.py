@@ -2,8 +2,9 @@
 version (repository/traffic.py), off the request's path, and the two outputs are compared.
 
 The primary's answer never waits for the shadow and never changes: `ShadowRunner.submit` only hands the job on.
-On an event loop (the async and hybrid fronts, gRPC, WebSocket) the job is a task on that loop; without one (the
-sync front's request threads) it goes to a small queue served by background threads. Both are bounded: a job that
+In the async and hybrid architectures (their HTTP and gRPC fronts run on an event loop) the job is a task on that
+loop; in the sync architecture (request threads, and its gRPC server's loop whose calls block threads) it goes to a
+small queue served by background threads. Both are bounded: a job that
 finds them full is dropped and counted as such, never waited for.
 
 Each job's outcome is counted in `twinserve_shadow_requests_total{model, primary, shadow, outcome}` (agree,
@@ -107,10 +108,7 @@ class ShadowRunner:
         if not job.runtime.occupancy.enter():  # being unloaded: it takes nothing new
             self._count(job, "dropped")
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        loop = _running_loop() if job.runtime.config.arch != "sync" else None
         if loop is not None:
             if len(self._tasks) >= self._capacity:
                 self._drop(job)
@@ -207,6 +205,15 @@ class ShadowRunner:
             len(job.instances),
             f" ({quiet} more disagreement(s) not logged since the last line)" if quiet else "",
         )
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop of this thread, if any. The sync architecture's runtimes compute on threads even when the
+    caller is on a loop (its gRPC server's), so they always take the thread pool."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _deadline(runtime: ModelRuntime) -> float | None:
