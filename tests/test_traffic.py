@@ -300,3 +300,17 @@ def test_the_async_runner_is_a_task_that_never_delays_the_caller() -> None:
 
     asyncio.run(main())
     assert runtime.occupancy.inside == 0
+
+
+def test_disagreements_are_logged_at_most_once_an_interval(caplog: pytest.LogCaptureFixture) -> None:
+    gate = threading.Event()
+    gate.set()
+    runner = ShadowRunner(capacity=8, threads=1)
+    model = "runner-logged"
+    with caplog.at_level("WARNING", logger="twinserve.shadow"):
+        for _ in range(3):
+            runner.submit(_job(model, _FakeRuntime(gate), [1], [5]))
+        _wait(lambda: _count(model, "disagree") == 3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "twinserve.shadow"]
+    assert len(lines) == 1 and "shadow version 2 disagreed with version 1" in lines[0], lines
+    assert "[5]" not in lines[0] and "[2]" not in lines[0]  # never the outputs

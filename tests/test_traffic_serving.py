@@ -120,6 +120,18 @@ def _shadow_counts(app: Client, model: str) -> Counter[str]:
     return counts
 
 
+def _difference_count(app: Client, model: str) -> float:
+    """How many latency differences `twinserve_shadow_latency_difference_seconds` observed for `model`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(app.request("GET", "/metrics").text)
+        for sample in family.samples
+        if sample.name == "twinserve_shadow_latency_difference_seconds_count" and sample.labels["model"] == model
+    )
+
+
 def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -198,6 +210,7 @@ def test_a_shadow_never_changes_the_primary_answer_and_its_disagreements_count(a
     _wait_for(lambda: _shadow_counts(app, "shadowed")["disagree"] - before["disagree"] == n)
     after = _shadow_counts(app, "shadowed")
     assert after["agree"] == before["agree"] and after["error"] == before["error"]
+    assert _difference_count(app, "shadowed") >= n  # each compared pair's latency difference observed
     assert after["dropped"] == before["dropped"]
 
 
