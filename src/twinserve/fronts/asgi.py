@@ -246,6 +246,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             host=headers.get("host"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
+            headers=headers,
         )
         header_length = headers.get(HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
         instances = await exchange.adecode(await _read_body(request, service), header_length)
@@ -262,6 +263,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             host=headers.get("host"),
             timeout_header=headers.get(TIMEOUT_HEADER),
             priority_header=headers.get(PRIORITY_HEADER),
+            headers=headers,
         )
         instances = await exchange.adecode(await _read_body(request, service))
         steps = await runtime.astream(instances, exchange.deadline)
@@ -302,6 +304,13 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
     async def repository_unload(request: Request, exchange: Exchange) -> Reply:
         return await service.repository.aunload(exchange.key_id, request.path_params["model"])
 
+    async def repository_traffic(request: Request, exchange: Exchange) -> Reply:
+        return service.repository.traffic(request.path_params["model"])
+
+    async def repository_set_traffic(request: Request, exchange: Exchange) -> Reply:
+        body = await _read_body(request, service)
+        return service.repository.set_traffic(exchange.key_id, request.path_params["model"], body)
+
     async def model_stats(request: Request, exchange: Exchange) -> Reply:
         return service.model_stats(request.path_params.get("model"), request.path_params.get("version"))
 
@@ -323,6 +332,8 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         "repository_index": plain(service.repository.index),
         "repository_load": repository_load,
         "repository_unload": repository_unload,
+        "repository_traffic": repository_traffic,
+        "repository_set_traffic": repository_set_traffic,
         "openapi": plain(service.openapi),
         "docs": plain(service.docs),
         "metrics": plain(service.metrics),

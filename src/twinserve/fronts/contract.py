@@ -53,6 +53,7 @@ from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, serve
 from twinserve.repository import ModelRegistry
 from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
+from twinserve.repository.shadow import ShadowRunner
 
 __all__ = [
     "JSON",
@@ -161,6 +162,8 @@ class Service:
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
         #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
         self.repository = RepositoryApi(self.registry, config, self.auth is not None)
+        #: Computes the requests mirrored to a shadow version, off their path (repository/shadow.py).
+        self.shadows = ShadowRunner()
 
     # -- metadata and health -----------------------------------------------------------------------------
     def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:
@@ -392,7 +395,22 @@ class Service:
     def runtime_for(self, endpoint: str, model: str, version: str | None = None) -> ModelRuntime:
         """The runtime an inference endpoint asks for: 404 for an unknown model or V2 version, 400 for `:stream`
         on a model that does not stream."""
-        runtime = self.v2_runtime(model, version)
+        return self._streamable(endpoint, model, self.v2_runtime(model, version))
+
+    def route(
+        self, endpoint: str, model: str, version: str | None = None, headers: Headers | None = None
+    ) -> tuple[ModelRuntime, ModelRuntime | None]:
+        """`runtime_for`, an unversioned request spread by its model's traffic split (sticky by `headers`), with
+        the shadow version that computes it again once answered (None: none; never for a streaming model)."""
+        policy = self.registry.traffic.get(model) if version is None else None
+        if policy is None:
+            return self.runtime_for(endpoint, model, version), None
+        key = policy.key(headers)
+        runtime = self._streamable(endpoint, model, self.registry.routed(model, key))
+        shadow = None if runtime.spec.streams else self.registry.shadow_of(model, runtime.spec.version, key)
+        return runtime, shadow
+
+    def _streamable(self, endpoint: str, model: str, runtime: ModelRuntime) -> ModelRuntime:
         if endpoint == "stream" and not runtime.spec.streams:
             raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
         return runtime

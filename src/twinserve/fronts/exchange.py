@@ -45,6 +45,7 @@ from twinserve.fronts.compression import inflate, request_codings
 from twinserve.fronts.routes import JSON, ErrorShape
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import error_body
+from twinserve.repository.shadow import ShadowJob
 
 if TYPE_CHECKING:
     from twinserve.core.runtime import ModelRuntime
@@ -109,8 +110,10 @@ class Exchange:
         "_columnar",
         "_count",
         "_inference",
+        "_instances",
         "_lenient",
         "_open",
+        "_shadow",
         "_threaded",
         "context",
         "deadline",
@@ -142,6 +145,10 @@ class Exchange:
         #: The request's deadline on the monotonic clock, set by `admit` (None: none).
         self.deadline: float | None = None
         self._inference: InferenceRequest | None = None
+        #: The version that computes this request again once it is answered (its model's traffic shadow), and the
+        #: instances it is given (None: no shadow).
+        self._shadow: ModelRuntime | None = None
+        self._instances: list[Any] | None = None
         self._count = 0
         self._body_bytes = 0
         #: The request body's content codings (`Content-Encoding`), undone before it is decoded.
@@ -183,23 +190,26 @@ class Exchange:
         timeout_header: str | None = None,
         priority_header: str | None = None,
         backlog: int | None = None,
+        headers: Headers | None = None,
     ) -> ModelRuntime:
-        """Admit the request from its head alone; the body is read only after this returns."""
+        """Admit the request from its head alone; the body is read only after this returns. `headers` carry the
+        sticky key of a model whose traffic is split (repository/traffic.py)."""
         service = self.service
         admission = service.admission
         priority = self.context.priority = admission.priority(priority_header, key_id=self.key_id)
         if backlog is not None:
             admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
             self._threaded = True
-        runtime = service.runtime_for(self.endpoint, model, version)
+        runtime, shadow = service.route(self.endpoint, model, version, headers)
         self.model = runtime.name
         if not runtime.occupancy.enter():
             # Replaced (or unloaded) since it was looked up: it drains the requests inside and takes no more. Its
             # successor, when there is one, takes this request.
-            runtime = service.runtime_for(self.endpoint, model, version)
+            runtime, shadow = service.route(self.endpoint, model, version, headers)
             if not runtime.occupancy.enter():
                 raise ModelUnavailable(f"model {runtime.name!r} version {runtime.spec.version} is being unloaded")
         self.runtime = runtime  # from here on, `close` lets it go
+        self._shadow = shadow
         settings = runtime.config  # the model's own settings: its default priority, queue and timeout
         if priority_header is None and settings.default_priority != admission.config.default_priority:
             # Shedding (above) knew no model yet; the request's level is its model's default from here on.
@@ -242,6 +252,8 @@ class Exchange:
             request = codecs.v1.read(body)
             instances, self._columnar = request.instances, request.columnar
         self._count = len(instances)
+        if self._shadow is not None:
+            self._instances = instances
         return instances
 
     async def adecode(self, body: bytes, header_length: str | None = None) -> list[Any]:
@@ -256,8 +268,24 @@ class Exchange:
         """The 200 reply carrying `outputs`, in the protocol the request came in."""
         runtime = self._runtime()
         if self._inference is not None:
-            return self.reply(self.service.infer_reply(runtime, self._inference, outputs))
-        return self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
+            reply = self.reply(self.service.infer_reply(runtime, self._inference, outputs))
+        else:
+            reply = self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
+        if self._shadow is not None and self._instances is not None:
+            self._mirror(runtime, self._shadow, self._instances, outputs)
+        return reply
+
+    def _mirror(self, runtime: ModelRuntime, shadow: ModelRuntime, instances: list[Any], outputs: Any) -> None:
+        """Hand the answered request to its shadow version (repository/shadow.py): never waited for."""
+        self._shadow = self._instances = None  # once, however often a front encodes
+        seconds = time.perf_counter() - self.context.started
+        job = ShadowJob(runtime.name, runtime.spec.version, shadow, instances, outputs, seconds)
+        try:
+            self.service.shadows.submit(job)
+        except Exception:  # the primary's answer is ready: a shadow's trouble is only logged
+            logger.exception(
+                "model %r: mirroring a request to shadow version %s failed", runtime.name, shadow.spec.version
+            )
 
     @property
     def coded(self) -> bool:

@@ -248,6 +248,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             timeout_header=metadata.get(_TIMEOUT),
             priority_header=metadata.get(_PRIORITY),
             backlog=self.backlog(),
+            headers=metadata,
         )
         remaining = context.time_remaining()
         if remaining is not None:  # the gRPC deadline, capped like a timeout header

@@ -1,4 +1,5 @@
-"""The repository API's handlers (Triton's and MLServer's): the index, and load and unload for the admin key.
+"""The repository API's handlers (Triton's and MLServer's): the index, and load and unload for the admin key; a
+model's traffic split and shadow, read by any key and set by the admin key (repository/traffic.py).
 
 Transport-free like the rest of `Service`: each front calls `index`, or `load` / `unload` from its own way of
 waiting (the sync front in the request's thread, the async fronts as coroutines: `aload`, `aunload`).
@@ -6,8 +7,11 @@ waiting (the sync front in the request's thread, the async fronts as coroutines:
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from twinserve.config import Config
-from twinserve.errors import Forbidden, ModelControlOff, ModelUnavailable
+from twinserve.errors import Forbidden, MalformedRequest, ModelControlOff, ModelNotFound, ModelUnavailable
 from twinserve.fronts.auth import key_id
 from twinserve.fronts.exchange import Reply
 from twinserve.protocol.v1 import dumps
@@ -15,6 +19,7 @@ from twinserve.repository import ModelRegistry
 from twinserve.repository.control import ModelControl
 from twinserve.repository.desired import DesiredState, RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
+from twinserve.repository.traffic import TrafficPolicy
 
 __all__ = ["RepositoryApi"]
 
@@ -61,15 +66,35 @@ class RepositoryApi:
     async def aunload(self, key: str | None, model: str) -> Reply:
         return self._changed(await self.control(key).aunload(model), model, loaded=False)
 
-    def control(self, key: str | None) -> ModelControl:
+    def traffic(self, model: str) -> Reply:
+        """`model`'s traffic split, sticky header and shadow (all empty: its default version takes every request)."""
+        if not self.registry.knows(model):
+            raise ModelNotFound(f"model {model!r} is not served here")
+        policy = self.registry.traffic.get(model, TrafficPolicy())
+        return Reply(200, dumps({"name": model, "traffic": policy.describe()}))
+
+    def set_traffic(self, key: str | None, model: str, body: bytes) -> Reply:
+        """Replace `model`'s traffic policy by the body's (the `[traffic]` table as JSON), in every server process;
+        the admin key and `--model-control explicit`, as for load and unload."""
+        control = self.control(key, "changing a model's traffic")
+        try:
+            described = control.set_traffic(model, _json_object(body))
+        except ValueError as exc:
+            raise MalformedRequest(str(exc)) from None
+        if self._desired is not None:  # the server's other processes follow
+            self._desired.publish_traffic(model, described)
+        return Reply(200, dumps({"name": model, "traffic": described}))
+
+    def control(self, key: str | None, action: str = "loading and unloading models") -> ModelControl:
         """The model control, for a request whose API key id is `key`: 403 unless it is the admin key (when keys
         are on), 400 unless `--model-control explicit`."""
         if self._auth_on and (self._admin is None or key != self._admin):
-            raise Forbidden("loading and unloading models needs the admin API key (--admin-api-key)")
+            raise Forbidden(f"{action} needs the admin API key (--admin-api-key)")
         if self._control is None:
             raise ModelControlOff(
                 f"this server loads and unloads models by itself (--model-control {self.config.model_control}); "
-                "serve with --model-repository DIR --model-control explicit to load and unload on request"
+                "serve with --model-repository DIR --model-control explicit to load, unload and split traffic on "
+                "request"
             )
         return self._control
 
@@ -81,3 +106,13 @@ class RepositoryApi:
             reasons = "; ".join(f"version {e['version']}: {e['reason']}" for e in entries if e["reason"])
             raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")
         return Reply(200, dumps({"name": model, "versions": entries}))
+
+
+def _json_object(body: bytes) -> Any:
+    try:
+        table = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(table, dict):
+        raise MalformedRequest('the body must be a JSON object: {"split": {...}, "sticky_header": ..., "shadow": ...}')
+    return table

@@ -68,6 +68,9 @@ ROUTES: tuple[Route, ...] = (
     Route("repository_index", "POST", "/v2/repository/index"),
     Route("repository_load", "POST", "/v2/repository/models/{model}/load"),
     Route("repository_unload", "POST", "/v2/repository/models/{model}/unload"),
+    # A model's traffic split and shadow across its versions (twinserve's own; repository/traffic.py).
+    Route("repository_traffic", "GET", "/v2/repository/models/{model}/traffic"),
+    Route("repository_set_traffic", "POST", "/v2/repository/models/{model}/traffic"),
     Route("openapi", "GET", "/openapi.json"),
     Route("docs", "GET", "/docs"),
     Route("metrics", "GET", "/metrics"),

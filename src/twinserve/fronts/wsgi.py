@@ -112,6 +112,7 @@ def create_wsgi_app(service: Service) -> Flask:
             timeout_header=request.headers.get(TIMEOUT_HEADER),
             priority_header=request.headers.get(PRIORITY_HEADER),
             backlog=request.environ.get(BACKLOG_ENVIRON),
+            headers=request.headers,
         )
 
     def infer(model: str, version: str | None = None) -> Response:
@@ -164,6 +165,10 @@ def create_wsgi_app(service: Service) -> Flask:
         # A load or unload runs in this request's thread: other requests go on in theirs.
         "repository_load": lambda model: _respond(service.repository.load(_exchange().key_id, model)),
         "repository_unload": lambda model: _respond(service.repository.unload(_exchange().key_id, model)),
+        "repository_traffic": lambda model: _respond(service.repository.traffic(model)),
+        "repository_set_traffic": lambda model: _respond(
+            service.repository.set_traffic(_exchange().key_id, model, _read_body(service))
+        ),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
         "metrics": lambda: _respond(service.metrics()),

@@ -50,6 +50,10 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: A shadow version's time less its primary's: either may be the slower, by sub-milliseconds to seconds.
+DIFFERENCE_BUCKETS = (
+    -5.0, -1.0, -0.25, -0.1, -0.025, -0.01, -0.0025, -0.001, 0.0, 0.001, 0.0025, 0.01, 0.025, 0.1, 0.25, 1.0, 5.0,
+)  # fmt: skip
 
 #: Error codes that mean "refused by admission control", and the reason label each is counted under.
 REJECTION_REASONS = {
@@ -117,6 +121,18 @@ class _Metrics:
             "Requests a model version answered, by outcome: ok (2xx), refused (by admission control), error (any "
             "other status); a model repository serves several versions of a model at once.",
             ["model", "version", "outcome"],
+        )
+        self.shadow = Counter(
+            "twinserve_shadow_requests_total",
+            "Requests mirrored to a model's shadow version, by outcome: agree or disagree (its outputs against the "
+            "primary's), error (it failed), dropped (not computed: the shadow queue was full or the version busy).",
+            ["model", "primary", "shadow", "outcome"],
+        )
+        self.shadow_difference = Histogram(
+            "twinserve_shadow_latency_difference_seconds",
+            "A shadow version's predict time less its primary's request time (negative: the shadow was faster).",
+            ["model", "primary", "shadow"],
+            buckets=DIFFERENCE_BUCKETS,
         )
         self.in_flight = Gauge(
             "twinserve_in_flight_requests", "Requests being handled now.", multiprocess_mode="livesum"

@@ -21,9 +21,11 @@ import asyncio
 import logging
 import sys
 import threading
+from typing import Any
 
 from twinserve.errors import ModelNotFound
 from twinserve.repository.registry import ModelRegistry, ServedVersion
+from twinserve.repository.traffic import TrafficPolicy
 
 __all__ = ["ModelControl"]
 
@@ -46,7 +48,7 @@ class ModelControl:
         with self._lock:
             staged = self.registry.built(folder)
             self.registry.load_entries(_loading(staged))
-            self._retire(self.registry.install(name, staged))
+            self._retire(self.registry.install(name, staged, folder.traffic))
         return self._entries(name)
 
     def unload(self, name: str) -> list[dict[str, str]]:
@@ -71,7 +73,7 @@ class ModelControl:
             # Importing a model runs its module's code: on a thread, so the loop keeps serving.
             staged = await asyncio.to_thread(self.registry.built, folder)
             await self.registry.aload_entries(_loading(staged))
-            await self._aretire(self.registry.install(name, staged))
+            await self._aretire(self.registry.install(name, staged, folder.traffic))
         return self._entries(name)
 
     async def aunload(self, name: str) -> list[dict[str, str]]:
@@ -94,6 +96,13 @@ class ModelControl:
         return self._alock
 
     # -- both ---------------------------------------------------------------------------------------------
+    def set_traffic(self, name: str, table: Any) -> dict[str, Any]:
+        """Spread `name`'s unversioned requests by the traffic `table` from now on (repository/traffic.py): a
+        ValueError naming what is wrong with it; the policy as it reads after."""
+        policy = TrafficPolicy.parse(table)
+        self.registry.set_traffic(name, policy)  # a swap of one dict entry: no request waits for it
+        return policy.describe()
+
     def _known(self, name: str) -> None:
         if not self.registry.knows(name):
             raise ModelNotFound(f"model {name!r} is not in the model repository")

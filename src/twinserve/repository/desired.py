@@ -9,6 +9,9 @@ change newer than the one it applied last, through the same `ModelControl` (so t
 source of the files: a load reads the folder again in each process). A worker started later (a replacement)
 applies the whole file once it has loaded the folder.
 
+A model's traffic policy set through the API (repository/traffic.py) travels the same way, as its own kind of
+change in the same file and generation order.
+
 Each process therefore reaches the state the API answered within a fraction of a second; the answer itself comes
 once the process that took it has changed (docs/repository.md).
 
@@ -47,11 +50,13 @@ logger = logging.getLogger("twinserve.repository")
 
 @dataclass(frozen=True)
 class Change:
-    """One model's desired state, as of server-wide generation `generation`."""
+    """One model's desired state, as of server-wide generation `generation`: loaded or not, or (`traffic` set)
+    its traffic policy as the repository API took it (repository/traffic.py)."""
 
     model: str
     loaded: bool
     generation: int
+    traffic: dict[str, Any] | None = None
 
 
 def create() -> str:
@@ -59,7 +64,7 @@ def create() -> str:
     folder = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
     fd, path = tempfile.mkstemp(prefix="twinserve-repository-", suffix=".json", dir=folder)
     with os.fdopen(fd, "w") as file:
-        json.dump({"generation": 0, "models": {}}, file)
+        json.dump({"generation": 0, "models": {}, "traffic": {}}, file)
     os.environ[DESIRED_STATE_ENV] = path
     atexit.register(_remove, path)
     return path
@@ -88,12 +93,19 @@ class DesiredState:
 
     def publish(self, model: str, loaded: bool) -> int:
         """Record that `model` is now loaded (or unloaded) here, for the other processes; its generation."""
+        return self._publish("models", model, {"loaded": loaded})
+
+    def publish_traffic(self, model: str, traffic: dict[str, Any]) -> int:
+        """Record `model`'s traffic policy as set here, for the other processes; its generation."""
+        return self._publish("traffic", model, {"policy": traffic})
+
+    def _publish(self, section: str, model: str, entry: dict[str, Any]) -> int:
         with self._locked():
             state = self._read()
             generation = state["generation"] = int(state["generation"]) + 1
-            state["models"][model] = {"loaded": loaded, "generation": generation}
+            state.setdefault(section, {})[model] = {**entry, "generation": generation}
             with self._lock:  # before the file says so: this process's own follower must not apply it again
-                self._applied[model] = generation
+                self._applied[_applied_key(section, model)] = generation
             temporary = self.path.with_suffix(".tmp")
             temporary.write_text(json.dumps(state))
             os.replace(temporary, self.path)  # readers see the old file or the new one, never half of one
@@ -111,21 +123,23 @@ class DesiredState:
             return []
         self._stamp = stamp
         try:
-            models = self._read()["models"]
+            state = self._read()
         except (OSError, ValueError):
             self._stamp = None  # look again next time
             return []
         with self._lock:
             changes = [
-                Change(name, bool(entry["loaded"]), int(entry["generation"]))
-                for name, entry in models.items()
-                if int(entry["generation"]) > self._applied.get(name, 0)
+                Change(name, bool(entry.get("loaded")), int(entry["generation"]), entry.get("policy"))
+                for section in ("models", "traffic")
+                for name, entry in state.get(section, {}).items()
+                if int(entry["generation"]) > self._applied.get(_applied_key(section, name), 0)
             ]
         return sorted(changes, key=lambda change: change.generation)
 
     def applied(self, change: Change) -> None:
+        key = _applied_key("models" if change.traffic is None else "traffic", change.model)
         with self._lock:
-            self._applied[change.model] = max(change.generation, self._applied.get(change.model, 0))
+            self._applied[key] = max(change.generation, self._applied.get(key, 0))
 
     def _read(self) -> dict[str, Any]:
         state: dict[str, Any] = json.loads(self.path.read_text())
@@ -141,6 +155,11 @@ class DesiredState:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _applied_key(section: str, model: str) -> str:
+    # Model names hold no ':' (fronts/routes.py): a traffic change's key never meets a model's.
+    return model if section == "models" else f"traffic:{model}"
+
+
 class RepositoryFollower:
     """Apply, in this process, what the other processes published (see the module docstring)."""
 
@@ -153,7 +172,9 @@ class RepositoryFollower:
     def follow(self) -> None:
         for change in self.desired.pending():
             try:
-                if change.loaded:
+                if change.traffic is not None:
+                    self.control.set_traffic(change.model, change.traffic)
+                elif change.loaded:
                     self.control.load(change.model)
                 elif self.control.registry.knows(change.model):
                     self.control.unload(change.model)
@@ -178,7 +199,9 @@ class RepositoryFollower:
     async def afollow(self) -> None:
         for change in await asyncio.to_thread(self.desired.pending):
             try:
-                if change.loaded:
+                if change.traffic is not None:
+                    self.control.set_traffic(change.model, change.traffic)
+                elif change.loaded:
                     await self.control.aload(change.model)
                 elif self.control.registry.knows(change.model):
                     await self.control.aunload(change.model)

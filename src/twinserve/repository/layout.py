@@ -1,6 +1,6 @@
 """How a model repository is laid out on disk, read into plain values (no import of model code here).
 
-    DIR/<model>/twinserve.toml       model = "model.py:Classifier"; [settings]; versions = ...
+    DIR/<model>/twinserve.toml       model = "model.py:Classifier"; [settings]; versions = ...; [traffic]
     DIR/<model>/<version>/model.py   numbered version folders; a version's files live beside its model.py
     DIR/<model>/model.py             (no version folder: the model folder itself is version 1)
 
@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twinserve.repository.traffic import TrafficPolicy
+
 __all__ = ["SETTINGS_FILE", "ModelFolder", "VersionFolder", "read_model", "read_repository"]
 
 SETTINGS_FILE = "twinserve.toml"
-_KEYS = frozenset({"model", "settings", "versions"})
+_KEYS = frozenset({"model", "settings", "traffic", "versions"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -48,6 +50,8 @@ class ModelFolder:
     folder: Path
     settings: dict[str, Any] = field(default_factory=dict)
     versions: tuple[VersionFolder, ...] = ()
+    #: Its `[traffic]` table: split and shadow across its versions (None: the default version takes all).
+    traffic: TrafficPolicy | None = None
     #: Why the folder cannot be served (None: it can; its versions may still fail to import or load).
     error: str | None = None
 
@@ -69,11 +73,12 @@ def read_model(folder: Path) -> ModelFolder:
         settings, policy = _settings(document), document.get("versions", "all")
         present = _version_folders(folder)
         chosen = _apply_policy(policy, sorted(present))
+        traffic = _traffic(document, chosen)
     except ValueError as exc:
         return ModelFolder(name, folder, error=f"{folder / SETTINGS_FILE}: {exc}")
     entry = str(document["model"])
     versions = tuple(_version(name, present.get(number, folder), number, entry) for number in chosen)
-    return ModelFolder(name, folder, settings, versions)
+    return ModelFolder(name, folder, settings, versions, traffic)
 
 
 def _visible(path: Path) -> bool:
@@ -102,6 +107,12 @@ def _settings(document: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise ValueError("[settings] must be a table of per-model settings")
     return settings
+
+
+def _traffic(document: dict[str, Any], chosen: list[int]) -> TrafficPolicy | None:
+    """The `[traffic]` table, naming only versions the policy serves (repository/traffic.py)."""
+    table = document.get("traffic")
+    return None if table is None else TrafficPolicy.parse(table, [str(number) for number in chosen])
 
 
 def _version_folders(folder: Path) -> dict[int, Path]:

@@ -23,6 +23,7 @@ from twinserve.config import Config
 from twinserve.core.runtime import ModelRuntime, load_runtimes
 from twinserve.errors import ModelNotFound, ModelUnavailable, TwinserveError
 from twinserve.repository.layout import ModelFolder, read_model, read_repository
+from twinserve.repository.traffic import TrafficPolicy
 
 __all__ = ["ModelRegistry", "ServedVersion", "State"]
 
@@ -58,6 +59,8 @@ class ModelRegistry:
         self._versions: dict[str, dict[str, ServedVersion]] = {}
         #: Model name -> its default version's runtime (updated in place).
         self.runtimes: dict[str, ModelRuntime] = {}
+        #: Model name -> how its unversioned requests are spread over its versions (repository/traffic.py).
+        self.traffic: dict[str, TrafficPolicy] = {}
         #: Set once its models are closed (the server stops): a repository poll thread then ends.
         self.closed = False
 
@@ -100,6 +103,7 @@ class ModelRegistry:
                 continue
             versions[version] = ServedVersion(folder.name, version, "LOADING", runtime=runtime)
         self._versions[folder.name] = versions
+        self._set_traffic(folder.name, folder.traffic)
         self._choose_defaults()
 
     def reread(self, name: str) -> ModelFolder:
@@ -115,11 +119,14 @@ class ModelRegistry:
         staged.add(folder)
         return staged._versions[folder.name]
 
-    def install(self, name: str, versions: dict[str, ServedVersion]) -> list[ServedVersion]:
-        """Serve `versions` as `name`'s (loaded already, or UNAVAILABLE) in place of its current ones, which are
-        returned: still open, for the caller to drain and close."""
+    def install(
+        self, name: str, versions: dict[str, ServedVersion], traffic: TrafficPolicy | None = None
+    ) -> list[ServedVersion]:
+        """Serve `versions` as `name`'s (loaded already, or UNAVAILABLE), spread by `traffic`, in place of its
+        current ones, which are returned: still open, for the caller to drain and close."""
         old = [e for e in self._versions.get(name, {}).values() if e.runtime is not None]
         self._versions[name] = versions
+        self._set_traffic(name, traffic)
         self._choose_defaults()
         return old
 
@@ -211,6 +218,40 @@ class ModelRegistry:
         if entry.runtime is None or entry.state in ("UNAVAILABLE", "UNLOADING"):
             raise ModelUnavailable(f"model {name!r} version {version} is unavailable: {entry.reason or entry.state}")
         return entry.runtime
+
+    def routed(self, name: str, key: str | None) -> ModelRuntime:
+        """The runtime that answers an unversioned request for `name` with sticky `key`: by its traffic split
+        among the versions ready now, else (no split, none of its versions ready) the default."""
+        policy = self.traffic.get(name)
+        if policy is not None and policy.split:
+            ready = {v: e.runtime for v, e in self._versions.get(name, {}).items() if e.state == "READY" and e.runtime}
+            version = policy.primary(key, ready)
+            if version is not None:
+                return ready[version]
+        return self.runtime(name)
+
+    def shadow_of(self, name: str, primary: str, key: str | None) -> ModelRuntime | None:
+        """The version that computes this request again for comparison (its traffic's shadow), if it is ready
+        and not the one answering; else None."""
+        policy = self.traffic.get(name)
+        version = policy.shadowed(key) if policy is not None else None
+        entry = self._versions.get(name, {}).get(version) if version is not None and version != primary else None
+        return entry.runtime if entry is not None and entry.state == "READY" else None
+
+    def set_traffic(self, name: str, traffic: TrafficPolicy | None) -> None:
+        """Spread `name`'s requests by `traffic` from now on (None: its default takes them); ModelNotFound for a
+        model this registry does not know, ValueError for a version it does not serve."""
+        if name not in self._versions:
+            raise ModelNotFound(f"model {name!r} is not in the model repository")
+        if traffic is not None:
+            traffic.check([v for v in self._versions[name] if v])
+        self._set_traffic(name, traffic)
+
+    def _set_traffic(self, name: str, traffic: TrafficPolicy | None) -> None:
+        if traffic is None:
+            self.traffic.pop(name, None)
+        else:
+            self.traffic[name] = traffic
 
     def knows(self, name: str) -> bool:
         """Whether `name` is a model of this registry (served, or unavailable)."""
