@@ -53,6 +53,7 @@ from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, serve
 from twinserve.repository import ModelRegistry
 from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
+from twinserve.repository.residency import Residency
 
 __all__ = [
     "JSON",
@@ -160,6 +161,8 @@ class Service:
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
         #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
         self.repository = RepositoryApi(self.registry, config, self.auth is not None)
+        #: Requests wait here for a loading model; `--max-loaded-models` loads on demand and evicts (LRU).
+        self.residency = Residency(self.registry, self.repository.changes, config)
 
     # -- metadata and health -----------------------------------------------------------------------------
     def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:

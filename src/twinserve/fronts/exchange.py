@@ -170,6 +170,17 @@ class Exchange:
         self.key_id = self.service.authenticate(headers, peer)
         return self.key_id
 
+    def wait_for_model(self, model: str, version: str | None = None, timeout_header: str | None = None) -> None:
+        """Before `admit`: wait for a loading model, or load a cold one, up to the request's deadline (504 past
+        it; repository/residency.py). The sync front waits in the request's thread."""
+        deadline_of = functools.partial(self.service.admission.deadline, timeout_header)
+        self.deadline = self.service.residency.wait(model, version, deadline_of)
+
+    async def await_model(self, model: str, version: str | None = None, timeout_header: str | None = None) -> None:
+        """`wait_for_model` for the event loop."""
+        deadline_of = functools.partial(self.service.admission.deadline, timeout_header)
+        self.deadline = await self.service.residency.await_ready(model, version, deadline_of)
+
     def admit(
         self,
         model: str,
@@ -209,7 +220,8 @@ class Exchange:
         self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
-        self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
+        if self.deadline is None:  # else it waited for its model: the deadline it waited under stands
+            self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------

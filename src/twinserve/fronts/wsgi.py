@@ -99,6 +99,7 @@ def create_wsgi_app(service: Service) -> Flask:
     app.url_map.converters["model"] = _ModelNameConverter
 
     def admitted(exchange: Exchange, model: str, version: str | None = None) -> ModelRuntime:
+        exchange.wait_for_model(model, version, request.headers.get(TIMEOUT_HEADER))
         return exchange.admit(
             model,
             version,
