@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,10 +211,8 @@ def _tree_rss(pid: int) -> int:
     root = psutil.Process(pid)
     total = 0
     for process in [root, *root.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a model worker that just ended holds nothing
             total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass  # a model worker that just ended holds nothing
     return total
 
 

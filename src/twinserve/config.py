@@ -311,7 +311,7 @@ class Config(BaseSettings):
         ge=1,
         description="With --model-repository, most models loaded at once in each server process: the first N by name "
         "load at start, any other on its first request, and the least recently used is unloaded to make room "
-        "(default: no bound, every model loads at start).",
+        "(unset: no bound, every model loads at start).",
     )
     repository_poll_s: float = Field(
         5.0, gt=0, le=3600, description="With --model-control poll, seconds between two looks at the repository."
