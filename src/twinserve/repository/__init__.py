@@ -2,5 +2,16 @@
 
 from twinserve.repository.layout import ModelFolder, VersionFolder, read_model, read_repository
 from twinserve.repository.registry import ModelRegistry, ServedVersion
+from twinserve.repository.residency import COLD, EVICTED, Residency
 
-__all__ = ["ModelFolder", "ModelRegistry", "ServedVersion", "VersionFolder", "read_model", "read_repository"]
+__all__ = [
+    "COLD",
+    "EVICTED",
+    "ModelFolder",
+    "ModelRegistry",
+    "Residency",
+    "ServedVersion",
+    "VersionFolder",
+    "read_model",
+    "read_repository",
+]
