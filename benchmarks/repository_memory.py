@@ -1,7 +1,8 @@
 """Resident memory per model, per architecture, for the built-in examples served from a model repository; and how
 many copies of each model the machine holds (not run in CI).
 
-    python benchmarks/repository_memory.py [--models tabular,tokens,embed] [--workers 1,2] [--versions 2]
+    python benchmarks/repository_memory.py [--models tabular,tokens,embed] [--archs sync,async,hybrid] [--workers 1,2]
+        [--versions 2]
 
 For each architecture (sync, async, hybrid) and each `--workers` count, it starts a server over a repository that
 holds one example model (`model.py` re-exporting the example class), sends it one request from the model's own
@@ -102,6 +103,7 @@ def measure(arch: str, workers: int, versions: int, name: str) -> Run:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tabular,tokens,embed", help="examples, of: " + ", ".join(EXAMPLES))
+    parser.add_argument("--archs", default="sync,async,hybrid", help="architectures, comma-separated")
     parser.add_argument("--workers", default="1,2", help="server processes to try, comma-separated")
     parser.add_argument("--versions", type=int, default=2, help="versions per model in hybrid's extra runs")
     args = parser.parse_args()
@@ -109,8 +111,9 @@ def main() -> None:
     unknown = [m for m in models if m not in EXAMPLES]
     if unknown:
         sys.exit(f"unknown example(s): {', '.join(unknown)}")
-    plans = [(arch, int(w), 1) for arch in ("sync", "async", "hybrid") for w in args.workers.split(",")]
-    if args.versions > 1:
+    archs = args.archs.split(",")
+    plans = [(arch, int(w), 1) for arch in archs for w in args.workers.split(",")]
+    if args.versions > 1 and "hybrid" in archs:
         plans += [("hybrid", int(w), args.versions) for w in args.workers.split(",")]
     head = "| arch | workers | versions | model | copies | processes | tree RSS MiB | over base MiB | per copy MiB |"
     print(head)
