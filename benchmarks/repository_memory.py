@@ -119,13 +119,17 @@ def main() -> None:
     print(head)
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for arch, workers, versions in plans:
-        base = measure(arch, workers, versions, "noop")
+        try:
+            base = measure(arch, workers, versions, "noop")
+        except Exception as exc:  # a server that did not start here (an overloaded machine): the next plan
+            print(f"| {arch} | {workers} | {versions} | (baseline) | - | - | - | failed: {str(exc)[:80]} | - |")
+            continue
         print(f"| {arch} | {workers} | {versions} | (baseline) | - | {base.processes} | {base.tree_mib:,.0f} | - | - |")
         for name in models:
             try:
                 run = measure(arch, workers, versions, name)
             except Exception as exc:  # one example that cannot run here (a missing extra) does not stop the rest
-                print(f"| {arch} | {workers} | {versions} | {name} | - | - | - | failed: {exc} | - |")
+                print(f"| {arch} | {workers} | {versions} | {name} | - | - | - | failed: {str(exc)[:80]} | - |")
                 continue
             over = run.tree_mib - base.tree_mib
             row = f"| {arch} | {workers} | {versions} | {name} | {run.copies} | {run.processes} | {run.tree_mib:,.0f}"
