@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served
-from tests.serving import Server
+from tests.serving import Server, wait_for_file
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 
@@ -245,3 +246,36 @@ def test_eviction_keeps_the_servers_memory_bounded(heavy: Path, arch: str) -> No
                 ask(name)
                 peak = max(peak, _tree_rss(server.pid))
         assert peak - baseline < HELD_MIB * MiB, f"grew by {(peak - baseline) / MiB:.0f} MiB over {baseline / MiB:.0f}"
+
+
+#: A model whose predict says it started (`entered`) and waits until the test writes `release`: a request inside.
+HELD = NAMED.replace(
+    "        return [self.name_of for _ in batch]",
+    "        (Path(__file__).parent / 'entered').write_text('')\n"
+    "        while not (Path(__file__).parent / 'release').exists():\n"
+    "            time.sleep(0.01)\n"
+    "        return [self.name_of for _ in batch]",
+).replace("from pathlib import Path\n", "import time\nfrom pathlib import Path\n")
+assert "entered" in HELD
+
+
+@pytest.mark.parametrize("arch", ARCHS_IN_PROCESS)
+def test_a_model_with_a_request_inside_is_not_evicted_while_another_can_go(tmp_path: Path, arch: str) -> None:
+    root = tmp_path / "repository"
+    for name in ("alpha", "beta", "gamma"):
+        _model(root, name)
+    (root / "alpha" / "model.py").write_text(HELD)
+    with served(arch, [], model_repository=str(root), max_loaded_models=2, workers=1) as app:
+        inside: dict[str, Any] = {}
+        held = threading.Thread(target=lambda: inside.setdefault("answer", _ask(app, "alpha")))
+        held.start()
+        try:
+            wait_for_file(root / "alpha" / "entered", timeout=120)
+            assert _ask(app, "beta").status == 200  # alpha is the least recently used, but it has a request inside
+            assert _ask(app, "gamma").status == 200
+            assert _ready(app) == ["alpha", "gamma"]
+            assert _states(app)["beta:evicted"] == "UNAVAILABLE"
+        finally:
+            (root / "alpha" / "release").write_text("")
+            held.join(timeout=120)
+        assert inside["answer"].status == 200
