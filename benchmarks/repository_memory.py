@@ -20,6 +20,8 @@ the libraries' code) count once per process here, as RSS does; the figures are w
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -72,6 +74,16 @@ def write_repository(root: Path, name: str, versions: int) -> Path:
     return root
 
 
+def answered_by(output: str) -> set[int]:
+    """The server processes that answered a predict, from the access log lines of the server's output."""
+    pids = set()
+    for line in output.splitlines():
+        if '"twinserve.access"' in line and ":predict" in line:
+            with contextlib.suppress(ValueError, KeyError):
+                pids.add(int(json.loads(line)["pid"]))
+    return pids
+
+
 def tree_rss(pid: int) -> tuple[int, int]:
     """(RSS bytes, processes) of a process and everything under it."""
     root = psutil.Process(pid)
@@ -92,10 +104,16 @@ def measure(arch: str, workers: int, versions: int, name: str) -> Run:
         with TwinserveServer([], arch, *flags) as server:
             meta: dict[str, Any] = httpx.get(f"{server.url}/v1/models/{name}", timeout=60).json()
             body = {"instances": meta.get("examples", [])[:1] or [1]}
-            for _ in range(workers * 4):  # new connections: each server process is likely to take one
+            # Until every server process has answered one (each loads its models before it accepts a connection):
+            # a tree measured while one is still loading would count it short.
+            for _ in range(workers * 200):
                 answer = httpx.post(f"{server.url}/v1/models/{name}:predict", json=body, timeout=300)
                 if answer.status_code != 200:
                     raise RuntimeError(f"{name} on {arch}: {answer.status_code} {answer.text[:200]}")
+                if len(answered_by(server.output())) >= workers:
+                    break
+            else:
+                raise RuntimeError(f"{name} on {arch}: fewer than {workers} server processes answered")
             rss, processes = tree_rss(server.pid)
     return Run(arch, workers, versions, name, rss / MiB, processes)
 
