@@ -8,7 +8,8 @@ order, whatever the transport:
    `authenticate` when the path needs a key, from the client's address (the auth-failure lockout);
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
-   type, the declared size, readiness, then the deadline;
+   type, the declared size, readiness, then the deadline; a request for a model that is loading (or, under
+   `--max-loaded-models`, not loaded) first waits for it, up to that deadline (`wait_for_model`, `await_model`);
 3. **decode** the body, its content codings undone (fronts/compression.py), with the endpoint's codec (V1
    instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
 4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
