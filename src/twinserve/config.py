@@ -306,6 +306,13 @@ class Config(BaseSettings):
         "repository API answers the index only), explicit (load at start, then load/unload on request), poll "
         "(load at start, then follow the folder's changes every --repository-poll-s).",
     )
+    max_loaded_models: int | None = Field(
+        None,
+        ge=1,
+        description="With --model-repository, most models loaded at once in each server process: the first N by name "
+        "load at start, any other on its first request, and the least recently used is unloaded to make room "
+        "(unset: no bound, every model loads at start).",
+    )
     repository_poll_s: float = Field(
         5.0, gt=0, le=3600, description="With --model-control poll, seconds between two looks at the repository."
     )
@@ -443,7 +450,15 @@ class Config(BaseSettings):
         if self.model_repository is None:
             if self.model_control != "none":
                 raise ValueError("--model-control needs --model-repository")
+            if self.max_loaded_models is not None:
+                raise ValueError("--max-loaded-models needs --model-repository: it bounds a repository's models")
             return
+        if self.max_loaded_models is not None and self.model_control == "poll":
+            # Under poll the folder decides what is loaded; under a bound, the requests do.
+            raise ValueError(
+                "--max-loaded-models loads models on demand and cannot follow the folder: use --model-control "
+                "none or explicit with it"
+            )
         if self.models != [DEFAULT_MODEL]:
             raise ValueError("MODEL arguments and --model-repository are exclusive: serve one or the other")
         if not self.model_repository.is_dir():

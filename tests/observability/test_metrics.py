@@ -52,7 +52,7 @@ def test_every_request_is_counted_once_whichever_worker_answered(arch: str) -> N
     assert get("twinserve_inference_duration_seconds_count", model="echo") == get(
         "twinserve_batch_size_count", model="echo"
     )
-    assert get("twinserve_model_load_seconds", model="echo") >= 0
+    assert get("twinserve_model_load_seconds_count", model="echo", version="1") >= 1
     assert get("twinserve_in_flight_requests") == 1  # the scrape itself
 
 

@@ -67,6 +67,7 @@ class ModelRuntime:
         self.target = target
         #: The module name a model file is imported under (None: derived from the file's name).
         self.module = module
+        started = time.perf_counter()
         model_class = import_model(target, module)
         # The class's own settings, then those of its settings file (`settings`) over them, then the server's.
         label = name or getattr(model_class, "name", None) or model_class.__name__.lower()
@@ -88,6 +89,8 @@ class ModelRuntime:
         if version is not None:
             self.spec.version = version
         self.ready = False
+        #: Its import and construction, part of its cold start (`twinserve_model_load_seconds`).
+        self.import_seconds = time.perf_counter() - started
         #: Requests admitted to this model and not yet closed: an unload drains them first.
         self.occupancy = Occupancy()
         self.load_seconds: float | None = None
@@ -105,7 +108,7 @@ class ModelRuntime:
             "compute": registry.compute_seconds.labels(self.name),
             "queue_wait": registry.queue_wait.labels(self.name),
             "queued": registry.queued.labels(self.name),
-            "load": registry.load_seconds.labels(self.name),
+            "load": registry.load_seconds.labels(self.name, self.spec.version),
             "isolations": registry.isolations.labels(self.name),
             "isolation_reruns": registry.isolation_reruns.labels(self.name),
             "isolation_answered": registry.isolation_requests.labels(self.name, "answered"),
@@ -200,7 +203,7 @@ class ModelRuntime:
 
     def _loaded(self, start: float) -> None:
         self.load_seconds = time.perf_counter() - start
-        self._metrics["load"].set(self.load_seconds)
+        self._metrics["load"].observe(self.import_seconds + self.load_seconds)
         self.ready = True
         logger.info(
             "model %r ready in %.3f s (executor %s, max batch %d)",

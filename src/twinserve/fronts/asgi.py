@@ -236,6 +236,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
     async def infer(request: Request, exchange: Exchange) -> Reply:
         """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
         params, headers = request.path_params, request.headers
+        await exchange.await_model(params["model"], params.get("version"), headers.get(TIMEOUT_HEADER))
         runtime = exchange.admit(
             params["model"],
             params.get("version"),
@@ -254,6 +255,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:
         headers = request.headers
+        await exchange.await_model(request.path_params["model"], None, headers.get(TIMEOUT_HEADER))
         runtime = exchange.admit(
             request.path_params["model"],
             content_type=headers.get("content-type"),

@@ -54,6 +54,7 @@ from twinserve.repository import ModelRegistry
 from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
 from twinserve.repository.shadow import ShadowRunner
+from twinserve.repository.residency import Residency
 
 __all__ = [
     "JSON",
@@ -164,6 +165,8 @@ class Service:
         self.repository = RepositoryApi(self.registry, config, self.auth is not None)
         #: Computes the requests mirrored to a shadow version, off their path (repository/shadow.py).
         self.shadows = ShadowRunner()
+        #: Requests wait here for a loading model; `--max-loaded-models` loads on demand and evicts (LRU).
+        self.residency = Residency(self.registry, self.repository.changes, config)
 
     # -- metadata and health -----------------------------------------------------------------------------
     def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:

@@ -8,7 +8,8 @@ order, whatever the transport:
    `authenticate` when the path needs a key, from the client's address (the auth-failure lockout);
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
-   type, the declared size, readiness, then the deadline;
+   type, the declared size, readiness, then the deadline; a request for a model that is loading (or, under
+   `--max-loaded-models`, not loaded) first waits for it, up to that deadline (`wait_for_model`, `await_model`);
 3. **decode** the body, its content codings undone (fronts/compression.py), with the endpoint's codec (V1
    instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
 4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
@@ -177,6 +178,17 @@ class Exchange:
         self.key_id = self.service.authenticate(headers, peer)
         return self.key_id
 
+    def wait_for_model(self, model: str, version: str | None = None, timeout_header: str | None = None) -> None:
+        """Before `admit`: wait for a loading model, or load a cold one, up to the request's deadline (504 past
+        it; repository/residency.py). The sync front waits in the request's thread."""
+        deadline_of = functools.partial(self.service.admission.deadline, timeout_header)
+        self.deadline = self.service.residency.wait(model, version, deadline_of)
+
+    async def await_model(self, model: str, version: str | None = None, timeout_header: str | None = None) -> None:
+        """`wait_for_model` for the event loop."""
+        deadline_of = functools.partial(self.service.admission.deadline, timeout_header)
+        self.deadline = await self.service.residency.await_ready(model, version, deadline_of)
+
     def admit(
         self,
         model: str,
@@ -219,7 +231,8 @@ class Exchange:
         self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
-        self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
+        if self.deadline is None:  # else it waited for its model: the deadline it waited under stands
+            self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------

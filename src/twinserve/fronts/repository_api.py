@@ -39,9 +39,12 @@ class RepositoryApi:
         #: What keeps this process's models in step, started once they are loaded: the folder's poll
         #: (`--model-control poll`), or the other processes' explicit changes (repository/desired.py).
         self.watch: RepositoryPoller | RepositoryFollower | None = None
-        if config.model_repository is None or config.model_control == "none":
+        #: Every load and unload of this process's repository models goes through this one (None: MODEL arguments):
+        #: the API's, the poll's, the other processes' and the loads on demand (repository/residency.py).
+        self.changes = ModelControl(registry) if config.model_repository is not None else None
+        if config.model_repository is None or self.changes is None or config.model_control == "none":
             return
-        control = ModelControl(registry)
+        control = self.changes
         if config.model_control == "poll":
             self.watch = RepositoryPoller(control, config.model_repository, config.repository_poll_s)
             return

@@ -101,6 +101,7 @@ def create_wsgi_app(service: Service) -> Flask:
     app.extensions[EARLY_REFUSAL_STATE] = EarlyRefusal(service)  # for twinserve's gunicorn worker, before Flask
 
     def admitted(exchange: Exchange, model: str, version: str | None = None) -> ModelRuntime:
+        exchange.wait_for_model(model, version, request.headers.get(TIMEOUT_HEADER))
         return exchange.admit(
             model,
             version,

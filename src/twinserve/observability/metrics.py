@@ -54,6 +54,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DIFFERENCE_BUCKETS = (
     -5.0, -1.0, -0.25, -0.1, -0.025, -0.01, -0.0025, -0.001, 0.0, 0.001, 0.0025, 0.01, 0.025, 0.1, 0.25, 1.0, 5.0,
 )  # fmt: skip
+#: A model's cold start, import to ready: from a toy's milliseconds to a large model's minutes.
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 #: Error codes that mean "refused by admission control", and the reason label each is counted under.
 REJECTION_REASONS = {
@@ -175,8 +177,15 @@ class _Metrics:
             ["model"], buckets=LATENCY_BUCKETS,
         )  # fmt: skip
         self.cache = Counter("twinserve_cache_requests_total", "Cache lookups per instance.", ["model", "result"])
-        self.load_seconds = Gauge(
-            "twinserve_model_load_seconds", "Time the model took to load.", ["model"], multiprocess_mode="max"
+        self.load_seconds = Histogram(
+            "twinserve_model_load_seconds",
+            "Cold start of a model version: its import and its load(), to ready (each load, at start or on demand).",
+            ["model", "version"], buckets=LOAD_BUCKETS,
+        )  # fmt: skip
+        self.evictions = Counter(
+            "twinserve_model_evictions_total",
+            "Models unloaded to make room for another (--max-loaded-models: the least recently used goes).",
+            ["model"],
         )
         # liveall: one series per live process (prometheus-client adds the `pid` label); livesum: their total.
         self.memory = Gauge(

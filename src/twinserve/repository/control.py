@@ -27,7 +27,7 @@ from twinserve.errors import ModelNotFound
 from twinserve.repository.registry import ModelRegistry, ServedVersion
 from twinserve.repository.traffic import TrafficPolicy
 
-__all__ = ["ModelControl"]
+__all__ = ["ModelControl", "forget_module"]
 
 logger = logging.getLogger("twinserve.repository")
 
@@ -51,11 +51,11 @@ class ModelControl:
             self._retire(self.registry.install(name, staged, folder.traffic))
         return self._entries(name)
 
-    def unload(self, name: str) -> list[dict[str, str]]:
-        """Drain and close every version of `name`; its index entries after."""
+    def unload(self, name: str, reason: str = "unloaded") -> list[dict[str, str]]:
+        """Drain and close every version of `name`, left UNAVAILABLE with `reason`; its index entries after."""
         self._known(name)
         with self._lock:
-            self._retire(self.registry.install(name, _unloaded(self.registry, name)))
+            self._retire(self.registry.install(name, _unloaded(self.registry, name, reason)))
         return self._entries(name)
 
     def _retire(self, old: list[ServedVersion]) -> None:
@@ -64,7 +64,7 @@ class ModelControl:
             if not entry.runtime.occupancy.wait_empty(self._timeout):
                 logger.warning("model %r version %s: requests still inside after the drain", entry.name, entry.version)
             entry.runtime.close()
-            _forget(entry)
+            forget_module(entry)
 
     # -- the async fronts ---------------------------------------------------------------------------------
     async def aload(self, name: str) -> list[dict[str, str]]:
@@ -76,10 +76,10 @@ class ModelControl:
             await self._aretire(self.registry.install(name, staged, folder.traffic))
         return self._entries(name)
 
-    async def aunload(self, name: str) -> list[dict[str, str]]:
+    async def aunload(self, name: str, reason: str = "unloaded") -> list[dict[str, str]]:
         self._known(name)
         async with self._async_lock():
-            await self._aretire(self.registry.install(name, _unloaded(self.registry, name)))
+            await self._aretire(self.registry.install(name, _unloaded(self.registry, name, reason)))
         return self._entries(name)
 
     async def _aretire(self, old: list[ServedVersion]) -> None:
@@ -88,7 +88,7 @@ class ModelControl:
             if not await entry.runtime.occupancy.await_empty(self._timeout):
                 logger.warning("model %r version %s: requests still inside after the drain", entry.name, entry.version)
             await entry.runtime.aclose()
-            _forget(entry)
+            forget_module(entry)
 
     def _async_lock(self) -> asyncio.Lock:
         if self._alock is None:
@@ -115,10 +115,10 @@ def _loading(staged: dict[str, ServedVersion]) -> list[ServedVersion]:
     return [entry for entry in staged.values() if entry.state == "LOADING" and entry.runtime is not None]
 
 
-def _unloaded(registry: ModelRegistry, name: str) -> dict[str, ServedVersion]:
-    """`name`'s versions as they read once unloaded: UNAVAILABLE, "unloaded", no runtime."""
+def _unloaded(registry: ModelRegistry, name: str, reason: str) -> dict[str, ServedVersion]:
+    """`name`'s versions as they read once unloaded: UNAVAILABLE, `reason` ("unloaded", "evicted"), no runtime."""
     return {
-        entry.version: ServedVersion(entry.name, entry.version, "UNAVAILABLE", "unloaded")
+        entry.version: ServedVersion(entry.name, entry.version, "UNAVAILABLE", reason)
         for entry in registry.versions_of(name)
     }
 
@@ -132,7 +132,7 @@ def _stopping(old: list[ServedVersion]) -> list[ServedVersion]:
     return old
 
 
-def _forget(entry: ServedVersion) -> None:
+def forget_module(entry: ServedVersion) -> None:
     """Drop a closed version's module, so that its code and data can be freed (each load imports its own)."""
     if entry.runtime is not None and entry.runtime.module is not None:
         sys.modules.pop(entry.runtime.module, None)

@@ -1,0 +1,282 @@
+"""Which models are loaded in this server process, and requests that wait for the one they ask for.
+
+**Waiting.** A request for a model (or version) that is LOADING waits for it to be READY, up to its deadline
+(`X-Request-Timeout-Ms`, else the model's `timeout_ms`, else `--timeout-ms`; a request with none waits at most
+`--max-timeout-ms`), and then goes on as any other; past its deadline it gets 504 `deadline_exceeded`, and when
+the load fails, 503 `model_unavailable` with the reason (the registry's lookup answers it). The sync front waits
+in the request's own thread on a `threading.Condition`, the async fronts on an `asyncio.Event`: the loop keeps
+serving. Both also look again every `_LOOK_S`, for loads this module did not start (the server's start, an
+explicit load).
+
+**Loading on demand** (`--max-loaded-models N`, a model repository): at start the first N models by name load,
+every other is UNAVAILABLE with the reason `cold`; a request for a `cold` or `evicted` model loads it, off its
+own path (a thread in the sync front, a task on the loop in the async ones), and waits as above. Before a load,
+while N models are loaded, the least recently used one is unloaded (drained first, as an unload is) and left
+`evicted`: never one with requests inside or waiting if another can go. Loads on demand are serialised, so at
+most N models are loaded at once; an explicit load (`--model-control explicit`) is the operator's and is not
+refused, and the next load on demand brings the count back to N. A model unloaded explicitly (reason
+`unloaded`) stays unloaded until an explicit load: the operator's decision wins over the requests'. Each server
+process keeps its own recency and its own N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Literal
+
+from twinserve.config import Config
+from twinserve.core.memory import release_free_memory
+from twinserve.errors import DeadlineExceeded, TwinserveError
+from twinserve.observability.metrics import metrics
+from twinserve.repository.control import ModelControl, forget_module
+from twinserve.repository.registry import ModelRegistry, ServedVersion
+
+__all__ = ["COLD", "EVICTED", "Residency"]
+
+logger = logging.getLogger("twinserve.repository")
+
+#: The reason of a model left unloaded at start by `--max-loaded-models`: it loads on its first request.
+COLD = "cold"
+#: The reason of a model unloaded to make room for another: it loads again on its next request.
+EVICTED = "evicted"
+_ON_DEMAND = frozenset({COLD, EVICTED})
+#: How often a waiting request looks at its model again, for changes no notification announces.
+_LOOK_S = 0.05
+
+Step = Literal["go", "wait", "load"]
+#: The request's deadline (monotonic; None: none) given the model's own `timeout_ms` (None: the server's).
+DeadlineOf = Callable[[int | None], float | None]
+
+
+class Residency:
+    """Which models of one registry are loaded, loads on demand and LRU eviction (see the module docstring)."""
+
+    def __init__(self, registry: ModelRegistry, control: ModelControl | None, config: Config) -> None:
+        self.registry = registry
+        self.config = config
+        #: Loads and unloads (None: MODEL arguments; then requests only wait for the server's start).
+        self.control = control
+        #: Most models loaded at once (None: no bound, nothing loads on demand).
+        self.limit = config.max_loaded_models if control is not None else None
+        self._uses = itertools.count(1)
+        #: Model name -> when it was last asked for (a count, not a clock: only the order matters).
+        self._used: dict[str, int] = {}
+        #: Requests waiting for each model (a model with waiters is evicted last).
+        self._waiting: Counter[str] = Counter()
+        #: Models a load on demand is running for.
+        self._loading: set[str] = set()
+        #: The `timeout_ms` of models without a runtime now (cold or evicted), for their requests' deadlines.
+        self._timeouts: dict[str, int | None] = {}
+        self._changed = threading.Condition()
+        self._load_lock = threading.Lock()  # the sync front: one load on demand at a time
+        self._aload_lock: asyncio.Lock | None = None  # the async fronts: made on the loop
+        self._event: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        if self.limit is not None:
+            self._leave_cold(self.limit)
+
+    def _leave_cold(self, limit: int) -> None:
+        """Keep the first `limit` models (by name) of those about to load; the others stay cold until asked for."""
+        names = sorted({e.name for e in self.registry.entries() if e.state == "LOADING" and e.runtime is not None})
+        for name in names[limit:]:
+            versions = self.registry.versions_of(name)
+            cold = {
+                e.version: e if e.runtime is None else ServedVersion(name, e.version, "UNAVAILABLE", COLD)
+                for e in versions
+            }
+            for entry in self.registry.install(name, cold):
+                assert entry.runtime is not None
+                self._timeouts[name] = entry.runtime.config.timeout_ms
+                entry.runtime.close()  # imported, never loaded: nothing runs yet
+                forget_module(entry)
+
+    # -- where a request stands ------------------------------------------------------------------------------
+    def _ready_now(self, name: str, version: str | None) -> bool:
+        """The common case, cheaply: an unversioned request for a model whose default version is ready."""
+        if version is not None:
+            return False
+        runtime = self.registry.runtimes.get(name)
+        if runtime is None or not runtime.ready:
+            return False
+        self._used_now(name)
+        return True
+
+    def _step(self, name: str, version: str | None) -> Step:
+        """go: admit the request now (ready, or unknown or unavailable: the lookup answers 404 or 503); wait: a
+        load is under way; load: start one."""
+        chosen = [e for e in self.registry.versions_of(name) if version is None or e.version == version]
+        if not chosen or any(e.state == "READY" for e in chosen):
+            return "go"
+        if name in self._loading or any(e.state in ("LOADING", "UNLOADING") for e in chosen):
+            return "wait"
+        if self.limit is not None and any(e.reason in _ON_DEMAND for e in chosen):
+            return "load"
+        return "go"
+
+    def _timeout_ms(self, name: str) -> int | None:
+        for entry in self.registry.versions_of(name):
+            if entry.runtime is not None:
+                return entry.runtime.config.timeout_ms
+        return self._timeouts.get(name)
+
+    def _bound(self, name: str, deadline_of: DeadlineOf) -> tuple[float | None, float]:
+        """The request's deadline, and how long it may wait: its deadline, else `--max-timeout-ms`."""
+        deadline = deadline_of(self._timeout_ms(name))
+        return deadline, deadline if deadline is not None else time.monotonic() + self.config.max_timeout_ms / 1000
+
+    def _used_now(self, name: str) -> None:
+        if self.limit is not None:
+            self._used[name] = next(self._uses)
+
+    def _claim(self, name: str) -> None:
+        """Mark `name` as loading (its cold or evicted versions LOADING in the index) before its load starts."""
+        self._loading.add(name)
+        for entry in self.registry.versions_of(name):
+            if entry.runtime is None and entry.reason in _ON_DEMAND:
+                entry.state, entry.reason = "LOADING", ""
+
+    def _settled(self, name: str, error: BaseException | None) -> None:
+        """After a load on demand: a load that raised before its versions were built leaves them UNAVAILABLE."""
+        self._loading.discard(name)
+        if error is None:
+            return
+        text = error.message if isinstance(error, TwinserveError) else f"{type(error).__name__}: {error}"
+        logger.error("model %r did not load on demand: %s", name, text)
+        for entry in self.registry.versions_of(name):
+            if entry.state == "LOADING" and entry.runtime is None:
+                entry.state, entry.reason = "UNAVAILABLE", f"load failed: {text}"
+
+    @staticmethod
+    def _late(name: str) -> DeadlineExceeded:
+        return DeadlineExceeded(f"the request's deadline passed while model {name!r} was loading")
+
+    # -- the sync front ----------------------------------------------------------------------------------------
+    def wait(self, name: str, version: str | None, deadline_of: DeadlineOf) -> float | None:
+        """Return once `name` (`version`) can be admitted: at once when it is ready, after its load otherwise
+        (started here when it is cold or evicted). The request's deadline when it waited, else None."""
+        if self._ready_now(name, version) or self._step(name, version) == "go":
+            self._used_now(name)
+            return None
+        deadline, bound = self._bound(name, deadline_of)
+        with self._changed:
+            self._waiting[name] += 1
+            try:
+                while (step := self._step(name, version)) != "go":
+                    if step == "load":
+                        self._claim(name)
+                        threading.Thread(target=self._load, args=(name,), name=f"load-{name}", daemon=True).start()
+                    remaining = bound - time.monotonic()
+                    if remaining <= 0:
+                        raise self._late(name)
+                    self._changed.wait(min(remaining, _LOOK_S))
+            finally:
+                self._waiting[name] -= 1
+        self._used_now(name)
+        return deadline
+
+    def _load(self, name: str) -> None:
+        assert self.control is not None
+        error: BaseException | None = None
+        try:
+            with self._load_lock:
+                self._make_room(name)
+                self.control.load(name)
+        except BaseException as exc:
+            error = exc
+        finally:
+            with self._changed:
+                self._settled(name, error)
+                self._changed.notify_all()
+
+    def _make_room(self, name: str) -> None:
+        while (victim := self._victim(name)) is not None:
+            self._remember(victim)
+            assert self.control is not None
+            self.control.unload(victim, EVICTED)
+            self._evicted(victim)
+
+    # -- the async fronts --------------------------------------------------------------------------------------
+    async def await_ready(self, name: str, version: str | None, deadline_of: DeadlineOf) -> float | None:
+        """`wait` for the event loop."""
+        if self._ready_now(name, version) or self._step(name, version) == "go":
+            self._used_now(name)
+            return None
+        deadline, bound = self._bound(name, deadline_of)
+        self._waiting[name] += 1
+        try:
+            while (step := self._step(name, version)) != "go":
+                if step == "load":
+                    self._claim(name)
+                    task = asyncio.get_running_loop().create_task(self._aload(name))
+                    self._tasks.add(task)  # held until done: the loop keeps only a weak reference
+                    task.add_done_callback(self._tasks.discard)
+                remaining = bound - time.monotonic()
+                if remaining <= 0:
+                    raise self._late(name)
+                changed = self._changed_event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, _LOOK_S))
+        finally:
+            self._waiting[name] -= 1
+        self._used_now(name)
+        return deadline
+
+    async def _aload(self, name: str) -> None:
+        assert self.control is not None
+        error: BaseException | None = None
+        try:
+            async with self._async_lock():
+                while (victim := self._victim(name)) is not None:
+                    self._remember(victim)
+                    await self.control.aunload(victim, EVICTED)
+                    self._evicted(victim)
+                await self.control.aload(name)
+        except BaseException as exc:
+            error = exc
+            if isinstance(exc, asyncio.CancelledError):  # the server stops
+                raise
+        finally:
+            self._settled(name, error)
+            changed, self._event = self._changed_event(), None
+            changed.set()
+
+    def _changed_event(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    def _async_lock(self) -> asyncio.Lock:
+        if self._aload_lock is None:
+            self._aload_lock = asyncio.Lock()
+        return self._aload_lock
+
+    # -- eviction ----------------------------------------------------------------------------------------------
+    def _victim(self, name: str) -> str | None:
+        """The model to unload before `name` loads (None while fewer than the limit are loaded): the least
+        recently used, among those without requests inside or waiting when there are any."""
+        assert self.limit is not None
+        loaded = sorted({e.name for e in self.registry.entries() if e.state == "READY" and e.name != name})
+        if len(loaded) < self.limit:
+            return None
+        return min(loaded, key=lambda n: (self._busy(n), self._used.get(n, 0)))
+
+    def _busy(self, name: str) -> bool:
+        inside = sum(e.runtime.occupancy.inside for e in self.registry.versions_of(name) if e.runtime is not None)
+        return inside > 0 or self._waiting[name] > 0
+
+    def _remember(self, name: str) -> None:
+        self._timeouts[name] = self._timeout_ms(name)
+
+    def _evicted(self, name: str) -> None:
+        logger.info("model %r unloaded to make room (--max-loaded-models %s)", name, self.limit)
+        metrics().evictions.labels(name).inc()
+        gc.collect()  # a model's objects may hold cycles: free them now, not at some later collection
+        release_free_memory()
