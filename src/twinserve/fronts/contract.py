@@ -53,8 +53,8 @@ from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, serve
 from twinserve.repository import ModelRegistry
 from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
-from twinserve.repository.shadow import ShadowRunner
 from twinserve.repository.residency import Residency
+from twinserve.repository.shadow import ShadowRunner
 
 __all__ = [
     "JSON",
