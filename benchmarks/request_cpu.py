@@ -34,7 +34,8 @@ def _cpu_seconds() -> float:
     import psutil
 
     me = psutil.Process()
-    total = me.cpu_times().user + me.cpu_times().system
+    own = me.cpu_times()
+    total: float = own.user + own.system
     for child in me.children(recursive=True):
         try:
             times = child.cpu_times()
@@ -103,11 +104,16 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes, arc
             assert await call() == 200
 
     await asyncio.gather(*(caller(50) for _ in range(concurrency)))  # warm-up
+    stats = runtimes[name].stats
+    batches = stats.batches if stats is not None else 0
     cpu = _cpu_seconds()
     await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
     used = _cpu_seconds() - cpu
+    answered = requests // concurrency * concurrency
+    if stats is not None:  # a model's predict costs per call: CPU per request depends on the batches that formed
+        print(f"batch {answered / max(1, stats.batches - batches):.1f}")
     lifespan.cancel()
-    return used / (requests // concurrency * concurrency) * 1e6
+    return used / answered * 1e6
 
 
 async def _lifespan_receive_impl(state: dict[str, bool]) -> dict[str, Any]:
@@ -141,6 +147,7 @@ def main() -> None:
         return
     sources = args.src or [os.path.join(os.path.dirname(__file__), "..", "src")]
     figures: dict[str, list[float]] = {src: [] for src in sources}
+    batches: dict[str, list[str]] = {src: [] for src in sources}
     for _ in range(args.rounds):
         for src in sources:  # alternating, so drift on a noisy machine hits every checkout alike
             done = subprocess.run(
@@ -149,13 +156,19 @@ def main() -> None:
                 env={**os.environ, "PYTHONPATH": os.path.abspath(src)},
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
-            figures[src].append(float(done.stdout.strip().splitlines()[-1]))
-            print(f"  {src}: {figures[src][-1]:.0f} us", flush=True)
+            lines = done.stdout.strip().splitlines()
+            figures[src].append(float(lines[-1]))
+            batch = next((line.split()[1] for line in lines if line.startswith("batch ")), "?")
+            batches[src].append(batch)
+            print(f"  {src}: {figures[src][-1]:.0f} us, mean batch {batch}", flush=True)
     base = statistics.median(figures[sources[0]])
     for src, values in figures.items():
         median = statistics.median(values)
         shown = ", ".join(f"{v:.0f}" for v in values)
-        print(f"{src}: median {median:.0f} us CPU/request ({shown}); ratio to the first {median / base:.3f}")
+        print(
+            f"{src}: median {median:.0f} us CPU/request ({shown}); ratio to the first {median / base:.3f}; "
+            f"mean batch sizes {', '.join(batches[src])}"
+        )
 
 
 if __name__ == "__main__":

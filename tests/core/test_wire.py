@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
+from tests.models import Point
 from twinserve.config import load_config
 from twinserve.core import wire
 from twinserve.core.workers import LOOP_FRAME_BYTES, ProcessPool
 from twinserve.errors import WorkerDied
-
-from tests.models import Point
 
 ARRAYS = "tests.models:ArrayDoubler"
 
@@ -106,7 +105,7 @@ class Private(BaseModel):
 
 def test_pydantic_models_cross_as_their_values_and_come_back_equal() -> None:
     frozen = Frozen(a=1, inner=Point(x=1, y=2))
-    extra = Extra(a=1, b=2)  # type: ignore[call-arg]
+    extra = Extra(a=1, b=2)
     private = Private(a=1)
     private._seen = 3
     sent = [frozen, Frozen(a=2), extra, private]

@@ -162,9 +162,10 @@ def _close_quietly(steps: GeneratorSteps, ids: tuple[str, ...]) -> None:
         pass  # model_code logged it; the stream is over either way
 
 
-#: A batch frame up to this size is written from the event loop (a pipe takes 64 KiB before its reader must drain
-#: it, and the idle worker drains it at once); a larger one is written from a thread, so the loop never waits on it.
-LOOP_FRAME_BYTES = 1 << 20
+#: A batch frame up to this size is written from the event loop: it fits a Linux pipe's 64 KiB buffer (with the
+#: connection's length prefix), which the idle worker has drained, so the write never waits. A larger one is
+#: written from a thread.
+LOOP_FRAME_BYTES = 65536 - 64
 
 _NEXT_STEP = wire.encode(NextStep())
 
