@@ -1,13 +1,15 @@
-"""CPU per request of the async front, in process: V1 predict on the iris example, no sockets, no load generator.
+"""CPU per request of the async or hybrid front, in process: V1 predict on the iris example, no sockets, no load
+generator.
 
-The app is built as `twinserve serve --arch async` builds it, its lifespan run, and requests are handed to it as
-ASGI calls by `--concurrency` closed-loop callers (so batches form as under real load). What is measured is this
-process's CPU time (every thread: the loop, the predict thread) divided by the requests answered: the front, the
-codec, the batcher and the model together. To compare two checkouts (before/after a change), name each one's
-`src/` with `--src`; each runs in its own subprocess, alternating, and the medians and their ratio are printed.
+The app is built as `twinserve serve --arch async|hybrid` builds it, its lifespan run, and requests are handed to it
+as ASGI calls by `--concurrency` closed-loop callers (so batches form as under real load). What is measured is the
+CPU time of this process (every thread: the loop, the predict or pipe threads) and, for hybrid, of its model-worker
+processes, divided by the requests answered: the front, the codec, the batcher, the pipe and the model together.
+To compare two checkouts (before/after a change), name each one's `src/` with `--src`; each runs in its own
+subprocess, alternating, and the medians and their ratio are printed.
 
-    python benchmarks/request_cpu.py [--src OLD/src --src NEW/src] [--requests 3000] [--rounds 5]
-        [--model tests/models.py:Echo --body '{"instances": [1]}']   # the front's own cost, a trivial model
+    python benchmarks/request_cpu.py [--arch async|hybrid] [--src OLD/src --src NEW/src] [--requests 3000]
+        [--rounds 5] [--model tests/models.py:Echo --body '{"instances": [1]}']   # the front's cost, a trivial model
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -28,14 +29,30 @@ BODY = json.dumps(
 ).encode()
 
 
-async def _measure(requests: int, concurrency: int, model: str, body: bytes) -> float:
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its live children (hybrid's model workers)."""
+    import psutil
+
+    me = psutil.Process()
+    own = me.cpu_times()
+    total: float = own.user + own.system
+    for child in me.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def _measure(requests: int, concurrency: int, model: str, body: bytes, arch: str) -> float:
     """Microseconds of CPU per answered request, in this process."""
     from twinserve.config import load_config
     from twinserve.core.runtime import load_runtimes
     from twinserve.fronts.asgi import create_asgi_app
     from twinserve.fronts.contract import Service
 
-    config = load_config(arch="async", access_log=False, models=[model])
+    config = load_config(arch=arch, access_log=False, models=[model])
     runtimes = load_runtimes(config)
     name = next(iter(runtimes))
     path = f"/v1/models/{name}:predict"
@@ -87,11 +104,16 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes) -> 
             assert await call() == 200
 
     await asyncio.gather(*(caller(50) for _ in range(concurrency)))  # warm-up
-    cpu = time.process_time()
+    stats = runtimes[name].stats
+    batches = stats.batches if stats is not None else 0
+    cpu = _cpu_seconds()
     await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
-    used = time.process_time() - cpu
+    used = _cpu_seconds() - cpu
+    answered = requests // concurrency * concurrency
+    if stats is not None:  # a model's predict costs per call: CPU per request depends on the batches that formed
+        print(f"batch {answered / max(1, stats.batches - batches):.1f}")
     lifespan.cancel()
-    return used / (requests // concurrency * concurrency) * 1e6
+    return used / answered * 1e6
 
 
 async def _lifespan_receive_impl(state: dict[str, bool]) -> dict[str, Any]:
@@ -109,6 +131,7 @@ def _lifespan_receive() -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", choices=["async", "hybrid"], default="async")
     parser.add_argument("--src", action="append", help="a checkout's src/ folder (repeat to compare)")
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -120,24 +143,32 @@ def main() -> None:
     if args.child:
         import uvloop
 
-        print(uvloop.run(_measure(args.requests, args.concurrency, args.model, args.body.encode())))
+        print(uvloop.run(_measure(args.requests, args.concurrency, args.model, args.body.encode(), args.arch)))
         return
     sources = args.src or [os.path.join(os.path.dirname(__file__), "..", "src")]
     figures: dict[str, list[float]] = {src: [] for src in sources}
+    batches: dict[str, list[str]] = {src: [] for src in sources}
     for _ in range(args.rounds):
         for src in sources:  # alternating, so drift on a noisy machine hits every checkout alike
             done = subprocess.run(
-                [sys.executable, __file__, "--child", "--requests", str(args.requests),
+                [sys.executable, __file__, "--child", "--arch", args.arch, "--requests", str(args.requests),
                  "--concurrency", str(args.concurrency), "--model", args.model, "--body", args.body],
                 env={**os.environ, "PYTHONPATH": os.path.abspath(src)},
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
-            figures[src].append(float(done.stdout.strip().splitlines()[-1]))
+            lines = done.stdout.strip().splitlines()
+            figures[src].append(float(lines[-1]))
+            batch = next((line.split()[1] for line in lines if line.startswith("batch ")), "?")
+            batches[src].append(batch)
+            print(f"  {src}: {figures[src][-1]:.0f} us, mean batch {batch}", flush=True)
     base = statistics.median(figures[sources[0]])
     for src, values in figures.items():
         median = statistics.median(values)
         shown = ", ".join(f"{v:.0f}" for v in values)
-        print(f"{src}: median {median:.0f} us CPU/request ({shown}); ratio to the first {median / base:.3f}")
+        print(
+            f"{src}: median {median:.0f} us CPU/request ({shown}); ratio to the first {median / base:.3f}; "
+            f"mean batch sizes {', '.join(batches[src])}"
+        )
 
 
 if __name__ == "__main__":

@@ -95,9 +95,9 @@ def test_sticky_keys_keep_their_version_and_spread_like_the_split() -> None:
     first = {key: policy.primary(key, {"1", "2"}) for key in keys}
     assert all(policy.primary(key, {"1", "2"}) == first[key] for key in keys for _ in range(3))
     assert within_bounds(sum(v == "2" for v in first.values()), len(keys), 0.2)
-    assert policy.key({"X-Session-Id": "abc"}) == "abc"
+    assert policy.key({"x-session-id": "abc"}) == "abc"  # every front answers to the lower-case name
     assert policy.key({}) is None and policy.key(None) is None
-    assert TrafficPolicy().key({"X-Session-Id": "abc"}) is None
+    assert TrafficPolicy().key({"x-session-id": "abc"}) is None
 
 
 def test_a_sticky_key_hashes_alike_in_every_process() -> None:

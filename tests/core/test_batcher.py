@@ -217,6 +217,29 @@ def test_async_driver_expires_queued_requests_without_computing_them() -> None:
     assert computed == ["first"]
 
 
+def test_async_driver_deadline_passing_mid_batch_fails_only_that_request() -> None:
+    """The deadline is a timer on the request's one future: it fails that request at its deadline while its batch
+    computes; its batch-mate is answered, and so is a request answered before its deadline."""
+
+    async def main() -> tuple[Any, list[Any], list[Any]]:
+        model = GatedModel()
+        batcher = AsyncBatcher(BatchQueue(2, 0.05, 100, 1), model)
+        batcher.start()
+        late = asyncio.create_task(batcher.submit(["late"], time.monotonic() + 0.2))
+        patient = asyncio.create_task(batcher.submit(["patient"], None))
+        await until(lambda: batcher.queue.in_flight == 1)
+        outcome = await asyncio.gather(late, return_exceptions=True)
+        model.gate.set()
+        answered = await patient
+        timely = await batcher.submit(["timely"], time.monotonic() + 30)
+        await batcher.close()
+        return outcome[0], answered, timely
+
+    late, answered, timely = run_async(main())
+    assert isinstance(late, DeadlineExceeded) and late.status == 504
+    assert answered == ["patient"] and timely == ["timely"]
+
+
 def test_async_driver_rejects_when_queue_is_full() -> None:
     async def main() -> Any:
         model = GatedModel()

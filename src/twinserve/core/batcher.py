@@ -114,7 +114,8 @@ class AsyncBatcher:
 
         `gone`, if given, tells whether the client has left; such a request is dropped before compute.
         """
-        waiter: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[list[Any]] = loop.create_future()
         request = Pending(instances, time.monotonic(), deadline, waiter, gone=gone)
         try:
             self.queue.put(request)
@@ -122,21 +123,28 @@ class AsyncBatcher:
             self.stats.rejected += 1
             raise
         self._wake.set()
+        # The deadline is a timer that fails this one future: no task, no shield, no second future per request.
+        timer = (
+            None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), self._expire, request)
+        )
         try:
-            if deadline is None:
-                return await request.waiter
-            outputs: list[Any] = await asyncio.wait_for(
-                asyncio.shield(request.waiter), max(0.0, deadline - time.monotonic())
-            )
-            return outputs
-        except TimeoutError:
-            request.cancelled = True  # if still queued it is dropped; if computing, its result is discarded
-            self._wake.set()
-            raise deadline_passed() from None
+            return await waiter
         except asyncio.CancelledError:  # the client went away
             request.cancelled = True
             self._wake.set()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, request: Pending[asyncio.Future[list[Any]]]) -> None:
+        """The request's deadline passed before it was answered: 504; if still queued it is dropped, if computing
+        its result is discarded."""
+        if request.waiter.done():
+            return
+        request.cancelled = True
+        request.waiter.set_exception(deadline_passed())
+        self._wake.set()
 
     async def _collect(self) -> None:
         while True:

@@ -130,7 +130,7 @@ class ProcessExecutor:
         self.pool = ProcessPool(
             model.target, model.config, self.max_in_flight, model.module, model.spec.name, model.placement.device
         )
-        # One thread per worker waits on its pipe, so the event loop never blocks on a worker.
+        # A batch the loop does not send itself (a large one, or one waiting for a worker) waits on these threads.
         self._waiters = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-pool-io")
         # Streams wait for a worker on threads of their own: a stream that holds a worker always finds a thread
         # for its next step, however many other streams wait for one.
@@ -144,7 +144,7 @@ class ProcessExecutor:
         self.pool.start()
 
     async def arun(self, instances: list[Any]) -> Any:
-        return await run_in_executor(self._waiters, self.pool.call, instances)
+        return await self.pool.acall(instances, self._waiters)
 
     def run(self, instances: list[Any]) -> Any:
         return self.pool.call(instances)

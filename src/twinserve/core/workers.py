@@ -8,13 +8,15 @@ replacement is started in the background while the other workers keep serving.
 A stream (`WorkerStream`) holds one worker from its start to its end and pulls its steps one at a time; to stop
 it early the server sends `CloseStream`, the worker closes the model's generator and is idle again.
 
-The messages, server to worker: `PredictBatch` (reply `BatchReply`), `StartStream` then `NextStep`s (each
-replied by a `StepReply`) until the stream ends or the server sends `CloseStream` (no reply), `None` to exit.
-Worker to server, once: `WorkerReady`, or `WorkerFailed` when the model cannot be imported or loaded.
+The messages and their framing on the pipe are `twinserve.core.wire`'s. From the event loop (`acall`) a batch is
+sent and its reply read on the loop itself, woken by the pipe (or the worker's death) becoming readable: no thread
+hand-off on either side of the batch. A batch whose frame is large, or one that finds no idle worker, is sent and
+waited for on a thread instead, so the loop never blocks on a full pipe or on a worker being replaced.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -22,13 +24,25 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Executor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from twinserve.config import Config
+from twinserve.core import wire
 from twinserve.core.admission import QueueBound
+from twinserve.core.bridge import run_in_executor
+from twinserve.core.wire import (
+    BatchReply,
+    CloseStream,
+    NextStep,
+    PredictBatch,
+    StartStream,
+    StepReply,
+    WorkerFailed,
+    WorkerReady,
+)
 from twinserve.errors import DeadlineExceeded, ModelNotReady, TwinserveError, WorkerDied, error_from_code
 from twinserve.observability.context import computing, request_ids
 from twinserve.observability.metrics import mark_process_dead, record_death
@@ -40,61 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["ProcessPool", "WorkerStream"]
 
 logger = logging.getLogger("twinserve.workers")
-
-
-@dataclass(frozen=True)
-class WorkerReady:
-    pid: int
-
-
-@dataclass(frozen=True)
-class WorkerFailed:
-    """The model failed to import or load in the worker: the pool's start raises this error."""
-
-    error_code: str
-    error_message: str
-    error_private: str | None = None
-
-
-@dataclass(frozen=True)
-class PredictBatch:
-    request_ids: tuple[str, ...]  # the model's log lines carry them
-    instances: list[Any]
-
-
-@dataclass(frozen=True)
-class BatchReply:
-    outputs: list[Any] | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    error_private: str | None = None
-
-
-@dataclass(frozen=True)
-class StartStream:
-    request_ids: tuple[str, ...]
-    instances: list[Any]
-
-
-@dataclass(frozen=True)
-class NextStep:
-    pass
-
-
-@dataclass(frozen=True)
-class CloseStream:
-    pass
-
-
-@dataclass(frozen=True)
-class StepReply:
-    """One step's chunks; or the stream's end (`done`), normal or with an error. The worker is then idle."""
-
-    chunks: list[Any] | None = None
-    done: bool = False
-    error_code: str | None = None
-    error_message: str | None = None
-    error_private: str | None = None
 
 
 def _worker_main(
@@ -131,15 +90,15 @@ def _worker_main(
                 call_blocking(spec.load)
             placement.loaded()
     except TwinserveError as exc:  # the server says why its pool could not start (a repository: that model's)
-        conn.send(WorkerFailed(exc.code, exc.message, exc.private))
+        wire.send(conn, WorkerFailed(exc.code, exc.message, exc.private))
         return
     except Exception as exc:
-        conn.send(WorkerFailed("internal", f"{type(exc).__name__}: {exc}"))
+        wire.send(conn, WorkerFailed("internal", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(WorkerReady(os.getpid()))
+    wire.send(conn, WorkerReady(os.getpid()))
     while True:
         try:
-            message = conn.recv()
+            message = wire.recv(conn)
         except (EOFError, OSError):
             return
         if isinstance(message, StartStream):
@@ -156,7 +115,7 @@ def _worker_main(
             reply = BatchReply(error_code=exc.code, error_message=exc.message, error_private=exc.private)
         except Exception as exc:  # list() of a non-iterable, say
             reply = BatchReply(error_code="output_mismatch", error_message=f"predict returned {exc}")
-        conn.send(reply)
+        wire.send(conn, reply)
 
 
 def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool:
@@ -172,7 +131,7 @@ def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool
         failure = StepReply(done=True, error_code=exc.code, error_message=exc.message, error_private=exc.private)
     while True:
         try:
-            message = conn.recv()
+            message = wire.recv(conn)
         except (EOFError, OSError):
             message = None
         if not isinstance(message, NextStep):  # CloseStream, or None / EOF: the server is stopping
@@ -180,7 +139,7 @@ def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool
                 _close_quietly(steps, start.request_ids)
             return isinstance(message, CloseStream)
         if steps is None:
-            conn.send(failure)
+            wire.send(conn, failure)
             return True
         try:
             with computing(start.request_ids):
@@ -190,7 +149,7 @@ def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool
         except TwinserveError as exc:
             _close_quietly(steps, start.request_ids)  # a bad step leaves the generator suspended
             reply = StepReply(done=True, error_code=exc.code, error_message=exc.message, error_private=exc.private)
-        conn.send(reply)
+        wire.send(conn, reply)
         if reply.done:
             return True
 
@@ -201,6 +160,20 @@ def _close_quietly(steps: GeneratorSteps, ids: tuple[str, ...]) -> None:
             steps.close()
     except TwinserveError:
         pass  # model_code logged it; the stream is over either way
+
+
+#: A batch frame up to this size is written from the event loop: it fits a Linux pipe's 64 KiB buffer (with the
+#: connection's length prefix), which the idle worker has drained, so the write never waits. A larger one is
+#: written from a thread.
+LOOP_FRAME_BYTES = 65536 - 64
+
+_NEXT_STEP = wire.encode(NextStep())
+
+
+def _outputs(reply: BatchReply) -> list[Any]:
+    if reply.error_code is not None:
+        raise error_from_code(reply.error_code, reply.error_message or "", reply.error_private)
+    return reply.outputs or []
 
 
 class _Worker:
@@ -251,12 +224,85 @@ class ProcessPool:
 
     def call(self, instances: list[Any]) -> list[Any]:
         """Compute one batch on an idle worker (blocking). Raises WorkerDied if the worker dies meanwhile."""
+        return _outputs(self._call_frame(wire.encode(PredictBatch(request_ids(), instances))))
+
+    async def acall(self, instances: list[Any], waiters: Executor) -> list[Any]:
+        """`call` from the event loop: sent and answered on the loop when a worker is idle and the batch's frame is
+        small; else on one of `waiters`' threads (see the module docstring)."""
+        frame = wire.encode(PredictBatch(request_ids(), instances))
+        worker = self._idle_now() if len(frame) <= LOOP_FRAME_BYTES else None
+        if worker is None:
+            return _outputs(await run_in_executor(waiters, self._call_frame, frame))
+        return _outputs(await self._aexchange(worker, frame))
+
+    def _call_frame(self, frame: bytes) -> BatchReply:
         worker = self._acquire(None)
-        reply = self._exchange(worker, PredictBatch(request_ids(), instances), "this batch")
+        reply: BatchReply = self._exchange(worker, frame, "this batch")
         self._idle.put(worker)
-        if reply.error_code is not None:
-            raise error_from_code(reply.error_code, reply.error_message or "", reply.error_private)
-        return reply.outputs or []
+        return reply
+
+    def _idle_now(self) -> _Worker | None:
+        """An idle worker if one is, without waiting."""
+        try:
+            worker = self._idle.get_nowait()
+        except queue.Empty:
+            return None
+        if worker is None:  # close() woke us up
+            raise ModelNotReady("the model-worker pool is shutting down")
+        return worker
+
+    async def _aexchange(self, worker: _Worker, frame: bytes) -> BatchReply:
+        """`_exchange` on the loop: the reply is read by the loop when the pipe is readable; the worker's exit makes
+        its sentinel readable. The callbacks, not the awaiting task, hand the worker back (or replace it), so a
+        cancelled batch still leaves the worker idle once its reply has come."""
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[BatchReply | None] = loop.create_future()
+        fd, sentinel = worker.conn.fileno(), worker.process.sentinel
+        finished = False
+
+        def finish(reply: BatchReply | None) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            loop.remove_reader(fd)
+            loop.remove_reader(sentinel)
+            if reply is None:
+                self._replace(worker)
+            else:
+                self._idle.put(worker)
+            if not answered.done():
+                answered.set_result(reply)
+
+        def readable() -> None:
+            try:
+                finish(wire.recv(worker.conn))
+            except (EOFError, OSError):
+                finish(None)
+            except Exception as exc:  # a reply that cannot be unpickled here: this batch fails, the worker stays
+                finish(BatchReply(error_code="internal", error_message=f"a model worker's reply is unreadable: {exc}"))
+
+        def exited() -> None:
+            try:
+                replied = worker.conn.poll(0)  # it answered, then exited: the answer stands
+            except (EOFError, OSError):
+                replied = False
+            if replied:
+                readable()
+            else:
+                finish(None)
+
+        try:
+            worker.conn.send_bytes(frame)
+        except OSError:
+            finish(None)
+        else:
+            loop.add_reader(fd, readable)
+            loop.add_reader(sentinel, exited)
+        reply = await answered
+        if reply is None:
+            raise WorkerDied(f"model worker pid {worker.pid} died while computing this batch; it is being replaced")
+        return reply
 
     def stream(self, instances: list[Any], deadline: float | None) -> WorkerStream:
         """A stream of `instances` on the next idle worker; refused (503) while too many streams wait for one."""
@@ -281,12 +327,13 @@ class ProcessPool:
             raise ModelNotReady("the model-worker pool is shutting down")
         return worker
 
-    def _exchange(self, worker: _Worker, message: Any, what: str) -> Any:
-        """Send `message`, wait for the reply or the worker's death (WorkerDied, and a replacement starts)."""
+    def _exchange(self, worker: _Worker, frame: bytes, what: str) -> Any:
+        """Send `frame` (a `wire` frame), wait for the reply or the worker's death (WorkerDied, and a replacement
+        starts)."""
         try:
-            worker.conn.send(message)
+            worker.conn.send_bytes(frame)
             ready = wait([worker.conn, worker.process.sentinel])
-            reply = worker.conn.recv() if worker.conn in ready else None
+            reply = wire.recv(worker.conn) if worker.conn in ready else None
         except (EOFError, OSError):
             reply = None
         if reply is None:
@@ -302,7 +349,7 @@ class ProcessPool:
         for worker in workers:
             mark_process_dead(worker.pid)  # stopped in order, not a death: its gauges go before it does
             with contextlib.suppress(OSError):
-                worker.conn.send(None)
+                wire.send(worker.conn, None)
         for worker in workers:
             worker.process.join(timeout=5)
             if worker.process.is_alive():
@@ -324,7 +371,7 @@ class ProcessPool:
         child.close()
         ready = wait([parent, process.sentinel])
         try:
-            message = parent.recv() if parent in ready else None
+            message = wire.recv(parent) if parent in ready else None
         except EOFError:
             message = None
         if isinstance(message, WorkerFailed):
@@ -338,7 +385,7 @@ class ProcessPool:
     def _add(self, worker: _Worker) -> None:
         with self._lock:
             if self._closed:
-                worker.conn.send(None)
+                wire.send(worker.conn, None)
                 return
             self._workers[worker.pid] = worker
         self._idle.put(worker)
@@ -395,7 +442,7 @@ class WorkerStream:
                 return
             self._worker = worker
             with contextlib.suppress(OSError):  # a dead worker: the first step finds out
-                worker.conn.send(StartStream(self._ids, self._instances))
+                wire.send(worker.conn, StartStream(self._ids, self._instances))
 
     def _stop_waiting(self) -> None:
         with self._lock:
@@ -410,7 +457,7 @@ class WorkerStream:
         if worker is None:
             raise StopIteration
         try:
-            reply: StepReply = self._pool._exchange(worker, NextStep(), "this stream")
+            reply: StepReply = self._pool._exchange(worker, _NEXT_STEP, "this stream")
         except WorkerDied:
             self._worker, self._closed = None, True
             raise
@@ -436,7 +483,7 @@ class WorkerStream:
             if worker is None:
                 return
             try:
-                worker.conn.send(CloseStream())
+                wire.send(worker.conn, CloseStream())
             except OSError:
                 self._pool._replace(worker)
                 return

@@ -88,8 +88,22 @@ async def _read_body(request: Request, service: Service) -> bytes:
 
 
 def _content_length(request: Request) -> int | None:
-    value = request.headers.get("content-length")
+    return _length(request.headers.get("content-length"))
+
+
+def _length(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
+
+
+def _head(scope: Scope) -> dict[str, str]:
+    """The request's headers by (lower-case) name, the first of a repeated one as starlette's `Headers.get` gives:
+    one pass over the list for the hot path's eight look-ups, where each `Headers.get` scans it again."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1")
+        if key not in found:
+            found[key] = value.decode("latin-1")
+    return found
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -230,26 +244,29 @@ def _route_path(scope: Scope) -> str:
     return path
 
 
+_TIMEOUT, _PRIORITY, _HEADER_LENGTH = TIMEOUT_HEADER.lower(), PRIORITY_HEADER.lower(), HEADER_LENGTH.lower()
+
+
 def _endpoints(service: Service) -> dict[str, Endpoint]:
     """Each route's endpoint, by route name."""
 
     async def infer(request: Request, exchange: Exchange) -> Reply:
         """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
-        params, headers = request.path_params, request.headers
-        await exchange.await_model(params["model"], params.get("version"), headers.get(TIMEOUT_HEADER))
+        params, headers = request.path_params, _head(request.scope)
+        await exchange.await_model(params["model"], params.get("version"), headers.get(_TIMEOUT))
         runtime = exchange.admit(
             params["model"],
             params.get("version"),
             content_type=headers.get("content-type"),
-            content_length=_content_length(request),
+            content_length=_length(headers.get("content-length")),
             content_encoding=headers.get("content-encoding"),
             origin=headers.get("origin"),
             host=headers.get("host"),
-            timeout_header=headers.get(TIMEOUT_HEADER),
-            priority_header=headers.get(PRIORITY_HEADER),
-            headers=headers,
+            timeout_header=headers.get(_TIMEOUT),
+            priority_header=headers.get(_PRIORITY),
+            headers=headers,  # a traffic split's sticky key (its name looked up in lower case)
         )
-        header_length = headers.get(HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
+        header_length = headers.get(_HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
         instances = await exchange.adecode(await _read_body(request, service), header_length)
         return exchange.encode(await predict_unless_gone(request, runtime, instances, exchange.deadline))
 

@@ -87,7 +87,8 @@ class TrafficPolicy:
         """The request's sticky key: its `sticky_header` value (None: no sticky header, or the request has none)."""
         if self.sticky_header is None or headers is None:
             return None
-        return headers.get(self.sticky_header) or None
+        # Lower case: every front's headers answer to it (the async front's hot path passes a plain dict of them).
+        return headers.get(self.sticky_header.lower()) or None
 
     def primary(self, key: str | None, ready: Collection[str], draw: float | None = None) -> str | None:
         """The version that answers a request with sticky `key` (None: none), among the `ready` versions; None
