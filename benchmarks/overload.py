@@ -34,8 +34,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from common import wrk
+from cputime import tree_cpu_seconds
 
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
 from twinserve.lab.servers import ServerProcess, free_port
@@ -64,18 +64,6 @@ def _server(src: str | None, arch: str) -> ServerProcess:
     return ServerProcess(args, port=port, env=env)
 
 
-def _cpu_seconds(pid: int) -> float:
-    root = psutil.Process(pid)
-    total = 0.0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
-
-
 def _level(url: str, seconds: float, **load: object) -> LevelResult:
     spec = LoadSpec(url=url, bodies=[BODY], duration_s=seconds, warmup_s=1.0, timeout_s=30.0, **load)  # type: ignore[arg-type]
     return run_level_sync(spec)
@@ -93,9 +81,9 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
     with _server(src, arch) as server:
         url = f"{server.url}/v1/models/iris:predict"
         _level(url, 2.0, concurrency=4)  # warm-up
-        cpu = _cpu_seconds(server.pid)
+        cpu = tree_cpu_seconds(server.pid)
         base = _level(url, seconds, concurrency=16)
-        cpu_per_200 = (_cpu_seconds(server.pid) - cpu) / max(1, base.ok + sum(base.http_errors.values()))
+        cpu_per_200 = (tree_cpu_seconds(server.pid) - cpu) / max(1, base.ok + sum(base.http_errors.values()))
         capacity = base.ok / base.duration_s
         unloaded = _p99(base)
         rows = [Row("capacity @16", 1.0, 1.0, cpu_per_200 * 1e6, _lost(base), f"{capacity:,.0f} req/s")]
@@ -103,7 +91,7 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
         def row(name: str, result: LevelResult, per_refusal: bool = False) -> Row:
             refused = sum(result.http_errors.values()) + result.retries  # each retry followed a refusal
             answers = result.ok + refused
-            used = _cpu_seconds(server.pid) - cpu
+            used = tree_cpu_seconds(server.pid) - cpu
             share = ""
             if per_refusal and refused:
                 cpu_us = (used - result.ok * cpu_per_200) / refused * 1e6
@@ -119,24 +107,24 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
                 codes += " (the load generator was short of CPU: latencies include its lag)"
             return Row(name, result.ok / result.duration_s / capacity, ratio, cpu_us, _lost(result), codes)
 
-        cpu = _cpu_seconds(server.pid)
+        cpu = tree_cpu_seconds(server.pid)
         rows.append(row("(a) crowd 1,000 closed", _level(url, seconds, concurrency=CROWD)))
         if shutil.which("wrk"):  # the same crowd from a client in C, which leaves the server more of the CPU
-            cpu = _cpu_seconds(server.pid)
+            cpu = tree_cpu_seconds(server.pid)
             crowd = wrk(url, BODY, CROWD, seconds)
             answers = crowd["rps"] * seconds
             good = max(0.0, answers - crowd["errors"]) / seconds
-            used = (_cpu_seconds(server.pid) - cpu) / max(1.0, answers) * 1e6
+            used = (tree_cpu_seconds(server.pid) - cpu) / max(1.0, answers) * 1e6
             ratio = crowd["p99"] / unloaded if unloaded else None
             note = f"wrk: {crowd['rps']:,.0f} answers/s, {crowd['errors']:,.0f} not 200"
             rows.append(Row("(a) crowd 1,000 closed, wrk", good / capacity, ratio, used, 0, note))
-        cpu = _cpu_seconds(server.pid)
+        cpu = tree_cpu_seconds(server.pid)
         flood = _level(url, seconds, rate=10 * capacity, max_connections=CROWD)
         rows.append(row("(b) flood 10x open", flood, per_refusal=True))
-        cpu = _cpu_seconds(server.pid)
+        cpu = tree_cpu_seconds(server.pid)
         storm = _level(url, seconds, rate=capacity, max_connections=CROWD, retries=retries)
         rows.append(row(f"(c) retry storm x{retries}", storm, per_refusal=True))
-        cpu = _cpu_seconds(server.pid)
+        cpu = tree_cpu_seconds(server.pid)
         rows.append(_priorities(url, seconds, capacity, unloaded))
     return rows
 

@@ -16,22 +16,9 @@ import subprocess
 import sys
 from typing import Any
 
+from cputime import tree_cpu_seconds
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-
-
-def _cpu_seconds() -> float:
-    import psutil
-
-    me = psutil.Process()
-    own = me.cpu_times()
-    total: float = own.user + own.system
-    for child in me.children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
 
 
 async def _measure(batches: int, size: int) -> float:
@@ -50,10 +37,10 @@ async def _measure(batches: int, size: int) -> float:
     ]
     for _ in range(20):  # warm-up
         await executor.arun(batch)
-    cpu = _cpu_seconds()
+    cpu = tree_cpu_seconds()
     for _ in range(batches):
         assert len(await executor.arun(batch)) == size
-    used = _cpu_seconds() - cpu
+    used = tree_cpu_seconds() - cpu
     executor.close()
     return used / batches * 1e6
 

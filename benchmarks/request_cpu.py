@@ -24,25 +24,11 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
+from cputime import tree_cpu_seconds
+
 BODY = json.dumps(
     {"instances": [{"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]}
 ).encode()
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process and its live children (hybrid's model workers)."""
-    import psutil
-
-    me = psutil.Process()
-    own = me.cpu_times()
-    total: float = own.user + own.system
-    for child in me.children(recursive=True):
-        try:
-            times = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
 
 
 async def _measure(requests: int, concurrency: int, model: str, body: bytes, arch: str) -> float:
@@ -106,9 +92,9 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes, arc
     await asyncio.gather(*(caller(50) for _ in range(concurrency)))  # warm-up
     stats = runtimes[name].stats
     batches = stats.batches if stats is not None else 0
-    cpu = _cpu_seconds()
+    cpu = tree_cpu_seconds()
     await asyncio.gather(*(caller(requests // concurrency) for _ in range(concurrency)))
-    used = _cpu_seconds() - cpu
+    used = tree_cpu_seconds() - cpu
     answered = requests // concurrency * concurrency
     if stats is not None:  # a model's predict costs per call: CPU per request depends on the batches that formed
         print(f"batch {answered / max(1, stats.batches - batches):.1f}")

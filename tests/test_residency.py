@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served
 from tests.serving import Server, wait_for_file
+from tests.test_repository import RAISES
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 
@@ -65,16 +66,6 @@ SLOW = textwrap.dedent(
 
         def predict(self, batch: list[int]) -> list[str]:
             return ["slow" for _ in batch]
-    """
-)
-RAISES = textwrap.dedent(
-    """
-    class Broken:
-        def load(self):
-            raise RuntimeError("no weights here")
-
-        def predict(self, batch):
-            return batch
     """
 )
 
