@@ -34,14 +34,13 @@ from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.repository_api import RepositoryApi
-from twinserve.fronts.routes import HTML, INFERENCE_ENDPOINTS, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
+from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
+from twinserve.fronts.v2_handlers import OpenInferenceHandlers
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import (
     CONTENT_TYPE,
     REJECTION_REASONS,
-    InferenceTotals,
-    inference_totals,
     metrics,
     render,
 )
@@ -49,7 +48,7 @@ from twinserve.observability.refusals import SHED_CODES, RefusalLog
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
-from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
+from twinserve.protocol.v2 import BINARY
 from twinserve.repository import ModelRegistry
 from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
@@ -124,7 +123,7 @@ def raw_error_response(error: TwinserveError) -> bytes:
     return head.encode("latin-1") + body
 
 
-class Service:
+class Service(OpenInferenceHandlers):
     """The transport-free handlers behind every route, over the models this process serves."""
 
     def __init__(
@@ -470,49 +469,3 @@ class Service:
     def watch(self) -> RepositoryPoller | RepositoryFollower | None:
         """The repository's poll, or the other server processes' explicit changes: the server starts it."""
         return self.repository.watch
-
-    # -- the Open Inference Protocol (V2) --------------------------------------------------------------------
-    @cached_property
-    def _server_metadata(self) -> bytes:
-        from twinserve import __version__
-
-        return dumps(server_metadata(__version__))
-
-    def server_metadata(self) -> Reply:
-        return Reply(200, self._server_metadata)
-
-    def v2_runtime(self, model: str, version: str | None = None) -> ModelRuntime:
-        return self.runtime(model, version)
-
-    def v2_model_metadata(self, model: str, version: str | None = None) -> Reply:
-        """V2 model metadata: a version's, or (unversioned) the default's, listing every version ready now."""
-        runtime = self.v2_runtime(model, version)
-        metadata = self.codecs_of(runtime).v2.metadata()
-        if version is None:
-            ready = [e.version for e in self.registry.versions_of(runtime.name) if e.state == "READY"]
-            metadata["versions"] = ready or metadata["versions"]
-        return Reply(200, dumps(metadata))
-
-    def model_ready(self, model: str, version: str | None = None) -> Reply:
-        runtime = self.v2_runtime(model, version)
-        # The protocol answers "not ready" with a 4xx status.
-        return Reply(200 if runtime.ready else 400, dumps({"name": runtime.name, "ready": runtime.ready}))
-
-    def model_config(self, model: str, version: str | None = None) -> Reply:
-        runtime = self.v2_runtime(model, version)
-        v2 = self.codecs_of(runtime).v2
-        settings = runtime.config  # the model's own: its batching, instances and queue policy
-        return Reply(200, dumps(v2.config(runtime.max_batch_size, settings.max_batch_delay_ms, settings)))
-
-    def model_stats(self, model: str | None = None, version: str | None = None) -> Reply:
-        """Triton's statistics extension: one model's, or every model's when `model` is None."""
-        runtimes = list(self.runtimes.values()) if model is None else [self.v2_runtime(model, version)]
-        totals = inference_totals(INFERENCE_ENDPOINTS)
-        stats = [statistics(r.name, r.spec.version, totals.get(r.name, InferenceTotals())) for r in runtimes]
-        return Reply(200, dumps({"model_stats": stats}))
-
-    def infer_reply(self, runtime: ModelRuntime, request: InferenceRequest, outputs: Any) -> Reply:
-        body, header_length = self.codecs_of(runtime).v2.encode(request, outputs)
-        if header_length is None:
-            return Reply(200, body)
-        return Reply(200, body, {HEADER_LENGTH: str(header_length)}, content_type=BINARY)
