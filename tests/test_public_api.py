@@ -22,5 +22,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "encoding",
         "repository",
         "settings_file",
+        "api_keys",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

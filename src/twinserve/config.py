@@ -24,6 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from twinserve.api_keys import MIN_API_KEY_LENGTH, check_key, read_key_file
 from twinserve.errors import ConfigError
 
 __all__ = [
@@ -46,41 +47,9 @@ MiB = 1024 * 1024
 CommaList = Annotated[list[str], NoDecode]
 #: gunicorn refuses request lines longer than this whatever it is told; both servers share the bound.
 MAX_REQUEST_LINE = 8190
-#: Shorter API keys are refused at start-up (unless --allow-short-api-keys): 16 random characters from the
-#: visible ASCII set is about 100 bits, out of reach of any guessing the auth-failure lockout lets through.
-MIN_API_KEY_LENGTH = 16
 #: The settings file the Config being built reads (`load_config(config_file=...)`); a context variable because
 #: pydantic-settings builds its sources in a classmethod, and concurrent loads must not see each other's file.
 _SETTINGS_FILE: ContextVar[Path | None] = ContextVar("twinserve_settings_file", default=None)
-
-
-def read_key_file(path: Path) -> list[tuple[str, int | None]]:
-    """API keys from a file: one per line, each optionally followed by `priority=N`, the highest priority level
-    (and the default) of that key's requests; blank lines and lines starting with `#` are skipped."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc.__class__.__name__}") from None
-    entries: list[tuple[str, int | None]] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, *options = line.split()
-        priority = None
-        for option in options:
-            name, _, value = option.partition("=")
-            if name != "priority" or not value.isdigit():
-                # The line is named by number only: it holds a key.
-                raise ValueError(f"{path}:{number}: after the key only `priority=N` may follow")
-            priority = int(value)
-        entries.append((key, priority))
-    return entries
-
-
-def _check_key(key: str) -> None:
-    # Keys travel in headers: visible ASCII only, no spaces. The key itself never goes into the message.
-    if not key or not all("!" <= c <= "~" for c in key):
-        raise ValueError("an API key must be non-empty visible ASCII without spaces")
 
 
 class Config(BaseSettings):
@@ -354,7 +323,7 @@ class Config(BaseSettings):
     @classmethod
     def _check_keys(cls, keys: list[str]) -> list[str]:
         for key in keys:
-            _check_key(key)
+            check_key(key)
         return keys
 
     @field_validator("device")
@@ -411,7 +380,7 @@ class Config(BaseSettings):
             if not entries:
                 raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
             for key, priority in entries:
-                _check_key(key)
+                check_key(key)
                 if priority is not None and not 1 <= priority <= self.priority_levels:
                     raise ValueError(
                         f"--api-key-file: a key's priority={priority} is outside 1..{self.priority_levels} "
@@ -446,7 +415,7 @@ class Config(BaseSettings):
 
     def _check_repository(self) -> None:
         if self.admin_api_key is not None:
-            _check_key(self.admin_api_key)
+            check_key(self.admin_api_key)
         if self.model_repository is None:
             if self.model_control != "none":
                 raise ValueError("--model-control needs --model-repository")
