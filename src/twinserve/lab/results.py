@@ -89,6 +89,8 @@ class Level(_Model):
     ok: int
     http_errors: dict[str, int] = Field(default_factory=dict)
     transport_errors: dict[str, int] = Field(default_factory=dict)
+    #: Extra sends of refused requests by a retrying load (the load generator's `LoadSpec.retries`; bench: 0).
+    retries: int = 0
     throughput_rps: float
     latency_ms: Percentiles
     service_time_ms: Percentiles = Field(default_factory=dict)
