@@ -44,6 +44,11 @@ class _Runtime:
 
 
 @dataclass
+class _Registry:
+    traffic: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class _Service:
     config: Config
     runtime_: _Runtime
@@ -51,6 +56,7 @@ class _Service:
     cors: Any = None
     max_body_bytes: int = 1000
     counted: list[tuple[Any, ...]] = field(default_factory=list)
+    registry: _Registry = field(default_factory=_Registry)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config)
@@ -93,6 +99,13 @@ def test_a_full_queue_is_refused_with_the_apps_503() -> None:
     error = json.loads(body)
     assert error["code"] == QueueFull.code and error["request_id"] == "abc"
     assert service.counted == [("m", "1", "predict", 2, 503, "queue_full")]
+
+
+def test_a_model_with_a_traffic_split_is_routed_by_the_app_unless_the_version_is_named() -> None:
+    early, service = _early(queued=2)
+    service.registry.traffic["m"] = object()  # the version that answers is drawn per request
+    assert _refuse(early) is None and not service.counted
+    assert _refuse(early, b"/v1/models/m/versions/1:predict") is not None  # a named version is not split
 
 
 def test_a_connection_that_closes_says_so_and_v2_has_its_own_body() -> None:

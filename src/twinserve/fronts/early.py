@@ -26,6 +26,8 @@ other request goes to the app unchanged, which decides as before:
   its own way: 413, or a body it never asked for), and an invalid `X-Priority` (400).
 - A V2 request's `parameters.priority` is in its body, unknown before the body: the head's `X-Priority` (or the
   model's default) decides here, and the body's level may still be refused by the batch queue afterwards.
+- An unversioned request for a model with a traffic split or shadow (repository/traffic.py): the version that
+  would answer is drawn per request, so only the app routes it.
 - The rate limit is not charged for a request refused early (as the sync backlog's refusal takes no token).
 """
 
@@ -143,6 +145,8 @@ class EarlyRefusal:
         service = self.service
         admission = service.admission
         model, version = params["model"], None
+        if "version" not in params and model in service.registry.traffic:
+            return None  # a traffic split picks the version per request (sticky, weighted): the app's to route
         try:
             priority = admission.priority(head.priority)
             if backlog is not None:
