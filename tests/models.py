@@ -116,7 +116,8 @@ class PoisonWhole(Poison):
 
 
 class BatchRecorder(twinserve.Model):
-    """Tells each instance which predict call (process and call number) computed it, and that call's size."""
+    """Tells each instance which predict call (process and call number) computed it, and that call's size. A
+    `{"gate": path}` instance holds its call as Gate does, so that a test can queue requests behind it."""
 
     def load(self) -> None:
         self.calls = 0
@@ -126,6 +127,9 @@ class BatchRecorder(twinserve.Model):
         with self.lock:
             self.calls += 1
             call = f"{os.getpid()}-{self.calls}"
+        for item in batch:
+            if isinstance(item, dict):
+                _hold(Path(item["gate"]))
         time.sleep(0.02)  # the model's own compute time: requests arriving meanwhile form the next batch
         return [{"input": item, "call": call, "size": len(batch)} for item in batch]
 
