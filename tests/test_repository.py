@@ -174,6 +174,7 @@ def test_each_version_answers_its_own_route(app: Client) -> None:
     scrape = app.request("GET", "/metrics").text  # each version's answers are counted apart
     for version in ("1", "2"):
         assert f'twinserve_version_requests_total{{model="scaler",outcome="ok",version="{version}"}}' in scrape
+        assert f'twinserve_version_request_duration_seconds_count{{model="scaler",version="{version}"}}' in scrape
 
 
 def test_a_version_the_policy_leaves_out_is_not_served(app: Client) -> None:

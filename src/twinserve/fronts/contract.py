@@ -156,6 +156,7 @@ class Service(OpenInferenceHandlers):
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         self._levels: dict[tuple[str, int, str], Any] = {}
         self._versions: dict[tuple[str, str, str], Any] = {}
+        self._version_seconds: dict[tuple[str, str], Any] = {}
         self._refusals = RefusalLog()
         self._early: dict[tuple[str, str | None, str, int, int, str], tuple[Any, ...]] = {}
         self._access_log = request_logger() if config.access_log else None
@@ -351,6 +352,13 @@ class Service(OpenInferenceHandlers):
                         model, version, outcome
                     )
                 served.inc()
+                if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
+                    timed = self._version_seconds.get((model, version))
+                    if timed is None:
+                        timed = self._version_seconds[(model, version)] = metrics().version_seconds.labels(
+                            model, version
+                        )
+                    timed.observe(seconds)
 
     def refused_early(
         self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str

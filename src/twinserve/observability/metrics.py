@@ -124,6 +124,13 @@ class _Metrics:
             "other status); a model repository serves several versions of a model at once.",
             ["model", "version", "outcome"],
         )
+        self.version_seconds = Histogram(
+            "twinserve_version_request_duration_seconds",
+            "Time from request received to response ready, per model version (servers of a model repository only): "
+            "a canary's latency beside its default version's.",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+        )
         self.shadow = Counter(
             "twinserve_shadow_requests_total",
             "Requests mirrored to a model's shadow version, by outcome: agree or disagree (its outputs against the "
