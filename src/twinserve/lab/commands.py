@@ -52,20 +52,22 @@ def _archs(text: str) -> list[Arch]:
     return archs  # type: ignore[return-value]
 
 
+def _add_subject(parser: argparse.ArgumentParser, repository_help: str, model_help: str) -> None:
+    """What bench and tune measure: MODEL, or a model repository (`--model-repository DIR`, `--model NAME`)."""
+    parser.add_argument("model", nargs="?", metavar="MODEL", help=f"default {DEFAULT_MODEL}")
+    parser.add_argument("--model-repository", type=Path, metavar="DIR", help=repository_help)
+    parser.add_argument("--model", dest="repository_model", metavar="NAME", help=model_help)
+
+
 def add_bench(bench: argparse.ArgumentParser) -> None:
     bench.description = (
         "Start MODEL (or a model repository) under each architecture (and setting) as a real server on 127.0.0.1, "
         "drive every load level against it, and write results.json, report.html and plots."
     )
-    bench.add_argument("model", nargs="?", metavar="MODEL", help=f"default {DEFAULT_MODEL}")
-    bench.add_argument(
-        "--model-repository",
-        type=Path,
-        metavar="DIR",
-        help="serve this model repository instead of MODEL and drive each model's default version in turn",
-    )
-    bench.add_argument(
-        "--model", dest="repository_model", metavar="NAME", help="with --model-repository: only this model"
+    _add_subject(
+        bench,
+        "serve this model repository instead of MODEL and drive each model's default version in turn",
+        "with --model-repository: only this model",
     )
     bench.add_argument(
         "--version",
@@ -129,15 +131,12 @@ def add_tune(tune: argparse.ArgumentParser) -> None:
         "(and, for a model with per-model settings, its [settings] table), every probe to results.json and "
         "report.html. With --verify URL: a short pilot run against a deployment."
     )
-    tune.add_argument("model", nargs="?", metavar="MODEL", help=f"default {DEFAULT_MODEL}")
-    tune.add_argument(
-        "--model-repository",
-        type=Path,
-        metavar="DIR",
-        help="tune one model of this repository (--model NAME): its [settings] are the search's start, the winner's "
+    _add_subject(
+        tune,
+        "tune one model of this repository (--model NAME): its [settings] are the search's start, the winner's "
         "go to winner-model-settings.toml",
+        "with --model-repository: its folder",
     )
-    tune.add_argument("--model", dest="repository_model", metavar="NAME", help="with --model-repository: its folder")
     tune.add_argument("--slo-p95-ms", type=_positive(float), required=True, help="P95 objective")
     tune.add_argument("--slo-p99-ms", type=_positive(float), help="P99 objective too")
     tune.add_argument("--target-rps", type=_positive(float), help="the rate to meet it at (default: the highest)")
