@@ -52,6 +52,16 @@ def wait_for_file(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def wait_until(
+    condition: Callable[[], object], timeout: float = 30.0, what: str = "the condition", interval: float = 0.02
+) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds (no fixed sleep in a test)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(interval)
+
+
 def scrape(server: ServerProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """`GET /metrics`, parsed by prometheus-client: {(sample name, labels): value}."""
     from prometheus_client.parser import text_string_to_metric_families

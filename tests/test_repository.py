@@ -7,8 +7,7 @@ from __future__ import annotations
 import shutil
 import textwrap
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
-from tests.serving import Server
+from tests.serving import Server, wait_until
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.repository import read_model, read_repository
@@ -329,10 +328,10 @@ def test_poll_control_follows_the_folder(tmp_path: Path, arch: str) -> None:
         # half written): loaded, then the default.
         _versions(tmp_path / "staging", 'model = "model.py:Scaler"\n', (2,))
         (tmp_path / "staging" / "2").rename(root / "grow" / "2")
-        _wait_for(lambda: states("grow") == {("1", "READY"), ("2", "READY")})
+        wait_until(lambda: states("grow") == {("1", "READY"), ("2", "READY")})
         assert _predict(app, "/v1/models/grow:predict", [1]) == [{"value": 2, "version": 2}]
         shutil.rmtree(root / "flat")  # a removed model: unloaded
-        _wait_for(lambda: states("flat") == {("1", "UNAVAILABLE")})
+        wait_until(lambda: states("flat") == {("1", "UNAVAILABLE")})
         assert app.request("POST", "/v1/models/flat:predict", json={"instances": [1]}).status == 503
         # The folder is the control: the API's load and unload are refused.
         refused = app.request("POST", "/v2/repository/models/grow/unload", json={})
@@ -352,20 +351,13 @@ def test_unload_drains_the_requests_inside_first(tmp_path: Path) -> None:
     assert runtime.occupancy.enter()  # a request inside the model
     unloading = threading.Thread(target=ModelControl(registry).unload, args=("flat",))
     unloading.start()
-    _wait_for(lambda: not runtime.occupancy.accepting)  # admission stopped...
+    wait_until(lambda: not runtime.occupancy.accepting)  # admission stopped...
     assert not runtime.occupancy.enter() and runtime.ready and unloading.is_alive()  # ...the model stays open
     assert runtime.predict([1]) == [101]
     runtime.occupancy.leave()
     unloading.join(timeout=30)
     assert not unloading.is_alive() and not runtime.ready
     assert [e.state for e in registry.versions_of("flat")] == ["UNAVAILABLE"]
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
 
 
 # -- real servers, several processes ---------------------------------------------------------------------------
@@ -399,7 +391,7 @@ def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: s
         assert answers() == {(2, *before)}
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (3,))
         after = (3, *before, ("scaler", "3", "READY"))
-        _wait_for(lambda: answers() == {after}, timeout=120)
+        wait_until(lambda: answers() == {after}, timeout=120)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -422,9 +414,9 @@ def test_every_server_process_follows_an_explicit_load_and_unload(tmp_path: Path
         assert answers() == {(200, 1)}
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (2,))
         assert httpx.post(f"{server.url}/v2/repository/models/scaler/load", json={}, timeout=120).status_code == 200
-        _wait_for(lambda: answers() == {(200, 2)}, timeout=120)
+        wait_until(lambda: answers() == {(200, 2)}, timeout=120)
         assert httpx.post(f"{server.url}/v2/repository/models/scaler/unload", json={}, timeout=120).status_code == 200
-        _wait_for(lambda: answers() == {(503, None)}, timeout=120)
+        wait_until(lambda: answers() == {(503, None)}, timeout=120)
 
 
 def test_a_websocket_follows_its_models_reload_and_unload(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.serving import wait_until
 from twinserve.observability.metrics import render
 from twinserve.repository import read_model
 from twinserve.repository.shadow import ShadowJob, ShadowRunner, outputs_agree
@@ -236,13 +236,6 @@ def _count(model: str, outcome: str) -> float:
     return 0.0
 
 
-def _wait(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
-
-
 def _job(model: str, runtime: Any, instances: list[int], outputs: list[int]) -> ShadowJob:
     return ShadowJob(model, "1", runtime, instances, outputs, 0.001)
 
@@ -256,10 +249,10 @@ def test_the_sync_runner_never_blocks_and_drops_past_its_bound() -> None:
     assert runtime.computing.wait(30)  # the thread computes it, held on the gate
     for _ in range(3):  # one queued, two dropped: submit never waits
         runner.submit(_job(model, runtime, [1], [2]))
-    _wait(lambda: _count(model, "dropped") == 2)
+    wait_until(lambda: _count(model, "dropped") == 2)
     gate.set()
-    _wait(lambda: _count(model, "agree") == 2)
-    _wait(lambda: runtime.occupancy.inside == 0)
+    wait_until(lambda: _count(model, "agree") == 2)
+    wait_until(lambda: runtime.occupancy.inside == 0)
 
 
 def test_the_runner_counts_disagreements_errors_and_unloading_versions() -> None:
@@ -271,7 +264,7 @@ def test_the_runner_counts_disagreements_errors_and_unloading_versions() -> None
     runner.submit(_job(model, _FakeRuntime(gate, fail=True), [1], [2]))
     closed = _FakeRuntime(gate, open_=False)
     runner.submit(_job(model, closed, [1], [2]))
-    _wait(lambda: (_count(model, "disagree"), _count(model, "error"), _count(model, "dropped")) == (1, 1, 1))
+    wait_until(lambda: (_count(model, "disagree"), _count(model, "error"), _count(model, "dropped")) == (1, 1, 1))
     assert closed.occupancy.inside == 0
 
 
@@ -279,9 +272,10 @@ def test_the_async_runner_is_a_task_that_never_delays_the_caller() -> None:
     import asyncio
 
     class AsyncRuntime(_FakeRuntime):
+        opened = asyncio.Event()  # made and set on the test's loop, the one the runner's tasks run on
+
         async def apredict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
-            while not self.gate.is_set():
-                await asyncio.sleep(0.005)
+            await self.opened.wait()
             return [x * 2 for x in instances]
 
     gate = threading.Event()
@@ -294,9 +288,8 @@ def test_the_async_runner_is_a_task_that_never_delays_the_caller() -> None:
         for _ in range(3):
             runner.submit(_job(model, runtime, [1], [2]))  # returns at once: the third finds the bound full
         assert _count(model, "dropped") == 1
-        gate.set()
-        while _count(model, "agree") < 2:
-            await asyncio.sleep(0.01)
+        runtime.opened.set()
+        await asyncio.to_thread(wait_until, lambda: _count(model, "agree") == 2)
 
     asyncio.run(main())
     assert runtime.occupancy.inside == 0
@@ -310,7 +303,7 @@ def test_disagreements_are_logged_at_most_once_an_interval(caplog: pytest.LogCap
     with caplog.at_level("WARNING", logger="twinserve.shadow"):
         for _ in range(3):
             runner.submit(_job(model, _FakeRuntime(gate), [1], [5]))
-        _wait(lambda: _count(model, "disagree") == 3)
+        wait_until(lambda: _count(model, "disagree") == 3)
     lines = [r.getMessage() for r in caplog.records if r.name == "twinserve.shadow"]
     assert len(lines) == 1 and "shadow version 2 disagreed with version 1" in lines[0], lines
     assert "[5]" not in lines[0] and "[2]" not in lines[0]  # never the outputs

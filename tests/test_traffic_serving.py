@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
-from tests.serving import Server
+from tests.serving import Server, wait_until
 from tests.test_traffic import within_bounds
 
 Client = SyncClient | AsyncClient
@@ -132,13 +131,6 @@ def _difference_count(app: Client, model: str) -> float:
     )
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.02)
-
-
 # -- the split -------------------------------------------------------------------------------------------------
 def test_the_split_is_within_binomial_bounds_and_each_answer_is_its_versions(app: Client) -> None:
     n = 200
@@ -207,7 +199,7 @@ def test_a_shadow_never_changes_the_primary_answer_and_its_disagreements_count(a
             {"value": i, "version": 1},
             {"value": i + 1, "version": 1},
         ]
-    _wait_for(lambda: _shadow_counts(app, "shadowed")["disagree"] - before["disagree"] == n)
+    wait_until(lambda: _shadow_counts(app, "shadowed")["disagree"] - before["disagree"] == n, timeout=60)
     after = _shadow_counts(app, "shadowed")
     assert after["agree"] == before["agree"] and after["error"] == before["error"]
     assert _difference_count(app, "shadowed") >= n  # each compared pair's latency difference observed
@@ -225,7 +217,7 @@ def test_a_held_back_shadow_never_delays_the_primary_and_agrees_once_through(app
         assert _shadow_counts(app, "agreeing")["agree"] == before["agree"]
     finally:
         _write(gate, "")
-    _wait_for(lambda: _shadow_counts(app, "agreeing")["agree"] - before["agree"] == n)
+    wait_until(lambda: _shadow_counts(app, "agreeing")["agree"] - before["agree"] == n, timeout=60)
     assert _shadow_counts(app, "agreeing")["disagree"] == before["disagree"]
 
 
@@ -285,7 +277,7 @@ def test_every_server_process_follows_a_traffic_change(tmp_path: Path, arch: str
         assert answers() == {2}
         url = f"{server.url}/v2/repository/models/scaler/traffic"
         assert httpx.post(url, json={"split": {"1": 1}}, timeout=30).status_code == 200
-        _wait_for(lambda: answers() == {1}, timeout=120)
+        wait_until(lambda: answers() == {1}, timeout=120)
         assert httpx.get(url, timeout=30).json()["traffic"]["split"] == {"1": 1}
 
 
@@ -320,7 +312,7 @@ def test_grpc_calls_take_the_split_sticky_keys_and_the_shadow(tmp_path: Path, ar
                 assert infer("shadowed") == ("1", {"value": 5, "version": 1})
             name = "twinserve_shadow_requests_total"
             labels = {"model": "shadowed", "primary": "1", "shadow": "2", "outcome": "disagree"}
-            _wait_for(lambda: sample(scrape(server), name, **labels) == n, timeout=120)
+            wait_until(lambda: sample(scrape(server), name, **labels) == n, timeout=120)
             for i in range(10):
                 header = {"x-session-id": f"key-{i}"}
                 answered = {infer("sticky", header)[0] for _ in range(3)}

@@ -19,7 +19,7 @@ import psutil
 import redis
 
 from tests.errors import error_fields
-from tests.serving import Server, free_port
+from tests.serving import Server, free_port, wait_until
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
 from twinserve.lab.probe import tree_rss_mib
 
@@ -127,14 +127,6 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def wait_until(condition: object, timeout: float, what: str, interval: float = 0.1) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)

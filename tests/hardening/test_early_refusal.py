@@ -21,8 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.hardening.harness import wait_until
-from tests.serving import Server, model_path, sample, scrape
+from tests.serving import Server, model_path, sample, scrape, wait_until
 
 GATE, ECHO = model_path("Gate"), model_path("Echo")
 FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batch-size", "2"]
@@ -92,7 +91,7 @@ def _held(server: Server, tmp: Path) -> Iterator[dict[str, Path]]:
         thread = threading.Thread(target=send, args=(name, priority))
         thread.start()
         threads.append(thread)
-        wait_until(lambda q=queued: _queued(server) == q, TIMEOUT_S, f"{queued} queued")
+        wait_until(lambda: _queued(server) == queued, TIMEOUT_S, f"{queued} queued")  # noqa: B023 (waited on here)
     try:
         yield gates
     finally:

@@ -25,8 +25,8 @@ import psutil
 import pytest
 
 from tests.conftest import ARCHS
-from tests.hardening.harness import SLEEPY, RestartableRedis, Traffic, wait_until
-from tests.serving import Server
+from tests.hardening.harness import SLEEPY, RestartableRedis, Traffic
+from tests.serving import Server, wait_until
 from twinserve.examples.io import populate
 
 CLIENTS = 8

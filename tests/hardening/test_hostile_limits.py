@@ -30,8 +30,8 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import ARCHS
 from tests.errors import error_fields
-from tests.hardening.harness import CLIENT_TIMEOUT_S, PeakRss, wait_until
-from tests.serving import ROOT, Server, model_path, servers_per_arch
+from tests.hardening.harness import CLIENT_TIMEOUT_S, PeakRss
+from tests.serving import ROOT, Server, model_path, servers_per_arch, wait_until
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError
 from twinserve.fronts.exchange import DECODE_OFF_LOOP_BYTES, Exchange

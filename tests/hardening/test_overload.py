@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.hardening.harness import SLEEPY, PeakRss, closed_loop, open_loop, probing, wait_until
-from tests.serving import Server
+from tests.hardening.harness import SLEEPY, PeakRss, closed_loop, open_loop, probing
+from tests.serving import Server, wait_until
 from twinserve.lab.loadgen import TRANSPORT_ERROR_KINDS
 from twinserve.lab.probe import tree_rss_mib
 
