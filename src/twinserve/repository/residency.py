@@ -104,10 +104,7 @@ class Residency:
         if version is not None:
             return False
         runtime = self.registry.runtimes.get(name)
-        if runtime is None or not runtime.ready:
-            return False
-        self._used_now(name)
-        return True
+        return runtime is not None and runtime.ready
 
     def _step(self, name: str, version: str | None) -> Step:
         """go: admit the request now (ready, or unknown or unavailable: the lookup answers 404 or 503); wait: a
