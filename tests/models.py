@@ -101,7 +101,7 @@ class Poison(twinserve.Model):
 
     def predict(self, batch: list[Any]) -> list[str]:
         for item in batch:
-            if isinstance(item, dict):
+            if isinstance(item, dict) and "gate" in item:
                 _hold(Path(item["gate"]))
         if "poison" in batch:
             raise RuntimeError("poisoned batch")
@@ -128,7 +128,7 @@ class BatchRecorder(twinserve.Model):
             self.calls += 1
             call = f"{os.getpid()}-{self.calls}"
         for item in batch:
-            if isinstance(item, dict):
+            if isinstance(item, dict) and "gate" in item:
                 _hold(Path(item["gate"]))
         time.sleep(0.02)  # the model's own compute time: requests arriving meanwhile form the next batch
         return [{"input": item, "call": call, "size": len(batch)} for item in batch]
