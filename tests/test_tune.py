@@ -52,6 +52,18 @@ def test_batching_is_searched_when_batch_32_does_far_more_rows() -> None:
     assert any(v.settings["max_batch_delay_ms"] > 0 for v in space.candidates)
 
 
+def test_the_batch_delay_tried_is_a_share_of_the_objective_and_at_least_one_service_time() -> None:
+    def delays(facts: ModelFacts, slo: float | None) -> set[float]:
+        return {float(v.settings["max_batch_delay_ms"]) for v in search_space(facts, slo_p95_ms=slo).candidates}
+
+    fast = _facts(10_000, 80_000)  # 0.1 ms a request
+    assert delays(fast, 50.0) == {0.0, 2.5}  # 5% of 50 ms
+    assert delays(fast, None) == {0.0, 0.5}  # no objective known: the floor
+    slow = _facts(100, 2_000)  # 10 ms a request: a 5% share of 50 ms would be shorter than one predict
+    assert delays(slow, 50.0) == {0.0, 10.0}
+    assert max(delays(fast, 10_000.0)) == 20.0  # capped
+
+
 def test_processes_stop_at_the_cores_and_sync_threads_follow_littles_law() -> None:
     space = search_space(_facts(100, 110, cpus=4), target_rps=150)  # 10 ms a request
     for v in space.candidates:

@@ -200,7 +200,7 @@ def run_tune(request: TuneRequest, name: str, cpus: int, on_probe: OnProbe | Non
     started = time.monotonic()
     facts = measure_facts(request, cpus)
     own = request.subject.settings if request.subject is not None else None
-    space = search_space(facts, request.goal.target_rps, request.archs, own)
+    space = search_space(facts, request.goal.target_rps, request.archs, own, request.goal.slo_p95_ms)
     left = request.budget_s - (time.monotonic() - started)
     plan = plan_search(
         space.candidates,

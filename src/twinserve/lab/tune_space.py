@@ -4,7 +4,8 @@ Known before any server starts: the model's in-process batch curve (`twinserve.l
 sizes 1, 8, 32), hence its single-request service time, and the machine's cores. From those:
 
 - batching is searched only when a batch of 32 does clearly more rows/s than a batch of 1 (else no batch size
-  above 1 and no batch delay: a batch would only make requests wait for each other);
+  above 1 and no batch delay: a batch would only make requests wait for each other); the delay tried is a
+  share of the P95 objective, and at least one service time;
 - processes (sync and async workers, hybrid model workers) go up to the cores, no further: predict is CPU work;
 - sync threads per worker follow Little's law: in-flight requests = arrival rate x time in the server, shared
   over the workers, with some headroom, and never fewer than one (nor than the batch size, which a worker's
@@ -43,6 +44,8 @@ HYBRID_MIN_SERVICE_MS = 0.3
 FRONT_MS = 1.0
 #: Little's law headroom for Poisson bursts.
 BURST = 2.0
+#: The share of the P95 objective a batch may spend waiting to fill (the batch delay tried).
+SLO_SHARE = 0.05
 #: With a target rate, a candidate whose prior is below this share of it is dropped.
 REACH = 0.8
 
@@ -86,12 +89,16 @@ class Space:
     notes: list[str]
 
 
-def _batchings(facts: ModelFacts) -> list[tuple[int, float]]:
+def _batchings(facts: ModelFacts, slo_p95_ms: float | None) -> list[tuple[int, float]]:
     """(max batch size, max batch delay ms) pairs worth trying."""
     if not facts.batching_helps:
         return [(1, 0.0)]
-    # A delay of about one service time lets a batch fill without doubling anyone's wait.
-    delay = round(min(max(facts.single_ms, 0.5), 20.0), 1)
+    # The delay worth trying: a share of the latency objective (SLO_SHARE), which every request can afford to
+    # spend waiting for company; at least one service time (a shorter wait rarely lets a batch fill). On a fast
+    # model the service time alone is far too short: with tabular (0.1 ms) tune tried 0.5 ms and its pick served
+    # 0.74x the grid's best, a 2 ms delay (benchmarks/tune_vs_grid.py, docs/tuning.md).
+    share = SLO_SHARE * slo_p95_ms if slo_p95_ms is not None else 0.0
+    delay = round(min(max(facts.single_ms, share, 0.5), 20.0), 1)
     return [(1, 0.0), (32, 0.0), (32, delay)]
 
 
@@ -141,9 +148,11 @@ def search_space(
     target_rps: float | None = None,
     archs: Sequence[str] = (),
     own: Mapping[str, Any] | None = None,
+    slo_p95_ms: float | None = None,
 ) -> Space:
     """Every candidate worth a server for this model on this machine, and the reasons for the rest; `own`: the
-    model's per-model settings, the search's starting point."""
+    model's per-model settings, the search's starting point; `slo_p95_ms`: the objective, which sizes the batch
+    delay tried."""
     archs = list(archs) or ["sync", "async", "hybrid"]
     pruned: list[Pruned] = []
     notes: list[str] = []
@@ -153,7 +162,7 @@ def search_space(
         pruned.append(
             Pruned("hybrid", f"the model's own settings ask for executor {executor!r}; hybrid runs processes")
         )
-    batchings = _batchings(facts)
+    batchings = _batchings(facts, slo_p95_ms)
     if len(batchings) == 1:
         notes.append(
             f"no batching: batch-32 does {facts.rows_per_s(32):,.0f} rows/s in-process, batch-1 "
