@@ -155,6 +155,15 @@ def test_auto_resolves_once_here_and_the_model_sees_the_result() -> None:
     assert answer.json()["predictions"] == [{"device": device, "loaded_on": device, "placed": device}]
 
 
+def test_the_labs_in_process_measurement_gives_the_model_its_device_before_load() -> None:
+    """`twinserve tune` and `bench` time predict in-process first (lab/ceiling.py): MiniLM's load reads
+    self.device, as every model may."""
+    from twinserve.lab.ceiling import measure
+
+    rows = measure(DEVICE_REPORT, [b'{"instances": [1]}'], [1, 2], budget_s=0.01)
+    assert [r.batch_size for r in rows] == [1, 2]
+
+
 def test_core_imports_no_torch() -> None:
     code = (
         "import sys, twinserve.core.runtime, twinserve.core.device as d, twinserve.core.workers; "

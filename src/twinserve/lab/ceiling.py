@@ -25,13 +25,17 @@ __all__ = ["measure", "measure_in_subprocess"]
 def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float = 2.0) -> list[Ceiling]:
     """Load `model`, then time `predict` on batches of each size built from the bodies' instances."""
     from twinserve.config import load_config
+    from twinserve.core.device import resolve_device
     from twinserve.core.hooks import call_blocking
     from twinserve.model import ModelSpec, import_model
     from twinserve.protocol.v1 import V1Codec
 
     instance = import_model(model)()
+    config = load_config()
     with contextlib.suppress(AttributeError):  # as the server does: settings from TWINSERVE_* (a Redis URL, say)
-        instance.config = load_config()
+        instance.config = config
+    with contextlib.suppress(AttributeError):  # and where to compute (TWINSERVE_DEVICE), before load() too
+        instance.device = resolve_device(config.device)
     spec = ModelSpec(instance)
     codec = V1Codec(spec.name, spec.input_type, spec.output_type)
     if spec.load is not None:
