@@ -64,6 +64,17 @@ def test_the_batch_delay_tried_is_a_share_of_the_objective_and_at_least_one_serv
     assert max(delays(fast, 10_000.0)) == 20.0  # capped
 
 
+def test_processes_add_up_in_the_prior_only_while_the_cores_last() -> None:
+    """A predict that keeps both cores busy (torch's threads) gains nothing from a second process."""
+    single = _facts(100, 2_000, cpus=2)
+    threaded = ModelFacts([c.model_copy(update={"cores": 2.0}) for c in single.ceiling], 2)
+    for facts, gain in ((single, 2.0), (threaded, 1.0)):
+        priors = search_space(facts, archs=["async"]).priors
+        assert priors["async workers=2 max-batch-size=32 max-batch-delay-ms=0.0"] == pytest.approx(
+            gain * priors["async workers=1 max-batch-size=32 max-batch-delay-ms=0.0"], rel=0.01
+        )
+
+
 def test_processes_stop_at_the_cores_and_sync_threads_follow_littles_law() -> None:
     space = search_space(_facts(100, 110, cpus=4), target_rps=150)  # 10 ms a request
     for v in space.candidates:
@@ -152,6 +163,24 @@ def test_successive_halving_finds_the_best_and_halves_each_rung() -> None:
     # The capacity found is a rate that met the SLO, near the true one.
     assert 0.6 * 800 <= decision.winner.rate <= 800
     assert all(r.candidate.label != variants[0].label for r in decision.ranking[:1])
+
+
+def test_after_an_overloaded_miss_the_capacity_search_drops_to_what_the_server_answered() -> None:
+    """A prior 8x too high (MiniLM's: predict already uses every core): halving would take three misses to get
+    under the capacity; the throughput the overloaded server managed gets there in one."""
+    variant = _variants(1)[0]
+    cap = 50.0
+    plan = plan_search([variant], {variant.label: 800.0}, Goal(SLO), budget_s=10_000, repeats=1)
+
+    def saturating(probe: Probe, count: int) -> ProbeResult:
+        met = _server({variant.label: cap})(probe, count)
+        return dataclasses.replace(met, throughput_rps=min(probe.rate, cap))  # past capacity: what it managed
+
+    decision, results = _run(plan, saturating)
+    rung0 = [r.probe.rate for r in results if r.probe.stage == "rung0"]
+    assert rung0[0] == 400.0 and rung0[1] == 0.9 * cap  # the prior's half, then just under what was answered
+    # Met within rung 0's three steps (halving alone would still be missing at 100 req/s), bracketed from below.
+    assert len(rung0) == 3 and decision.winner is not None and 0 < decision.winner.rate < cap
 
 
 def test_with_a_target_rate_every_probe_runs_at_it_and_the_lowest_p95_wins() -> None:

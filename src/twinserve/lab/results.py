@@ -142,6 +142,9 @@ class Ceiling(_Model):
     batch_size: int
     batch_ms_median: float
     instances_per_s: float
+    #: CPU seconds per wall second while predict ran: about 1 for a single-threaded model, up to the cores for
+    #: one whose library computes on several threads (torch, BLAS), whose processes then do not add up.
+    cores: float = 1.0
 
 
 class Verdict(_Model):

@@ -11,8 +11,9 @@ was too noisy to decide.
 
 A candidate's score at a stage:
 - with a target rate: the P95 at that rate, negated (higher is better), or -inf when the probe missed the goal;
-- without one: its capacity, the highest rate that met the goal, found by a short search: double (or halve)
-  from a start until the goal is met on one side and missed on the other, then bisect (geometric mean).
+- without one: its capacity, the highest rate that met the goal, found by a short search: double (or halve, or
+  drop to just under what an overloaded server answered) from a start until the goal is met on one side and
+  missed on the other, then bisect (geometric mean).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ __all__ = [
 RESOLUTION = 1.1
 #: No capacity below this is searched for (req/s).
 MIN_RATE = 1.0
+#: After a miss with no rate met yet, the next rate is at most this share of what the server answered there.
+SATURATED = 0.9
 #: Open loop: the server must answer this share of the requests that fell due.
 ANSWERED = 0.95
 
@@ -232,7 +235,14 @@ def _next_rate(done: Sequence[ProbeResult], goal: Goal, start: float, steps: int
     if lo is not None:
         return lo * factor
     assert hi is not None
-    return None if hi / factor < MIN_RATE else hi / factor
+    lower = hi / factor
+    # Only misses so far. An overloaded server still answered what it could: that rate bounds its capacity, a far
+    # better next guess than a halving when the prior was far off (MiniLM's was 4x: its predict already uses
+    # every core, so more processes do not add up).
+    answered = max(r.throughput_rps for r in done if r.probe.rate == hi)
+    if 0 < SATURATED * answered < lower:
+        lower = SATURATED * answered
+    return None if lower < MIN_RATE else lower
 
 
 def _score(done: Sequence[ProbeResult], goal: Goal) -> tuple[float, float, float | None]:

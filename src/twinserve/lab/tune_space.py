@@ -57,11 +57,19 @@ class ModelFacts:
     ceiling: Sequence[Ceiling]
     cpus: int
 
-    def rows_per_s(self, batch_size: int) -> float:
-        """In-process rows/s at `batch_size`: measured, or the nearest measured size below (a floor)."""
+    def _at(self, batch_size: int) -> Ceiling:
+        """The measurement at `batch_size`, or at the nearest measured size below (a floor)."""
         known = sorted(self.ceiling, key=lambda c: c.batch_size)
         below = [c for c in known if c.batch_size <= batch_size] or known[:1]
-        return below[-1].instances_per_s
+        return below[-1]
+
+    def rows_per_s(self, batch_size: int) -> float:
+        """In-process rows/s at `batch_size`."""
+        return self._at(batch_size).instances_per_s
+
+    def cores(self, batch_size: int) -> float:
+        """The cores predict kept busy at `batch_size`."""
+        return self._at(batch_size).cores
 
     @property
     def single_ms(self) -> float:
@@ -104,9 +112,12 @@ def _batchings(facts: ModelFacts, slo_p95_ms: float | None) -> list[tuple[int, f
 
 def _prior(arch: str, processes: int, batch: int, facts: ModelFacts) -> float:
     """Requests/s `processes` processes could serve: each request's share of a batch's predict plus what the
-    server spends on it around predict (FRONT_MS). An optimistic guess, where capacity searches start from."""
+    server spends on it around predict (FRONT_MS). An optimistic guess, where capacity searches start from.
+    Processes add up only while the cores last: a predict that computes on k cores (torch) leaves room for
+    cpus / k of them."""
     per_request_s = 1.0 / facts.rows_per_s(batch) + FRONT_MS / 1000.0
-    return round(processes / per_request_s, 1)
+    room = max(1.0, facts.cpus / max(facts.cores(batch), 1.0))
+    return round(min(float(processes), room) / per_request_s, 1)
 
 
 def _process_counts(cpus: int) -> list[int]:
