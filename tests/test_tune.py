@@ -64,6 +64,25 @@ def test_the_batch_delay_tried_is_a_share_of_the_objective_and_at_least_one_serv
     assert max(delays(fast, 10_000.0)) == 20.0  # capped
 
 
+def test_the_batch_size_tried_is_the_largest_whose_predict_fits_a_third_of_the_objective() -> None:
+    minilm = ModelFacts(  # as measured on two cores
+        [
+            Ceiling(batch_size=b, batch_ms_median=ms, instances_per_s=b * 1000 / ms)
+            for b, ms in ((1, 24), (8, 55), (32, 174))
+        ],
+        2,
+    )
+
+    def sizes(slo: float | None) -> set[int]:
+        return {int(v.settings["max_batch_size"]) for v in search_space(minilm, slo_p95_ms=slo).candidates}
+
+    assert sizes(None) == {1, 32}
+    assert sizes(600) == {1, 32}
+    assert sizes(200) == {1, 8}  # a batch of 32 alone takes 174 ms of the 200
+    assert sizes(100) == {1}  # a batch of 8 takes 55 ms: one request at a time
+    assert any("no batching" in note for note in search_space(minilm, slo_p95_ms=100).notes)
+
+
 def test_processes_add_up_in_the_prior_only_while_the_cores_last() -> None:
     """A predict that keeps both cores busy (torch's threads) gains nothing from a second process."""
     single = _facts(100, 2_000, cpus=2)

@@ -3,9 +3,10 @@
 Known before any server starts: the model's in-process batch curve (`twinserve.lab.ceiling`: rows/s at batch
 sizes 1, 8, 32), hence its single-request service time, and the machine's cores. From those:
 
-- batching is searched only when a batch of 32 does clearly more rows/s than a batch of 1 (else no batch size
-  above 1 and no batch delay: a batch would only make requests wait for each other); the delay tried is a
-  share of the P95 objective, and at least one service time;
+- the batch size tried is the largest measured one whose predict takes at most a third of the P95 objective
+  (32 for a fast model, 8 for MiniLM at 200 ms); batching is searched only when that batch does clearly more
+  rows/s than a batch of 1 (else no batch size above 1 and no batch delay: a batch would only make requests wait
+  for each other); the delay tried is a share of the P95 objective, and at least one service time;
 - processes (sync and async workers, hybrid model workers) go up to the cores, no further: predict is CPU work;
 - sync threads per worker follow Little's law: in-flight requests = arrival rate x time in the server, shared
   over the workers, with some headroom, and never fewer than one (nor than the batch size, which a worker's
@@ -44,6 +45,8 @@ HYBRID_MIN_SERVICE_MS = 0.3
 FRONT_MS = 1.0
 #: Little's law headroom for Poisson bursts.
 BURST = 2.0
+#: The share of the P95 objective one batch's predict may take (the largest batch size tried).
+BATCH_SHARE = 1 / 3
 #: The share of the P95 objective a batch may spend waiting to fill (the batch delay tried).
 SLO_SHARE = 0.05
 #: With a target rate, a candidate whose prior is below this share of it is dropped.
@@ -76,9 +79,17 @@ class ModelFacts:
         """The service time of one request alone (batch 1), in ms."""
         return 1000.0 / max(self.rows_per_s(1), 1e-9)
 
-    @property
-    def batching_helps(self) -> bool:
-        return self.rows_per_s(32) >= BATCHING_GAIN * self.rows_per_s(1)
+    def batch_size(self, slo_p95_ms: float | None) -> int:
+        """The largest measured batch size whose predict takes at most BATCH_SHARE of the objective: under load
+        a request may wait for the batch ahead of it, then compute in its own, and still meet its P95."""
+        sizes = sorted(c.batch_size for c in self.ceiling)
+        if slo_p95_ms is None:
+            return sizes[-1]
+        fit = [c.batch_size for c in self.ceiling if c.batch_ms_median <= BATCH_SHARE * slo_p95_ms]
+        return max(fit, default=sizes[0])
+
+    def batching_helps(self, batch_size: int) -> bool:
+        return batch_size > 1 and self.rows_per_s(batch_size) >= BATCHING_GAIN * self.rows_per_s(1)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,8 @@ class Space:
 
 def _batchings(facts: ModelFacts, slo_p95_ms: float | None) -> list[tuple[int, float]]:
     """(max batch size, max batch delay ms) pairs worth trying."""
-    if not facts.batching_helps:
+    size = facts.batch_size(slo_p95_ms)
+    if not facts.batching_helps(size):
         return [(1, 0.0)]
     # The delay worth trying: a share of the latency objective (SLO_SHARE), which every request can afford to
     # spend waiting for company; at least one service time (a shorter wait rarely lets a batch fill). On a fast
@@ -107,7 +119,7 @@ def _batchings(facts: ModelFacts, slo_p95_ms: float | None) -> list[tuple[int, f
     # 0.74x the grid's best, a 2 ms delay (benchmarks/tune_vs_grid.py, docs/tuning.md).
     share = SLO_SHARE * slo_p95_ms if slo_p95_ms is not None else 0.0
     delay = round(min(max(facts.single_ms, share, 0.5), 20.0), 1)
-    return [(1, 0.0), (32, 0.0), (32, delay)]
+    return [(1, 0.0), (size, 0.0), (size, delay)]
 
 
 def _prior(arch: str, processes: int, batch: int, facts: ModelFacts) -> float:
@@ -174,15 +186,19 @@ def search_space(
             Pruned("hybrid", f"the model's own settings ask for executor {executor!r}; hybrid runs processes")
         )
     batchings = _batchings(facts, slo_p95_ms)
-    if len(batchings) == 1:
+    size = facts.batch_size(slo_p95_ms)
+    if size == 1:
+        notes.append(f"no batching: a batch of {min(c.batch_size for c in facts.ceiling if c.batch_size > 1)} "
+                     f"takes more than {BATCH_SHARE:.0%} of the objective in-process")  # fmt: skip
+    elif len(batchings) == 1:
         notes.append(
-            f"no batching: batch-32 does {facts.rows_per_s(32):,.0f} rows/s in-process, batch-1 "
+            f"no batching: batch-{size} does {facts.rows_per_s(size):,.0f} rows/s in-process, batch-1 "
             f"{facts.rows_per_s(1):,.0f} (less than x{BATCHING_GAIN:g})"
         )
     else:
         notes.append(
-            f"batching searched: batch-32 does {facts.rows_per_s(32):,.0f} rows/s in-process, batch-1 "
-            f"{facts.rows_per_s(1):,.0f}"
+            f"batching searched up to {size} (the largest batch within {BATCH_SHARE:.0%} of the objective): "
+            f"batch-{size} does {facts.rows_per_s(size):,.0f} rows/s in-process, batch-1 {facts.rows_per_s(1):,.0f}"
         )
     processes = _process_counts(facts.cpus)
     notes.append(f"processes up to the {facts.cpus} core(s): {', '.join(map(str, processes))}")
