@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -136,6 +137,8 @@ _WANTED = (
     "twinserve_queue_wait_seconds_count",
     "twinserve_inference_duration_seconds_sum",
     "twinserve_inference_duration_seconds_count",
+    "twinserve_in_flight_requests",
+    "twinserve_queued_instances",
 )
 
 
@@ -160,6 +163,25 @@ def scrape(base_url: str) -> MetricsSnapshot | None:
             elif sample.name == "twinserve_process_resident_memory_bytes" and "pid" in sample.labels:
                 roles[int(sample.labels["pid"])] = sample.labels.get("role", "server")
     return MetricsSnapshot(dict(values), roles)
+
+
+def settle(base_url: str, deadline_s: float, poll_s: float = 0.1) -> bool:
+    """Wait until the server has nothing in flight and nothing queued (its /metrics), at most `deadline_s`.
+
+    After an overloaded run the server still computes what the load generator gave up on: a run started at once
+    would measure that backlog, not its own load. Whether it settled in time."""
+    until = time.monotonic() + deadline_s
+    while True:
+        snapshot = scrape(base_url)
+        if snapshot is None:
+            return False  # not a twinserve server, or gone: nothing to wait on
+        # The scrape is a request in flight itself.
+        in_flight = snapshot.values.get("twinserve_in_flight_requests", 0.0) - 1
+        if in_flight <= 0 and snapshot.values.get("twinserve_queued_instances", 0.0) <= 0:
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(poll_s)
 
 
 def _mean(total: float, count: float, scale: float = 1.0) -> float | None:

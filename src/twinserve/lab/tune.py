@@ -18,7 +18,7 @@ from pathlib import Path
 
 from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
-from twinserve.lab.probe import TreeSampler, scrape
+from twinserve.lab.probe import TreeSampler, scrape, settle
 from twinserve.lab.results import Ceiling
 from twinserve.lab.servers import ServerFailed, TwinserveServer
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search
@@ -109,8 +109,13 @@ class ProbeServers:
         #: pid -> role ("server", "model_worker") of the running server's processes, from its /metrics.
         self.roles: dict[int, str] = {}
 
+    def running(self, variant: Variant) -> bool:
+        """Whether `variant`'s server is the one up (a probe on it follows another)."""
+        return self._label == variant.label and self._server is not None
+
     def get(self, variant: Variant) -> TwinserveServer:
-        if self._label == variant.label and self._server is not None:
+        if self.running(variant):
+            assert self._server is not None
             return self._server
         self.close()
         log_dir = self._request.log_dir
@@ -142,20 +147,24 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
     """Run one probe on the candidate's server (started if it is not the one running); a server that does not
     start is a failed probe, not an error."""
     started = time.monotonic()
+    reused = servers.running(probe.candidate)
     try:
         server = servers.get(probe.candidate)
     except ServerFailed as exc:
         servers.close()
         reason = str(exc).splitlines()[0]
         return ProbeResult(probe, 0, 0, 0.0, 0.0, None, None, None, 0.0, time.monotonic() - started, reason)
+    # Past a few SLOs a request has missed it anyway: the probe need not wait longer for it.
+    timeout_s = max(1.0, 10 * request.goal.slo_p95_ms / 1000)
+    if reused:  # the last probe's backlog (an overloaded one's) drains before this one counts
+        settle(server.url, deadline_s=2 * timeout_s)
     spec = LoadSpec(
         url=f"{server.url}/v1/models/{name}:predict",
         bodies=list(request.bodies),
         duration_s=probe.seconds,
         warmup_s=min(1.0, 0.25 * probe.seconds),
         rate=probe.rate,
-        # Past a few SLOs a request has missed it anyway: the probe need not wait longer for it.
-        timeout_s=max(1.0, 10 * request.goal.slo_p95_ms / 1000),
+        timeout_s=timeout_s,
         seed=seed,
     )
     with TreeSampler(server.pid, interval=0.2, roles=servers.roles) as sampler:
