@@ -128,8 +128,8 @@ def _prior(arch: str, processes: int, batch: int, facts: ModelFacts) -> float:
     Processes add up only while the cores last: a predict that computes on k cores (torch) leaves room for
     cpus / k of them."""
     per_request_s = 1.0 / facts.rows_per_s(batch) + FRONT_MS / 1000.0
-    room = max(1.0, facts.cpus / max(facts.cores(batch), 1.0))
-    return round(min(float(processes), room) / per_request_s, 1)
+    room = max(1, round(facts.cpus / max(facts.cores(batch), 1.0)))  # 2 cores / 1.99 busy: one process
+    return round(min(processes, room) / per_request_s, 1)
 
 
 def _process_counts(cpus: int) -> list[int]:
