@@ -188,8 +188,10 @@ def search_space(
     batchings = _batchings(facts, slo_p95_ms)
     size = facts.batch_size(slo_p95_ms)
     if size == 1:
-        notes.append(f"no batching: a batch of {min(c.batch_size for c in facts.ceiling if c.batch_size > 1)} "
-                     f"takes more than {BATCH_SHARE:.0%} of the objective in-process")  # fmt: skip
+        smallest = min((c.batch_size for c in facts.ceiling if c.batch_size > 1), default=2)
+        notes.append(
+            f"no batching: a batch of {smallest} takes more than {BATCH_SHARE:.0%} of the objective in-process"
+        )
     elif len(batchings) == 1:
         notes.append(
             f"no batching: batch-{size} does {facts.rows_per_s(size):,.0f} rows/s in-process, batch-1 "
