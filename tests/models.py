@@ -86,6 +86,13 @@ class Gate(twinserve.Model):
         return ["released" for _ in batch]
 
 
+def _hold_gates(batch: list[Any]) -> None:
+    """Hold on each `{"gate": path}` instance of the batch, as Gate does; other instances pass."""
+    for item in batch:
+        if isinstance(item, dict) and "gate" in item:
+            _hold(Path(item["gate"]))
+
+
 def _hold(gate: Path) -> None:
     gate.with_suffix(".started").write_text(str(os.getpid()))
     deadline = time.monotonic() + 60
@@ -100,9 +107,7 @@ class Poison(twinserve.Model):
     holds predict as Gate does, so that tests can queue good and poison requests into one batch behind it."""
 
     def predict(self, batch: list[Any]) -> list[str]:
-        for item in batch:
-            if isinstance(item, dict) and "gate" in item:
-                _hold(Path(item["gate"]))
+        _hold_gates(batch)
         if "poison" in batch:
             raise RuntimeError("poisoned batch")
         return ["released" if isinstance(item, dict) else str(item).upper() for item in batch]
@@ -127,9 +132,7 @@ class BatchRecorder(twinserve.Model):
         with self.lock:
             self.calls += 1
             call = f"{os.getpid()}-{self.calls}"
-        for item in batch:
-            if isinstance(item, dict) and "gate" in item:
-                _hold(Path(item["gate"]))
+        _hold_gates(batch)
         time.sleep(0.02)  # the model's own compute time: requests arriving meanwhile form the next batch
         return [{"input": item, "call": call, "size": len(batch)} for item in batch]
 

@@ -45,11 +45,7 @@ def predict(server: ServerProcess, model: str, instances: Any, timeout: float = 
 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} never appeared")
-        time.sleep(0.01)
+    wait_until(path.exists, timeout, f"{path} to appear", interval=0.01)
 
 
 def wait_until(

@@ -103,6 +103,14 @@ def _open_paths(config: Config) -> frozenset[str]:
     return frozenset(route.path for route in ROUTES if route.name in names)
 
 
+def _labelled(cache: dict[tuple[str, ...], Any], family: Any, *labels: str) -> Any:
+    """`family.labels(*labels)`, kept in `cache` after the first time."""
+    child = cache.get(labels)
+    if child is None:
+        child = cache[labels] = family.labels(*labels)
+    return child
+
+
 def request_id_from(header: str | None) -> str:
     """Echo a client's request id when it is safe to put in headers and logs, else make one."""
     if header and _CLIENT_ID.match(header):
@@ -154,9 +162,10 @@ class Service(OpenInferenceHandlers):
         self.checks_host = not self.hosts.any_host
         self.open_paths = _open_paths(config)
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
-        self._levels: dict[tuple[str, int, str], Any] = {}
-        self._versions: dict[tuple[str, str, str], Any] = {}
-        self._version_seconds: dict[tuple[str, str], Any] = {}
+        # A metric's children by label values, looked up once each (`labels()` costs a lock and a tuple per call).
+        self._levels: dict[tuple[str, ...], Any] = {}
+        self._versions: dict[tuple[str, ...], Any] = {}
+        self._version_seconds: dict[tuple[str, ...], Any] = {}
         self._refusals = RefusalLog()
         self._early: dict[tuple[str, str | None, str, int, int, str], tuple[Any, ...]] = {}
         self._access_log = request_logger() if config.access_log else None
@@ -339,26 +348,11 @@ class Service(OpenInferenceHandlers):
                 self._refusals.refused(model, error_code)
         if model:
             outcome = "ok" if status < 300 else "refused" if refused else "error"
-            level = self._levels.get((model, context.priority, outcome))
-            if level is None:
-                level = self._levels[(model, context.priority, outcome)] = metrics().by_priority.labels(
-                    model, str(context.priority), outcome
-                )
-            level.inc()
+            _labelled(self._levels, metrics().by_priority, model, str(context.priority), outcome).inc()
             if version is not None:
-                served = self._versions.get((model, version, outcome))
-                if served is None:
-                    served = self._versions[(model, version, outcome)] = metrics().by_version.labels(
-                        model, version, outcome
-                    )
-                served.inc()
+                _labelled(self._versions, metrics().by_version, model, version, outcome).inc()
                 if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
-                    timed = self._version_seconds.get((model, version))
-                    if timed is None:
-                        timed = self._version_seconds[(model, version)] = metrics().version_seconds.labels(
-                            model, version
-                        )
-                    timed.observe(seconds)
+                    _labelled(self._version_seconds, metrics().version_seconds, model, version).observe(seconds)
 
     def refused_early(
         self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str

@@ -108,9 +108,8 @@ class Space:
     notes: list[str]
 
 
-def _batchings(facts: ModelFacts, slo_p95_ms: float | None) -> list[tuple[int, float]]:
-    """(max batch size, max batch delay ms) pairs worth trying."""
-    size = facts.batch_size(slo_p95_ms)
+def _batchings(facts: ModelFacts, size: int, slo_p95_ms: float | None) -> list[tuple[int, float]]:
+    """(max batch size, max batch delay ms) pairs worth trying, batches of at most `size`."""
     if not facts.batching_helps(size):
         return [(1, 0.0)]
     # The delay worth trying: a share of the latency objective (SLO_SHARE), which every request can afford to
@@ -185,8 +184,8 @@ def search_space(
         pruned.append(
             Pruned("hybrid", f"the model's own settings ask for executor {executor!r}; hybrid runs processes")
         )
-    batchings = _batchings(facts, slo_p95_ms)
     size = facts.batch_size(slo_p95_ms)
+    batchings = _batchings(facts, size, slo_p95_ms)
     if size == 1:
         smallest = min((c.batch_size for c in facts.ceiling if c.batch_size > 1), default=2)
         notes.append(
