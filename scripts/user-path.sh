@@ -5,7 +5,7 @@
 #      each architecture + one curl predict, a short bench + advise, locustfile, k8s (its --out folder must hold
 #      what its Dockerfile COPYs, the wheel the same as stage 1's); the commands that need an extra must fail in
 #      one line;
-#   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, one pip at a time),
+#   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, two pips at a time after it),
 #      running the command that needs it;
 #   4. the README's first command, `make bench`, on a fresh clone of HEAD.
 # Servers listen on free 127.0.0.1 ports and are stopped by PID with SIGTERM; every step has a deadline.
@@ -55,9 +55,8 @@ summary() {
 cleanup() {
     local rc=$? pid
     trap - EXIT INT TERM
-    for pid in "${BACKGROUND[@]}"; do  # the installer, and the pip under it
-        pkill -TERM -P "$pid" 2>/dev/null || true
-        kill -TERM "$pid" 2>/dev/null || true
+    for pid in "${BACKGROUND[@]}"; do
+        kill_tree "$pid"
     done
     for pid in "${SERVERS[@]}"; do
         kill -TERM "$pid" 2>/dev/null || continue
@@ -389,16 +388,35 @@ EOF
     stop_server "$SERVER_PID" "$out"
 }
 
-# The extras' virtualenvs, made one after the other in the background while stage 2 runs (pip is most of the
-# time, and stage 2 mostly waits on servers); each writes venv-EXTRA.done: "ok|failed SECONDS".
+# The extras' virtualenvs, made in the background: one pip at a time while stage 2 runs (it starts servers with
+# deadlines on the same cores), two at a time once it is done (stage 3 then mostly waits on pip). Without
+# compiling every module at install (--no-compile; torch and ray ship thousands): the one command run in each
+# venv compiles what it imports. Each writes venv-EXTRA.done: "ok|failed SECONDS".
+install_extra() {
+    local extra=$1 t0=$EPOCHREALTIME status=ok
+    new_venv "$WORK/venv-$extra" --no-compile "${WHEEL}[$extra]" || status=failed
+    echo "$status $(elapsed "$t0")" >"$WORK/venv-$extra.done"
+}
+
 install_extras() {
-    local extra t0 status
+    local extra lanes
     for extra in $EXTRAS; do
-        t0=$EPOCHREALTIME
-        status=ok
-        new_venv "$WORK/venv-$extra" "${WHEEL}[$extra]" || status=failed
-        echo "$status $(elapsed "$t0")" >"$WORK/venv-$extra.done"
+        while :; do
+            lanes=1
+            [ -f "$WORK/stage2.done" ] && lanes=2
+            [ "$(jobs -rp | wc -l)" -lt "$lanes" ] && break
+            sleep 1
+        done
+        install_extra "$extra" &
     done
+    wait
+}
+
+# kill_tree PID: SIGTERM to PID and everything under it (the installer, its lanes, the pips under them).
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill -TERM "$1" 2>/dev/null || true
 }
 
 extra_venv() {
@@ -415,7 +433,7 @@ extra_venv() {
     }
     log "virtualenv with [$extra]: pip took $seconds s (in the background), waited $(elapsed "$t0") s for it"
     TIMINGS+=("3   venv + pip install '[$extra]' (background)|$seconds")
-    "extra_$extra" "$dir/bin"
+    PYTHONDONTWRITEBYTECODE= "extra_$extra" "$dir/bin"  # compiled once here: the venv was made --no-compile
     rm -rf "$dir" # disk: torch and ray are large
 }
 
@@ -450,6 +468,7 @@ if [ "${USER_PATH_BASE:-1}" != 0 ]; then
     timed "2 locustfile, k8s (+ --out build context)" other_base_commands
     timed "2 commands needing an extra fail in one line" extra_errors
 fi
+touch "$WORK/stage2.done"
 for extra in $EXTRAS; do
     timed "3 extra $extra: wait for its venv + command" extra_venv "$extra"
 done

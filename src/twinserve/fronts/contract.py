@@ -45,6 +45,7 @@ from twinserve.observability.metrics import (
     render,
 )
 from twinserve.observability.refusals import SHED_CODES, RefusalLog
+from twinserve.observability.tally import Tally
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
@@ -66,6 +67,9 @@ __all__ = [
     "raw_error_response",
     "request_id_from",
 ]
+
+#: A kind of refusal before the app: model, version, endpoint, priority, status, error code.
+EarlyKey = tuple[str, str | None, str, int, int, str]
 
 
 def _reset_ids() -> None:
@@ -167,7 +171,8 @@ class Service(OpenInferenceHandlers):
         self._versions: dict[tuple[str, ...], Any] = {}
         self._version_seconds: dict[tuple[str, ...], Any] = {}
         self._refusals = RefusalLog()
-        self._early: dict[tuple[str, str | None, str, int, int, str], tuple[Any, ...]] = {}
+        self._early: dict[EarlyKey, tuple[Any, ...]] = {}
+        self._early_tally: Tally[EarlyKey] = Tally(self._count_early)
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
         #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
@@ -211,6 +216,7 @@ class Service(OpenInferenceHandlers):
         return Reply(200, swagger_page("/openapi.json", "twinserve"), content_type=HTML)
 
     def metrics(self) -> Reply:
+        self._early_tally.flush()
         return Reply(200, render(), content_type=CONTENT_TYPE)
 
     # -- allowed hosts, authentication and CORS (fronts/hosts.py, fronts/auth.py, fronts/cors.py) --------------
@@ -359,23 +365,29 @@ class Service(OpenInferenceHandlers):
     ) -> None:
         """Count a request the HTTP server refused from its head, before the app (fronts/early.py), as `finish`
         counts a refusal (requests, rejections, the priority and version outcomes, the aggregate refusal log)
-        and in `twinserve_early_refusals_total`; it has no request context, so no request event and no latency."""
-        key = (model, version, endpoint, priority, status, error_code)
-        counters = self._early.get(key)
-        if counters is None:
-            m = metrics()
-            counters = self._early[key] = (
-                m.requests.labels(model, endpoint, str(status)),
-                m.rejected.labels(model, REJECTION_REASONS[error_code]),
-                m.by_priority.labels(model, str(priority), "refused"),
-                m.early_refusals.labels(model),
-            )
-            if version is not None:  # refused once its version was known (not by the sync backlog)
-                counters += (m.by_version.labels(model, version, "refused"),)
-                self._early[key] = counters
-        for counter in counters:
-            counter.inc()
+        and in `twinserve_early_refusals_total`; it has no request context, so no request event and no latency.
+        The metrics are written in sums, at most every 50 ms (observability/tally.py): a flood refuses thousands
+        a second, and a metric write each cost a tenth of the refusal."""
+        self._early_tally.add((model, version, endpoint, priority, status, error_code))
         self._refusals.refused(model, error_code)
+
+    def _count_early(self, counts: dict[EarlyKey, int]) -> None:
+        for key, n in counts.items():
+            counters = self._early.get(key)
+            if counters is None:
+                model, version, endpoint, priority, status, error_code = key
+                m = metrics()
+                counters = (
+                    m.requests.labels(model, endpoint, str(status)),
+                    m.rejected.labels(model, REJECTION_REASONS[error_code]),
+                    m.by_priority.labels(model, str(priority), "refused"),
+                    m.early_refusals.labels(model),
+                )
+                if version is not None:  # refused once its version was known (not by the sync backlog)
+                    counters += (m.by_version.labels(model, version, "refused"),)
+                self._early[key] = counters
+            for counter in counters:
+                counter.inc(n)
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')

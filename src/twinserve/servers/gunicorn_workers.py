@@ -7,8 +7,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flask import Response
 from gunicorn.workers import gthread, sync
+from werkzeug.http import HTTP_STATUS_CODES
+from werkzeug.utils import get_content_type
 
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
@@ -86,12 +87,19 @@ def _early_refusal(app: Any) -> EarlyRefusal | None:
     return early if isinstance(early, EarlyRefusal) and early.active else None
 
 
-def _refused(refusal: Refusal) -> Response:
-    """The sync front's answer to a request refused before it, built as the front builds it (fronts/wsgi.py)."""
+def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
+    """The sync front's answer to a request refused before it, as the front's werkzeug `Response` writes it
+    (fronts/wsgi.py: the status's upper-case phrase, the reply's headers, then content type and length, then the
+    request id), without building one: under a flood this runs for every refused request."""
     reply, request_id = refusal.reply()
-    response = Response(reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers)
-    response.headers[REQUEST_ID_HEADER] = request_id
-    return response
+    headers = [
+        *(reply.headers or {}).items(),
+        ("Content-Type", get_content_type(reply.content_type, "utf-8")),
+        ("Content-Length", str(len(reply.body))),
+        (REQUEST_ID_HEADER, request_id),
+    ]
+    start_response(f"{reply.status} {HTTP_STATUS_CODES[reply.status].upper()}", headers)
+    return [reply.body]
 
 
 class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: ignore[misc]
@@ -127,7 +135,7 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
             if early is not None:
                 refusal = early.refuse_environ(environ, backlog)
                 if refusal is not None:  # Flask never sees it; gunicorn discards the unread body before the next
-                    return _refused(refusal)(environ, start_response)
+                    return _refused(refusal, start_response)
             return app(environ, start_response)
 
         self.wsgi = with_backlog

@@ -57,6 +57,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     _head_timer: asyncio.TimerHandle | None = None
+    #: When the running read deadline began (a request's first byte, or a refused request's head), while no timer
+    #: is armed for it: `data_received` arms one only if the head or the discarded body is still incomplete
+    #: after the read, so the common request, whole in one read, costs no timer.
+    _clock_from: float | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -94,12 +98,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > self._max_head:
                 self._refuse(HeadersTooLarge())
+        if self._clock_from is not None and self._head_timer is None and not self.transport.is_closing():
+            self._head_timer = self.loop.call_at(self._clock_from + self._read_timeout, self._head_timed_out)
 
     def on_message_begin(self) -> None:
         self._unset_keepalive_if_required()  # a request after an early refusal, in the same read
         super().on_message_begin()
         self._header_count = 0
-        self._arm_head_timer()
+        if self._head_timer is None:  # else the connection's own deadline, from before its first byte, holds
+            self._clock_from = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -155,7 +162,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return False
         self.transport.write(answer)
         self._discarding, self._keep_alive = True, keep_alive
-        self._arm_head_timer()  # the body it discards gets --read-timeout-s too, as the front would give it
+        self._clock_from = self.loop.time()  # the body it discards gets --read-timeout-s too, as the front gives it
         return True
 
     def _refusal_complete(self) -> None:
@@ -190,6 +197,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = self.loop.call_later(self._read_timeout, self._head_timed_out)
 
     def _cancel_head_timer(self) -> None:
+        self._clock_from = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None

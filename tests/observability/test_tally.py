@@ -1,0 +1,59 @@
+"""Counts written in sums at most once an interval (observability/tally.py), as the early refusals' metrics are."""
+
+from __future__ import annotations
+
+import threading
+
+from tests.serving import wait_until
+from twinserve.observability.tally import Tally
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_first_count_is_written_at_once_and_the_rest_of_the_interval_in_one_sum() -> None:
+    clock, written = Clock(), []
+    tally: Tally[str] = Tally(written.append, interval_s=1000.0, clock=clock)  # the timer never fires here
+    tally.add("a")
+    assert written == [{"a": 1}]  # after a quiet interval: at once
+    for key in ("a", "b", "a"):
+        tally.add(key)
+    assert written == [{"a": 1}]  # within the interval: held
+    tally.flush()  # as /metrics does before it renders
+    assert written == [{"a": 1}, {"a": 2, "b": 1}]
+    tally.flush()
+    assert len(written) == 2  # nothing counted, nothing written
+
+
+def test_counts_held_within_the_interval_are_written_when_it_ends_with_nothing_after_them() -> None:
+    written: list[dict[str, int]] = []
+    tally: Tally[str] = Tally(written.append, interval_s=0.05)
+    tally.add("x")
+    tally.add("x")
+    tally.add("y")
+    wait_until(lambda: len(written) == 2, timeout=10.0)
+    assert written == [{"x": 1}, {"x": 1, "y": 1}]
+
+
+def test_no_count_is_lost_between_threads() -> None:
+    totals: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def write(counts: dict[int, int]) -> None:
+        with lock:
+            for key, n in counts.items():
+                totals[key] = totals.get(key, 0) + n
+
+    tally: Tally[int] = Tally(write, interval_s=0.001)
+    threads = [threading.Thread(target=lambda k=k: [tally.add(k % 3) for _ in range(2000)]) for k in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tally.flush()
+    assert totals == {0: 4000, 1: 4000, 2: 4000}
