@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 from tests.serving import wait_until
 from twinserve.observability.tally import Tally
@@ -57,3 +60,14 @@ def test_no_count_is_lost_between_threads() -> None:
         thread.join()
     tally.flush()
     assert totals == {0: 4000, 1: 4000, 2: 4000}
+
+
+def test_what_is_held_when_the_process_exits_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "written"
+    script = (
+        "from twinserve.observability.tally import Tally\n"
+        f"t = Tally(lambda c: open({str(out)!r}, 'a').write(repr(sorted(c.items())) + '\\n'), interval_s=1000.0)\n"
+        "t.add('a'); t.add('a'); t.add('b')\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert out.read_text().splitlines() == ["[('a', 1)]", "[('a', 1), ('b', 1)]"]

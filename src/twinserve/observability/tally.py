@@ -6,13 +6,16 @@ prometheus-client's multiprocess counters cost about as much again per `inc()` (
 write each; a refusal is counted in four or five). Under a flood that is a tenth of what each refusal costs.
 `Tally` adds 1 to a dict entry instead, and writes the sums at most every `interval_s` (50 ms by default): the
 first event after a quiet interval at once, the rest when the interval ends (a timer), and everything on demand
-(`flush`, before `/metrics` renders). A scrape of another process sees its counts at most an interval late.
+(`flush`, before `/metrics` renders, and when the process exits). A scrape of another process sees its counts at
+most an interval late.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -38,6 +41,9 @@ class Tally(Generic[K]):
         self._counts: dict[K, int] = {}
         self._next = 0.0  # when the counts may next be written (0: at once)
         self._timer: threading.Timer | None = None
+        # The last interval's counts are written when the process exits (a server worker stopping).
+        this = weakref.ref(self)
+        atexit.register(lambda: (tally := this()) is not None and tally.flush())
 
     def add(self, key: K) -> None:
         with self._lock:
