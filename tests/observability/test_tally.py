@@ -20,7 +20,7 @@ class Clock:
 
 
 def test_the_first_count_is_written_at_once_and_the_rest_of_the_interval_in_one_sum() -> None:
-    clock, written = Clock(), []
+    clock, written = Clock(), list[dict[str, int]]()
     tally: Tally[str] = Tally(written.append, interval_s=1000.0, clock=clock)  # the timer never fires here
     tally.add("a")
     assert written == [{"a": 1}]  # after a quiet interval: at once
@@ -53,7 +53,12 @@ def test_no_count_is_lost_between_threads() -> None:
                 totals[key] = totals.get(key, 0) + n
 
     tally: Tally[int] = Tally(write, interval_s=0.001)
-    threads = [threading.Thread(target=lambda k=k: [tally.add(k % 3) for _ in range(2000)]) for k in range(6)]
+
+    def adds(key: int) -> None:
+        for _ in range(2000):
+            tally.add(key)
+
+    threads = [threading.Thread(target=adds, args=(k % 3,)) for k in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:

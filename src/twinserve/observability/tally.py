@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["FLUSH_INTERVAL_S", "Tally"]
 
@@ -42,8 +42,7 @@ class Tally(Generic[K]):
         self._next = 0.0  # when the counts may next be written (0: at once)
         self._timer: threading.Timer | None = None
         # The last interval's counts are written when the process exits (a server worker stopping).
-        this = weakref.ref(self)
-        atexit.register(lambda: (tally := this()) is not None and tally.flush())
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def add(self, key: K) -> None:
         with self._lock:
@@ -67,3 +66,9 @@ class Tally(Generic[K]):
             self._next = self._clock() + self.interval_s
         if counts:
             self._write(counts)
+
+
+def _flush_at_exit(ref: weakref.ref[Tally[Any]]) -> None:
+    tally = ref()
+    if tally is not None:
+        tally.flush()
