@@ -20,22 +20,24 @@ class Clock:
 
 
 def test_the_first_count_is_written_at_once_and_the_rest_of_the_interval_in_one_sum() -> None:
-    clock, written = Clock(), list[dict[str, int]]()
-    tally: Tally[str] = Tally(written.append, interval_s=1000.0, clock=clock)  # the timer never fires here
+    clock, written = Clock(), list[tuple[dict[str, int], float]]()
+    tally: Tally[str] = Tally(lambda c, s: written.append((c, s)), interval_s=1000.0, clock=clock)  # no timer here
     tally.add("a")
-    assert written == [{"a": 1}]  # after a quiet interval: at once
+    assert written == [({"a": 1}, 0.0)]  # after a quiet interval: at once
     for key in ("a", "b", "a"):
+        clock.now += 1.0
         tally.add(key)
-    assert written == [{"a": 1}]  # within the interval: held
+    assert len(written) == 1  # within the interval: held
+    clock.now += 1.0
     tally.flush()  # as /metrics does before it renders
-    assert written == [{"a": 1}, {"a": 2, "b": 1}]
+    assert written[1] == ({"a": 2, "b": 1}, 3.0)  # the seconds from the first held count to the write
     tally.flush()
     assert len(written) == 2  # nothing counted, nothing written
 
 
 def test_counts_held_within_the_interval_are_written_when_it_ends_with_nothing_after_them() -> None:
     written: list[dict[str, int]] = []
-    tally: Tally[str] = Tally(written.append, interval_s=0.05)
+    tally: Tally[str] = Tally(lambda c, _: written.append(c), interval_s=0.05)
     tally.add("x")
     tally.add("x")
     tally.add("y")
@@ -47,7 +49,7 @@ def test_no_count_is_lost_between_threads() -> None:
     totals: dict[int, int] = {}
     lock = threading.Lock()
 
-    def write(counts: dict[int, int]) -> None:
+    def write(counts: dict[int, int], _: float) -> None:
         with lock:
             for key, n in counts.items():
                 totals[key] = totals.get(key, 0) + n
@@ -71,7 +73,7 @@ def test_what_is_held_when_the_process_exits_is_written(tmp_path: Path) -> None:
     out = tmp_path / "written"
     script = (
         "from twinserve.observability.tally import Tally\n"
-        f"t = Tally(lambda c: open({str(out)!r}, 'a').write(repr(sorted(c.items())) + '\\n'), interval_s=1000.0)\n"
+        f"t = Tally(lambda c, _: open({str(out)!r}, 'a').write(repr(sorted(c.items())) + '\\n'), interval_s=1000.0)\n"
         "t.add('a'); t.add('a'); t.add('b')\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

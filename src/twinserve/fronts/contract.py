@@ -371,7 +371,7 @@ class Service(OpenInferenceHandlers):
         self._early_tally.add((model, version, endpoint, priority, status, error_code))
         self._refusals.refused(model, error_code)
 
-    def _count_early(self, counts: dict[EarlyKey, int]) -> None:
+    def _count_early(self, counts: dict[EarlyKey, int], seconds: float) -> None:
         for key, n in counts.items():
             counters = self._early.get(key)
             if counters is None:

@@ -7,7 +7,8 @@ write each; a refusal is counted in four or five). Under a flood that is a tenth
 `Tally` adds 1 to a dict entry instead, and writes the sums at most every `interval_s` (50 ms by default): the
 first event after a quiet interval at once, the rest when the interval ends (a timer), and everything on demand
 (`flush`, before `/metrics` renders, and when the process exits). A scrape of another process sees its counts at
-most an interval late.
+most an interval late. The same shape serves a log written in aggregate (observability/refusals.py): one line an
+interval, with the seconds it covers.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ FLUSH_INTERVAL_S = 0.05
 
 
 class Tally(Generic[K]):
-    """Counts per key, handed to `write(counts)` at most every `interval_s`, and on `flush()`. Thread-safe."""
+    """Counts per key, handed to `write(counts, seconds)` at most every `interval_s`, and on `flush()`; `seconds`
+    is the time from the first of those counts to the write. Thread-safe."""
 
     def __init__(
         self,
-        write: Callable[[dict[K, int]], None],
+        write: Callable[[dict[K, int], float], None],
         interval_s: float = FLUSH_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -39,6 +41,7 @@ class Tally(Generic[K]):
         self._clock = clock
         self._lock = threading.Lock()
         self._counts: dict[K, int] = {}
+        self._since = 0.0  # when the first of the held counts came
         self._next = 0.0  # when the counts may next be written (0: at once)
         self._timer: threading.Timer | None = None
         # The last interval's counts are written when the process exits (a server worker stopping).
@@ -46,8 +49,10 @@ class Tally(Generic[K]):
 
     def add(self, key: K) -> None:
         with self._lock:
-            self._counts[key] = self._counts.get(key, 0) + 1
             now = self._clock()
+            if not self._counts:
+                self._since = now
+            self._counts[key] = self._counts.get(key, 0) + 1
             if now < self._next:
                 if self._timer is None:  # the interval's counts, written when it ends even if nothing follows
                     self._timer = threading.Timer(self._next - now, self.flush)
@@ -63,9 +68,11 @@ class Tally(Generic[K]):
                 self._timer.cancel()
             self._timer = None
             counts, self._counts = self._counts, {}
-            self._next = self._clock() + self.interval_s
+            now = self._clock()
+            self._next = now + self.interval_s
+            seconds = max(now - self._since, 0.0)
         if counts:
-            self._write(counts)
+            self._write(counts, seconds)
 
 
 def _flush_at_exit(ref: weakref.ref[Tally[Any]]) -> None:
