@@ -384,3 +384,20 @@ class ArrayDoubler(twinserve.Model):
         for item in batch:
             item *= 2
         return list(batch)
+
+
+class MathThreads(twinserve.Model):
+    """Reports the threads each math library loaded where predict runs may use (torch too, where installed)."""
+
+    name = "math-threads"
+
+    def load(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:  # a model that imports torch in load, as MiniLM does
+            import torch  # noqa: F401
+
+    def predict(self, batch: list[Any]) -> list[dict[str, int]]:
+        from twinserve.core.threads import math_threads
+
+        return [math_threads() for _ in batch]

@@ -37,6 +37,7 @@ from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.occupancy import Occupancy
 from twinserve.core.settings import class_settings, effective_settings, model_config
 from twinserve.core.streams import AsyncSteps, GeneratorSteps, Steps
+from twinserve.core.threads import limit_threads
 from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import RequestContext, current_request
@@ -202,15 +203,17 @@ class ModelRuntime:
         m["isolation_failed"].inc(failed)
 
     def _loaded(self, start: float) -> None:
+        limit_threads(self.config.effective_model_threads)  # its libraries are imported by now: before any batch
         self.load_seconds = time.perf_counter() - start
         self._metrics["load"].observe(self.import_seconds + self.load_seconds)
         self.ready = True
         logger.info(
-            "model %r ready in %.3f s (executor %s, max batch %d)",
+            "model %r ready in %.3f s (executor %s, max batch %d, math threads per process %s)",
             self.name,
             self.load_seconds,
             self.executor_name,
             self.max_batch_size,
+            self.config.effective_model_threads or "from OMP_NUM_THREADS",
         )
 
     def close(self) -> None:

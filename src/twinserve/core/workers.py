@@ -69,6 +69,7 @@ def _worker_main(
 
     from twinserve.core.device import Placement
     from twinserve.core.hooks import call_blocking, model_code
+    from twinserve.core.threads import limit_threads
     from twinserve.model import ModelSpec, import_model
     from twinserve.observability.logging import configure_logging
     from twinserve.observability.metrics import start_memory_sampler
@@ -89,6 +90,7 @@ def _worker_main(
             with model_code(spec.name, "load"):
                 call_blocking(spec.load)
             placement.loaded()
+        limit_threads(config.effective_model_threads)
     except TwinserveError as exc:  # the server says why its pool could not start (a repository: that model's)
         wire.send(conn, WorkerFailed(exc.code, exc.message, exc.private))
         return

@@ -1,0 +1,44 @@
+"""How many threads a model's math libraries may use in one process: the cores, shared among the processes that
+run predict.
+
+torch, OpenBLAS, MKL and OpenMP each start one thread per core in every process that uses them. Two server
+processes computing MiniLM on two cores then run four busy threads on two cores, and each batch waits on the
+other's: more context switches and cache misses, not more work done. Ray Serve gives each replica
+`OMP_NUM_THREADS` = its CPUs; Triton has a per-model `intra_op_thread_count`. twinserve caps each computing
+process at `--model-threads` (default: cores // processes that run predict; left alone when the user set
+`OMP_NUM_THREADS`), after the model's `load()` has imported its libraries and before its first batch: torch's
+own setting, and threadpoolctl for the BLAS and OpenMP runtimes loaded by then.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+__all__ = ["limit_threads", "math_threads"]
+
+logger = logging.getLogger("twinserve.threads")
+
+
+def limit_threads(threads: int | None) -> None:
+    """Cap the math libraries this process has loaded at `threads` each (None: leave them as they are)."""
+    if threads is None:
+        return
+    torch = sys.modules.get("torch")  # only if the model imported it: never import torch for this
+    if torch is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    from threadpoolctl import threadpool_limits  # scikit-learn's dependency, so always there
+
+    threadpool_limits(limits=threads)
+    logger.debug("math libraries limited to %d thread(s) in this process", threads)
+
+
+def math_threads() -> dict[str, int]:
+    """What each math library loaded in this process runs with now (torch's, and threadpoolctl's view)."""
+    from threadpoolctl import threadpool_info
+
+    found = {f"{info['internal_api']}:{info['prefix']}": int(info["num_threads"]) for info in threadpool_info()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        found["torch"] = int(torch.get_num_threads())
+    return found
