@@ -34,7 +34,7 @@ from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.repository_api import RepositoryApi
-from twinserve.fronts.routes import HTML, JSON, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
+from twinserve.fronts.routes import HTML, JSON, QUIET_ENDPOINTS, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
 from twinserve.fronts.v2_handlers import OpenInferenceHandlers
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
@@ -84,7 +84,6 @@ _ids = itertools.count()
 _reset_ids()
 os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_QUIET_ENDPOINTS = frozenset({"alive", "live", "ready", "model_ready", "metrics"})
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 #: V2 bodies may also be a JSON header followed by binary tensor data.
 _V2_TYPE = re.compile(r"^application/(?:(?:[\w.+-]+\+)?json|octet-stream)$")
@@ -94,7 +93,7 @@ _FORM_TYPE = "application/x-www-form-urlencoded"
 _ROUTE_PATHS: dict[str, str] = {}
 for _route in ROUTES:
     _ROUTE_PATHS.setdefault(_route.name, _route.path)  # a V2 route before its `/versions/{version}` twin
-_UNTRACED_PATHS = frozenset(route.path for route in ROUTES if route.name in _QUIET_ENDPOINTS)
+_UNTRACED_PATHS = frozenset(route.path for route in ROUTES if route.name in QUIET_ENDPOINTS)
 
 
 def _open_paths(config: Config) -> frozenset[str]:
@@ -312,7 +311,7 @@ class Service(OpenInferenceHandlers):
             model = ""  # never a label value a client can invent
         if self._access_log is not None:
             # Probes and scrapes arrive every few seconds for the server's whole life: they are debug noise.
-            quiet = endpoint in _QUIET_ENDPOINTS or error_code in SHED_CODES  # refusals: one line an interval
+            quiet = endpoint in QUIET_ENDPOINTS or error_code in SHED_CODES  # refusals: one line an interval
             log = self._access_log.debug if quiet else self._access_log.info
             log(
                 "request",

@@ -43,7 +43,7 @@ from twinserve.errors import (
     v1_error_payload,
 )
 from twinserve.fronts.compression import inflate, request_codings
-from twinserve.fronts.routes import JSON, ErrorShape
+from twinserve.fronts.routes import JSON, QUIET_ENDPOINTS, ErrorShape
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import error_body
 from twinserve.repository.shadow import ShadowJob
@@ -110,6 +110,7 @@ class Exchange:
         "_codings",
         "_columnar",
         "_count",
+        "_counted",
         "_inference",
         "_instances",
         "_lenient",
@@ -162,7 +163,11 @@ class Exchange:
         #: Whether a request thread took it from a backlog (the sync front): its time feeds the backlog's estimate.
         self._threaded = False
         self._open = True
-        service.in_flight.inc()
+        # Health probes and scrapes are not work: counted, a scrape would read itself, and an HPA scaling on the
+        # gauge (docs/scale-out.md) would see a probe's or Prometheus's visit as load.
+        self._counted = endpoint not in QUIET_ENDPOINTS
+        if self._counted:
+            service.in_flight.inc()
 
     @property
     def request_id(self) -> str:
@@ -376,6 +381,7 @@ class Exchange:
         finally:
             if runtime is not None:
                 runtime.occupancy.leave()
-            service.in_flight.dec()
+            if self._counted:
+                service.in_flight.dec()
             if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
                 release_free_memory()  # the refused body and what its decoding built are freed by now

@@ -11,6 +11,7 @@ __all__ = [
     "INFERENCE_ENDPOINTS",
     "JSON",
     "MODEL_NAME_PATTERN",
+    "QUIET_ENDPOINTS",
     "REQUEST_ID_HEADER",
     "ROUTES",
     "ErrorShape",
@@ -78,6 +79,8 @@ ROUTES: tuple[Route, ...] = (
 
 #: The endpoints that reach a model's `predict`, whichever protocol.
 INFERENCE_ENDPOINTS = frozenset({"predict", "stream", "infer", "websocket"})
+#: Health probes and scrapes: logged at debug level, not traced, not counted in flight.
+QUIET_ENDPOINTS = frozenset({"alive", "live", "ready", "model_ready", "metrics"})
 
 
 #: How an error body looks (docs/http-contract.md "Error bodies"): twinserve's `{"error": {"code", "message",

@@ -144,7 +144,9 @@ class _Metrics:
             buckets=DIFFERENCE_BUCKETS,
         )
         self.in_flight = Gauge(
-            "twinserve_in_flight_requests", "Requests being handled now.", multiprocess_mode="livesum"
+            "twinserve_in_flight_requests",
+            "Requests being handled now (health probes and scrapes are not counted).",
+            multiprocess_mode="livesum",
         )
         self.queued = Gauge(
             "twinserve_queued_instances", "Instances waiting for a model worker.", ["model"],
