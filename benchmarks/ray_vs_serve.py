@@ -9,11 +9,13 @@ serve (req/s ratio; P50 difference at one connection is the hop's latency). Figu
 this run only: quote ratios, not absolutes.
 
     python benchmarks/ray_vs_serve.py [--model twinserve.examples.tabular:Classifier] [--connections 1,16,64]
+                                      [--throughput-optimized]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -26,9 +28,10 @@ from twinserve.lab.servers import ServerProcess, free_port
 class RayServer(ServerProcess):
     """`twinserve ray MODEL --replicas N` as a subprocess on a local Ray bounded to this machine's CPUs."""
 
-    def __init__(self, model: str, replicas: str) -> None:
+    def __init__(self, model: str, replicas: str, env: dict[str, str] | None = None) -> None:
         port = free_port()  # Ray's proxy binds the port it is given and does not say another
-        super().__init__([sys.executable, "-m", "twinserve", "ray", model, "--port", str(port)], port=port)
+        args = [sys.executable, "-m", "twinserve", "ray", model, "--port", str(port)]
+        super().__init__(args, port=port, env={**os.environ, **(env or {})})
         self.args += ["--replicas", replicas]
 
 
@@ -39,6 +42,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--processes", default="2", help="serve workers and Ray replicas")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--throughput-optimized", action="store_true", help="also Ray with RAY_SERVE_THROUGHPUT_OPTIMIZED=1"
+    )
     args = parser.parse_args()
     require_wrk()
     levels = [int(c) for c in args.connections.split(",")]
@@ -47,6 +53,11 @@ def main() -> None:
         serve_label: lambda: Server([args.model], "async", "--workers", args.processes),
         ray_label: lambda: RayServer(args.model, args.processes),
     }
+    if args.throughput_optimized:
+        # Ray 2.56+'s opt-in: gRPC between deployments, direct ingress (no proxy actor), GC frozen after start-up.
+        # Its HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY) binds every interface, so it is left out here.
+        optimized = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+        setups[f"ray {args.processes} tput-opt"] = lambda: RayServer(args.model, args.processes, optimized)
     runs: dict[str, dict[int, list[dict[str, float]]]] = {label: {c: [] for c in levels} for label in setups}
     print(f"model {args.model}; wrk on the same machine; {args.rounds} alternating rounds of {args.seconds} s")
     print(f"{'round':>5} | {'conns':>5} | {'setup':>16} | {'req/s':>8} | {'P50 ms':>7} | {'P99 ms':>7} | errors")
