@@ -175,8 +175,7 @@ def settle(base_url: str, deadline_s: float, poll_s: float = 0.1) -> bool:
         snapshot = scrape(base_url)
         if snapshot is None:
             return False  # not a twinserve server, or gone: nothing to wait on
-        # The scrape is a request in flight itself.
-        in_flight = snapshot.values.get("twinserve_in_flight_requests", 0.0) - 1
+        in_flight = snapshot.values.get("twinserve_in_flight_requests", 0.0)  # the scrape is not counted
         if in_flight <= 0 and snapshot.values.get("twinserve_queued_instances", 0.0) <= 0:
             return True
         if time.monotonic() >= until:
