@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from twinserve.core.threads import cap_this_thread
 from twinserve.errors import ConfigError, MissingExtra
 from twinserve.extras import import_extra, installed
 
@@ -200,7 +201,9 @@ class Placement:
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
-        """Run the block (one batch's predict) on this thread's stream; its work is done when the block ends."""
+        """Run the block (one batch's predict) on this thread's stream, with this thread's math threads capped as
+        the process's are (core/threads.py); its work is done when the block ends."""
+        cap_this_thread()
         stream = self._stream()
         token = _current.set(self)
         try:
