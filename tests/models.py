@@ -401,3 +401,10 @@ class MathThreads(twinserve.Model):
         from twinserve.core.threads import math_threads
 
         return [math_threads() for _ in batch]
+
+
+class Inflate(twinserve.Model):
+    """A small request, a large reply: n in, a string of n "x" out."""
+
+    def predict(self, batch: list[int]) -> list[str]:
+        return ["x" * n for n in batch]

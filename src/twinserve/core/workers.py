@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -278,6 +279,7 @@ class ProcessPool:
 
         def readable() -> None:
             try:
+                os.set_blocking(fd, True)  # see below: the rest of a reply longer than one read is on its way
                 finish(wire.recv(worker.conn))
             except (EOFError, OSError):
                 finish(None)
@@ -295,6 +297,10 @@ class ProcessPool:
                 finish(None)
 
         try:
+            # uvloop (libuv's poll) leaves a watched fd non-blocking: a frame longer than the socket's buffer would
+            # then fail half-sent, and a reply longer than one read half-read (BlockingIOError), each taken for the
+            # worker's death. MiniLM's batch of 32 embeddings (49 KB) died so on every other batch.
+            os.set_blocking(fd, True)
             worker.conn.send_bytes(frame)
         except OSError:
             finish(None)
@@ -333,6 +339,7 @@ class ProcessPool:
         """Send `frame` (a `wire` frame), wait for the reply or the worker's death (WorkerDied, and a replacement
         starts)."""
         try:
+            os.set_blocking(worker.conn.fileno(), True)  # the loop's exchanges may have left it non-blocking
             worker.conn.send_bytes(frame)
             ready = wait([worker.conn, worker.process.sentinel])
             reply = wire.recv(worker.conn) if worker.conn in ready else None
