@@ -279,7 +279,12 @@ class ProcessPool:
 
         def readable() -> None:
             try:
-                os.set_blocking(fd, True)  # see below: the rest of a reply longer than one read is on its way
+                # uvloop (libuv's poll) made the watched fd non-blocking: a reply longer than one read would be
+                # half-read (BlockingIOError) and taken for the worker's death, and the next frame sent (here or
+                # from a thread) half-sent. MiniLM's batch of 32 embeddings (49 KB) died so on every other batch.
+                # Blocking again before the read, the rest of the reply is waited for, and every later send is
+                # whole: an exchange that ends without this read ends with the worker replaced.
+                os.set_blocking(fd, True)
                 finish(wire.recv(worker.conn))
             except (EOFError, OSError):
                 finish(None)
@@ -297,10 +302,6 @@ class ProcessPool:
                 finish(None)
 
         try:
-            # uvloop (libuv's poll) leaves a watched fd non-blocking: a frame longer than the socket's buffer would
-            # then fail half-sent, and a reply longer than one read half-read (BlockingIOError), each taken for the
-            # worker's death. MiniLM's batch of 32 embeddings (49 KB) died so on every other batch.
-            os.set_blocking(fd, True)
             worker.conn.send_bytes(frame)
         except OSError:
             finish(None)
@@ -339,7 +340,6 @@ class ProcessPool:
         """Send `frame` (a `wire` frame), wait for the reply or the worker's death (WorkerDied, and a replacement
         starts)."""
         try:
-            os.set_blocking(worker.conn.fileno(), True)  # the loop's exchanges may have left it non-blocking
             worker.conn.send_bytes(frame)
             ready = wait([worker.conn, worker.process.sentinel])
             reply = wire.recv(worker.conn) if worker.conn in ready else None
