@@ -43,7 +43,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/python scripts/gen_grpc.py --check
 	$(MAKE) docs-check
-	$(BIN)/python -m pytest --cov --cov-report=term
+	$(BIN)/python -m pytest --cov --cov-report=term --durations=40
 
 ## serve the docs site on 127.0.0.1:8001 with live reload (pages under docs/, nav in mkdocs.yml)
 docs: $(VENV)/.installed-dev

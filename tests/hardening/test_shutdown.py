@@ -111,8 +111,11 @@ def test_sigterm_under_load_loses_nothing_begun(arch: str, tmp_path: Path) -> No
     assert not lost, f"begun but not answered 200: {lost[:10]} ({[failed.get(r) for r in lost[:10]]})"
     assert set(statuses) <= {200, 503}, statuses
     assert refused_while_draining > 0  # new connections are refused while in-flight requests finish
-    for client in clients:
-        # A kept-alive connection that a server process closes as it stops can fail the one request its client was
-        # sending into the close (never begun, so safe to retry): at most one per client and server process.
-        closed = [error for error, _ in client.failed.values() if error != "ConnectError"]
-        assert len(closed) <= WORKERS and set(closed) <= {"ReadError", "RemoteProtocolError"}, closed
+    # A request can fail at the transport without being begun in two ways, both safe to retry: its kept-alive
+    # connection is closed by a stopping server process while the client sends into it, or its new connection was
+    # completed by the kernel in the listening socket's backlog after every process had stopped accepting, and is
+    # reset when the last holder of that socket (the supervisor) closes it. The second has no bound per client (a
+    # client reconnects after each), so what is checked is the kind of failure and that none of them had begun.
+    closed = {rid: error for rid, (error, _) in failed.items() if error != "ConnectError"}
+    assert set(closed.values()) <= {"ReadError", "RemoteProtocolError"}, closed
+    assert not set(closed) & begun, sorted(set(closed) & begun)
