@@ -6,6 +6,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -398,13 +399,18 @@ class MathThreads(twinserve.Model):
             import torch  # noqa: F401
 
     def predict(self, batch: list[Any]) -> list[dict[str, int]]:
-        from twinserve.core.threads import math_threads
+        from threadpoolctl import threadpool_info
 
-        return [math_threads() for _ in batch]
+        found = {f"{i['internal_api']}:{i['prefix']}": int(i["num_threads"]) for i in threadpool_info()}
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            found["torch"] = int(torch.get_num_threads())
+        return [found for _ in batch]
 
 
 class Inflate(twinserve.Model):
-    """A small request, a large reply: n in, a string of n "x" out."""
+    """A small request, a large reply: n in, a string of n "x" out; a string in comes back as it is (a large
+    request)."""
 
-    def predict(self, batch: list[int]) -> list[str]:
-        return ["x" * n for n in batch]
+    def predict(self, batch: list[int | str]) -> list[str]:
+        return [item if isinstance(item, str) else "x" * item for item in batch]

@@ -97,9 +97,9 @@ class Config(BaseSettings):
         None,
         ge=1,
         le=1024,
-        description="Threads each process's math libraries (torch, BLAS, OpenMP) may use (default: the CPU cores "
-        "shared among the processes that run predict, workers x model-worker processes; left alone when "
-        "OMP_NUM_THREADS is set).",
+        description="Threads each math library (torch, BLAS, OpenMP) may use where predict runs (default: the "
+        "usable cores shared among the predicts run at once, only ever lowering a library's own count; left alone "
+        "when OMP_NUM_THREADS, MKL_NUM_THREADS or OPENBLAS_NUM_THREADS is set).",
     )
     device: str = Field(
         "cpu",
@@ -478,21 +478,6 @@ class Config(BaseSettings):
     @property
     def effective_expose_errors(self) -> bool:
         return self.expose_errors or self.debug
-
-    @property
-    def computing_processes(self) -> int:
-        """Processes that run predict: the server's, or their model-worker processes."""
-        processes = self.effective_workers
-        return processes * self.model_workers if self.resolved_arch_executor == "process" else processes
-
-    @property
-    def effective_model_threads(self) -> int | None:
-        """`--model-threads`, or the cores per computing process; None: the user set OMP_NUM_THREADS, keep it."""
-        if self.model_threads is not None:
-            return self.model_threads
-        if os.environ.get("OMP_NUM_THREADS"):
-            return None
-        return max(1, (os.cpu_count() or 1) // self.computing_processes)
 
     @property
     def effective_workers(self) -> int:

@@ -116,6 +116,6 @@ def test_sigterm_under_load_loses_nothing_begun(arch: str, tmp_path: Path) -> No
     # completed by the kernel in the listening socket's backlog after every process had stopped accepting, and is
     # reset when the last holder of that socket (the supervisor) closes it. The second has no bound per client (a
     # client reconnects after each), so what is checked is the kind of failure and that none of them had begun.
-    closed = {rid: error for rid, (error, _) in failed.items() if error != "ConnectError"}
+    closed = {rid: error for rid, error in failed.items() if error != "ConnectError"}
     assert set(closed.values()) <= {"ReadError", "RemoteProtocolError"}, closed
     assert not set(closed) & begun, sorted(set(closed) & begun)

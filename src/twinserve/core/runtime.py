@@ -203,7 +203,7 @@ class ModelRuntime:
         m["isolation_failed"].inc(failed)
 
     def _loaded(self, start: float) -> None:
-        limit_threads(self.config.effective_model_threads)  # its libraries are imported by now: before any batch
+        threads = limit_threads(self.config, self.executor_name)  # its libraries are imported now: before any batch
         self.load_seconds = time.perf_counter() - start
         self._metrics["load"].observe(self.import_seconds + self.load_seconds)
         self.ready = True
@@ -213,7 +213,7 @@ class ModelRuntime:
             self.load_seconds,
             self.executor_name,
             self.max_batch_size,
-            self.config.effective_model_threads or "from OMP_NUM_THREADS",
+            threads or "as the environment's *_NUM_THREADS say",
         )
 
     def close(self) -> None:

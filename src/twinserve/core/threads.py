@@ -1,64 +1,114 @@
-"""How many threads a model's math libraries may use in one process: the cores, shared among the processes that
-run predict.
+"""How many threads a model's math libraries may use where predict runs: the usable cores, shared among the
+predicts the server runs at once.
 
-torch, OpenBLAS, MKL and OpenMP each start one thread per core in every process that uses them. Two server
-processes computing MiniLM on two cores then run four busy threads on two cores, and each batch waits on the
-other's: more context switches and cache misses, not more work done. Ray Serve gives each replica
-`OMP_NUM_THREADS` = its CPUs; Triton has a per-model `intra_op_thread_count`. twinserve caps each computing
-process at `--model-threads` (default: cores // processes that run predict; left alone when the user set
-`OMP_NUM_THREADS`), after the model's `load()` has imported its libraries and before its first batch: torch's
-own setting, and threadpoolctl for the BLAS and OpenMP runtimes loaded by then. OpenMP's setting (libgomp's, which
-scikit-learn and torch load) is the calling thread's own, so each thread that runs predict sets it again before its
-first batch (`cap_this_thread`, from `Placement.computing`); torch re-applies its own in each thread itself.
+torch, OpenBLAS, MKL and OpenMP each start one thread per core in every process that uses them, and OpenMP one
+team per thread that calls it. Two server processes computing MiniLM on two cores then run four busy threads on
+two cores, and each batch waits on the other's: more context switches and cache misses, not more work done. Ray
+Serve gives each replica `OMP_NUM_THREADS` = its CPUs; Triton has a per-model `intra_op_thread_count`.
+
+twinserve caps them at `--model-threads`, by default the usable cores (this process's CPU affinity, lowered to a
+cgroup CPU quota: a container's CPU limit) over the predicts that can run at once: processes x the predicts one
+process runs at a time (its model workers' threads, or the sync front's request threads). A cap it derives only
+lowers a library's own count, never raises it (MKL and torch start one per physical core, not per hyperthread);
+`--model-threads` sets it outright; a user who set `OMP_NUM_THREADS`, `MKL_NUM_THREADS` or
+`OPENBLAS_NUM_THREADS` chose for themselves, and nothing is changed. It applies after the model's `load()` has
+imported its libraries and before its first batch (`limit_threads`). OpenMP's setting (libgomp's, which
+scikit-learn and torch load) is the calling thread's own, so each thread that runs predict applies the cap again
+before its first batch (`cap_this_thread`, from `Placement.computing`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["cap_this_thread", "limit_threads", "math_threads"]
+if TYPE_CHECKING:
+    from twinserve.config import Config
+
+__all__ = ["USER_THREAD_VARS", "cap_this_thread", "limit_threads", "model_threads", "usable_cores"]
 
 logger = logging.getLogger("twinserve.threads")
 
-#: This process's cap, once `limit_threads` set one.
-_cap: int | None = None
+#: A user who set one of these chose their math libraries' threads: twinserve leaves every library alone then.
+USER_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: cgroup v2's CPU quota of this process's group: "max 100000", or "QUOTA PERIOD" under a CPU limit.
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+class _Cap:
+    """This process's cap once `limit_threads` set one; `exact`: `--model-threads` said it (may raise a count)."""
+
+    threads: int | None = None
+    exact = False
+    #: Bumped by each `limit_threads`, so that every thread applies the newest cap once.
+    generation = 0
+
+
 _local = threading.local()
 
 
-def limit_threads(threads: int | None) -> None:
-    """Cap the math libraries this process has loaded at `threads` each (None: leave them as they are)."""
-    global _cap
-    if threads is None:
-        return
-    _cap = threads
-    _local.capped = threads
-    torch = sys.modules.get("torch")  # only if the model imported it: never import torch for this
-    if torch is not None and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    from threadpoolctl import threadpool_limits  # scikit-learn's dependency, so always there
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (`taskset`, a cpuset), lowered to a cgroup v2 CPU quota
+    (a Kubernetes `limits.cpu`: 1.5 CPUs is one core's worth of busy threads, at least one)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity outside Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = CPU_MAX.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 here, or a file this code does not know
+        pass
+    return cores
 
-    threadpool_limits(limits=threads)
+
+def model_threads(config: Config, executor: str) -> int | None:
+    """The cap for a process of this server whose predicts run in `executor` ("process": one at a time in each
+    model worker; "request-thread": in each of the sync front's request threads; else in each of the model
+    workers' threads); None: the user chose the libraries' threads themselves."""
+    if config.model_threads is not None:
+        return config.model_threads
+    if any(os.environ.get(name) for name in USER_THREAD_VARS):
+        return None
+    at_once = config.threads if executor == "request-thread" else config.model_workers
+    return max(1, usable_cores() // (config.effective_workers * at_once))
+
+
+def limit_threads(config: Config, executor: str) -> int | None:
+    """Cap the math libraries this process has loaded (see `model_threads`); returns the cap, None if none."""
+    threads = model_threads(config, executor)
+    if threads is None:
+        return None
+    _Cap.threads, _Cap.exact = threads, config.model_threads is not None
+    _Cap.generation += 1
+    _apply()
     logger.debug("math libraries limited to %d thread(s) in this process", threads)
+    return threads
 
 
 def cap_this_thread() -> None:
     """The process's cap in this thread too (OpenMP's setting is per thread): once per thread, a check after."""
-    if _cap is None or getattr(_local, "capped", None) == _cap:
+    if _Cap.threads is None or getattr(_local, "generation", None) == _Cap.generation:
         return
-    _local.capped = _cap
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=_cap, user_api="openmp")
+    _apply()
 
 
-def math_threads() -> dict[str, int]:
-    """What each math library loaded in this process runs with now (torch's, and threadpoolctl's view)."""
-    from threadpoolctl import threadpool_info
+def _apply() -> None:
+    """The cap in the calling thread: torch's, and every BLAS and OpenMP runtime loaded (threadpoolctl); a derived
+    cap only where a library's count is above it."""
+    threads, exact = _Cap.threads, _Cap.exact
+    assert threads is not None
+    _local.generation = _Cap.generation
+    torch = sys.modules.get("torch")  # only if the model imported it: never import torch for this
+    if torch is not None and (torch.get_num_threads() > threads or exact and torch.get_num_threads() != threads):
+        torch.set_num_threads(threads)
+    from threadpoolctl import threadpool_info, threadpool_limits  # scikit-learn's dependency, so always there
 
-    found = {f"{info['internal_api']}:{info['prefix']}": int(info["num_threads"]) for info in threadpool_info()}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        found["torch"] = int(torch.get_num_threads())
-    return found
+    over = {info["prefix"] for info in threadpool_info() if exact or info["num_threads"] > threads}
+    if over:
+        threadpool_limits(limits=dict.fromkeys(over, threads))

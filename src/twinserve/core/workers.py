@@ -11,7 +11,8 @@ it early the server sends `CloseStream`, the worker closes the model's generator
 The messages and their framing on the pipe are `twinserve.core.wire`'s. From the event loop (`acall`) a batch is
 sent and its reply read on the loop itself, woken by the pipe (or the worker's death) becoming readable: no thread
 hand-off on either side of the batch. A batch whose frame is large, or one that finds no idle worker, is sent and
-waited for on a thread instead, so the loop never blocks on a full pipe or on a worker being replaced.
+waited for on a thread instead, so the loop never blocks on a full pipe or on a worker being replaced. A reply
+whose first bytes have come is read to its end on the loop: the worker is writing the rest, a copy's time.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _worker_main(
             with model_code(spec.name, "load"):
                 call_blocking(spec.load)
             placement.loaded()
-        limit_threads(config.effective_model_threads)
+        limit_threads(config, "process")
     except TwinserveError as exc:  # the server says why its pool could not start (a repository: that model's)
         wire.send(conn, WorkerFailed(exc.code, exc.message, exc.private))
         return
