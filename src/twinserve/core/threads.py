@@ -105,7 +105,7 @@ def _apply() -> None:
     assert threads is not None
     _local.generation = _Cap.generation
     torch = sys.modules.get("torch")  # only if the model imported it: never import torch for this
-    if torch is not None and (torch.get_num_threads() > threads or exact and torch.get_num_threads() != threads):
+    if torch is not None and (torch.get_num_threads() > threads or (exact and torch.get_num_threads() != threads)):
         torch.set_num_threads(threads)
     from threadpoolctl import threadpool_info, threadpool_limits  # scikit-learn's dependency, so always there
 
