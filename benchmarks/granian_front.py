@@ -65,7 +65,7 @@ def main() -> int:
         for workers in map(int, args.workers.split(",")):
             runs: dict[str, list[dict[str, float]]] = {"uvicorn": [], "granian": []}
             for _ in range(args.rounds):  # alternated, so drift over the run falls on both
-                uvicorn = Server([MODELS[name]], "async", "--workers", str(workers), "--log-level", "warning")
+                uvicorn = Server([MODELS[name]], "async", "--workers", str(workers))
                 runs["uvicorn"].append(measure(uvicorn, args.seconds, args.connections))
                 runs["granian"].append(measure(granian(MODELS[name], workers), args.seconds, args.connections))
             rps = {k: statistics.median(r["rps"] for r in v) for k, v in runs.items()}
