@@ -21,7 +21,7 @@ from twinserve.lab.loadgen import LoadSpec, run_level_sync
 from twinserve.lab.probe import TreeSampler, scrape, settle
 from twinserve.lab.results import Ceiling
 from twinserve.lab.servers import ServerFailed, TwinserveServer
-from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search
+from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, warmup_s
 from twinserve.lab.tune_space import ModelFacts, Space, search_space
 from twinserve.lab.tune_subject import TuneSubject, probe_args, server_flags
 from twinserve.lab.variants import Variant
@@ -40,8 +40,6 @@ __all__ = [
 
 #: Batch sizes the in-process curve is measured at.
 CEILING_SIZES = [1, 8, 32]
-#: Measured server start-up plus warm-up is unknown before the first probe: assume this much per probe.
-DEFAULT_OVERHEAD_S = 3.0
 #: Kept back from the budget for what the search's clock does not see: stopping the last probe's server (SIGTERM,
 #: drain, exit), and probes and server starts that take a little longer than estimated. Without it a search that
 #: used its whole budget ended about a second past it (26 s of 25.5 s; 338 s of 337 s): a second, or a hundredth
@@ -52,6 +50,9 @@ STOP_SHARE = 0.01
 #: at 100 req/s missed the objective on 3 points of 22 where the same rate met at once after it on the same
 #: server. A probe on a server just started is warmed this much longer (its cost is counted in the start's).
 FRESH_WARMUP_S = 1.0
+#: Measured server start-up plus its first probe's longer warm-up is unknown before the first probe: assume this
+#: much per server started.
+DEFAULT_OVERHEAD_S = 3.0 + FRESH_WARMUP_S
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
         url=f"{server.url}/v1/models/{name}:predict",
         bodies=list(request.bodies),
         duration_s=probe.seconds,
-        warmup_s=min(1.0, 0.25 * probe.seconds) + (0.0 if reused else FRESH_WARMUP_S),
+        warmup_s=warmup_s(probe.seconds) + (0.0 if reused else FRESH_WARMUP_S),
         rate=probe.rate,
         timeout_s=timeout_s,
         seed=seed,

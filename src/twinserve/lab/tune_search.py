@@ -36,6 +36,7 @@ __all__ = [
     "next_step",
     "plan_search",
     "probe_cost",
+    "warmup_s",
 ]
 
 #: Capacity searches stop refining once the bracket is this tight (highest met / lowest missed).
@@ -137,9 +138,14 @@ class Plan:
         return self.steps[0] if stage == "rung0" else self.steps[1]
 
 
+def warmup_s(seconds: float) -> float:
+    """The warm-up the driver runs before a probe of `seconds` counts, on a server that served the last one."""
+    return min(1.0, 0.25 * seconds)
+
+
 def probe_cost(seconds: float) -> float:
     """A probe's wall time on a running server: its warm-up (as the driver runs it), its seconds, the tail."""
-    return seconds + min(1.0, 0.25 * seconds) + 0.2
+    return seconds + warmup_s(seconds) + 0.2
 
 
 def _planned_cost(
