@@ -202,7 +202,10 @@ class _AsgiFront:
         try:
             await service.registry.aload()
             # The repository's poll, or the other server processes' explicit changes (repository/desired.py).
-            polling = asyncio.create_task(service.watch.arun()) if service.watch is not None else None
+            polling = None
+            if service.watch is not None:
+                await service.watch.abegin()  # before the first request: a change from then on is seen
+                polling = asyncio.create_task(service.watch.arun())
             grpc = None
             if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
                 from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server

@@ -209,6 +209,10 @@ class RepositoryFollower:
                 logger.exception("model %r: following a change another server process made failed", change.model)
             self.desired.applied(change)
 
+    async def abegin(self) -> None:
+        """Catch up before the server takes requests, as `start` does (a replacement worker)."""
+        await self.afollow()
+
     async def arun(self) -> None:
         """Follow until cancelled (at shutdown)."""
         while True:

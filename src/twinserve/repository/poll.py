@@ -107,9 +107,13 @@ class RepositoryPoller:
             if self.control.registry.knows(name):
                 await self._aapply(name, "unload", self.control.aunload(name))
 
-    async def arun(self) -> None:
-        """Poll until cancelled (at shutdown), from the folder as it is now."""
+    async def abegin(self) -> None:
+        """`begin` off the loop; awaited before the server takes requests (a change made once it serves, however
+        soon, must differ from this state: a baseline taken later by a task could already hold it, and miss it)."""
         await asyncio.to_thread(self.begin)
+
+    async def arun(self) -> None:
+        """Poll until cancelled (at shutdown), from the state `abegin` took."""
         while True:
             await asyncio.sleep(self.interval)
             await self.apoll()
