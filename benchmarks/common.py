@@ -15,7 +15,7 @@ import httpx
 
 from twinserve.lab.servers import ServerProcess, TwinserveServer
 
-__all__ = ["ROOT", "Server", "example_request", "require_wrk", "wrk"]
+__all__ = ["ROOT", "Server", "example_request", "require_wrk", "warm_wrk", "wrk"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: twinserve as a user starts it, on the port it binds and announces: the lab's server-process helper.
@@ -77,3 +77,11 @@ def example_request(server: ServerProcess, headers: dict[str, str] | None = None
     meta: dict[str, Any] = httpx.get(f"{server.url}/v1/models/{name}", headers=headers).json()
     body = json.dumps({"instances": meta["examples"][:1]}).encode()
     return f"{server.url}/v1/models/{name}:predict", body
+
+
+def warm_wrk(server: ServerProcess, seconds: float, connections: int) -> dict[str, float]:
+    """Start `server`, warm it for 3 s, then `wrk` its first model's example for `seconds`; stopped after."""
+    with server:
+        url, body = example_request(server)
+        wrk(url, body, connections, 3)  # warm-up: batches, allocator pools, the libraries' thread pools
+        return wrk(url, body, connections, seconds)

@@ -22,7 +22,7 @@ import importlib.util
 import statistics
 import sys
 
-from common import Server, example_request, require_wrk, wrk
+from common import Server, require_wrk, warm_wrk
 
 from twinserve.config import Config
 from twinserve.lab.servers import ServerProcess, free_port
@@ -42,13 +42,6 @@ def granian(model: str, workers: int) -> ServerProcess:
     )
 
 
-def measure(server: ServerProcess, seconds: float, connections: int) -> dict[str, float]:
-    with server:
-        url, body = example_request(server)
-        wrk(url, body, connections, 3)  # warm-up: batches, allocator pools, the libraries' thread pools
-        return wrk(url, body, connections, seconds)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tabular,minilm")
@@ -66,8 +59,8 @@ def main() -> int:
             runs: dict[str, list[dict[str, float]]] = {"uvicorn": [], "granian": []}
             for _ in range(args.rounds):  # alternated, so drift over the run falls on both
                 uvicorn = Server([MODELS[name]], "async", "--workers", str(workers))
-                runs["uvicorn"].append(measure(uvicorn, args.seconds, args.connections))
-                runs["granian"].append(measure(granian(MODELS[name], workers), args.seconds, args.connections))
+                runs["uvicorn"].append(warm_wrk(uvicorn, args.seconds, args.connections))
+                runs["granian"].append(warm_wrk(granian(MODELS[name], workers), args.seconds, args.connections))
             rps = {k: statistics.median(r["rps"] for r in v) for k, v in runs.items()}
             p99 = {k: statistics.median(r["p99"] for r in v) for k, v in runs.items()}
             errors = sum(r["errors"] for v in runs.values() for r in v)

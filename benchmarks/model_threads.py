@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 
-from common import Server, example_request, require_wrk, wrk
+from common import Server, require_wrk, warm_wrk
 
 MODELS = {"minilm": "twinserve.examples.embed:MiniLM", "tabular": "twinserve.examples.tabular:Classifier"}
 #: (label, arch, flags): layouts whose processes share the cores, and the one-process reference.
@@ -28,10 +28,7 @@ LAYOUTS = [
 
 
 def measure(model: str, arch: str, flags: list[str], seconds: float, connections: int) -> dict[str, float]:
-    with Server([model], arch, *flags) as server:
-        url, body = example_request(server)
-        wrk(url, body, connections, 3)  # warm-up: batches, allocator pools, the libraries' thread pools
-        return wrk(url, body, connections, seconds)
+    return warm_wrk(Server([model], arch, *flags), seconds, connections)
 
 
 def main() -> int:
