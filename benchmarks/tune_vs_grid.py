@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from twinserve.core.threads import usable_cores
 from twinserve.lab.servers import RedisServer
 from twinserve.lab.tune import ProbeServers, TuneRequest, measure_facts, measure_probe, model_bodies, run_tune
 from twinserve.lab.tune_search import Goal, Probe, ProbeResult, meets
@@ -233,7 +234,7 @@ def main() -> int:
     shape = QUICK if args.quick else FULL
     seconds = args.seconds or shape.seconds
     archs = tuple(args.archs.split(","))
-    cpus = os.cpu_count() or 1
+    cpus = usable_cores()
     rows = []
     for example in args.examples.split(","):
         goal = Goal(args.slo_p95_ms or SLO_P95_MS[example])

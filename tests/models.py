@@ -408,6 +408,18 @@ class MathThreads(twinserve.Model):
         return [found for _ in batch]
 
 
+class MatMul(twinserve.Model):
+    """Multiplies a 300x300 matrix by itself once per instance: BLAS computes on every core it may use."""
+
+    name = "matmul"
+
+    def load(self) -> None:
+        self.matrix = np.random.default_rng(0).random((300, 300))
+
+    def predict(self, batch: list[Any]) -> list[float]:
+        return [float(np.trace(self.matrix @ self.matrix)) for _ in batch]
+
+
 class Inflate(twinserve.Model):
     """A small request, a large reply: n in, a string of n "x" out; a string in comes back as it is (a large
     request)."""

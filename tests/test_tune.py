@@ -18,6 +18,8 @@ import yaml
 from tests.serving import Server
 from twinserve.cli import build_parser, main
 from twinserve.config import DEFAULT_MODEL, load_config
+from twinserve.core.threads import usable_cores
+from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.results import Ceiling
 from twinserve.lab.settings_writer import serve_command
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, probe_cost
@@ -92,6 +94,58 @@ def test_processes_add_up_in_the_prior_only_while_the_cores_last() -> None:
         assert priors["async workers=2 max-batch-size=32 max-batch-delay-ms=0.0"] == pytest.approx(
             gain * priors["async workers=1 max-batch-size=32 max-batch-delay-ms=0.0"], rel=0.01
         )
+
+
+def _minilm_capped() -> ModelFacts:
+    """MiniLM's curves as measured on two cores (2026-12-02): both cores busy, then one math thread."""
+    rows = [(2, 1, 4.1, 1.99), (2, 8, 12.8, 1.96), (2, 32, 44.6, 1.96)]
+    rows += [(1, 1, 6.6, 1.0), (1, 8, 21.4, 1.0), (1, 32, 74.0, 1.0)]
+    return ModelFacts(
+        [
+            Ceiling(batch_size=b, batch_ms_median=ms, instances_per_s=b * 1000 / ms, cores=cores, threads=t)
+            for t, b, ms, cores in rows
+        ],
+        2,
+    )
+
+
+def test_each_process_count_is_priced_at_the_math_threads_the_server_gives_it() -> None:
+    """Capped at a core each, two MiniLM processes do 2 x 432 rows/s at batch 32, more than one process on both
+    cores (717): two processes come first (before this, the prior counted them as one and tune picked one)."""
+    facts = _minilm_capped()
+    assert facts.rows_per_s(32) == facts.rows_per_s(32, 2) == pytest.approx(32_000 / 44.6)
+    assert facts.rows_per_s(32, 1) == pytest.approx(32_000 / 74.0)
+    assert facts.rows_per_s(32, 64) == facts.rows_per_s(32)  # no larger cap measured: the largest
+    space = search_space(facts, archs=["async", "hybrid"], slo_p95_ms=600)
+    one, two = (space.priors[f"async workers={n} max-batch-size=32 max-batch-delay-ms=0.0"] for n in (1, 2))
+    assert one == pytest.approx(1 / (44.6 / 32_000 + 0.001), rel=0.01)
+    assert two == pytest.approx(2 / (74.0 / 32_000 + 0.001), rel=0.01)
+    assert two > 1.15 * one
+    first = space.candidates[0]
+    assert first.settings.get("workers", 1) * first.settings.get("model_workers", 1) == 2
+
+
+def test_sync_request_threads_that_each_call_predict_share_the_cores() -> None:
+    """Without batching, each of sync's request threads calls predict, capped at one math thread: the prior counts
+    as many at once as the cores allow, at the one-thread speed."""
+    space = search_space(_minilm_capped(), archs=["sync"], slo_p95_ms=20)  # a batch of 8 takes too long: batch 1
+    one_worker = next(v for v in space.candidates if v.settings["workers"] == 1)
+    assert one_worker.settings["threads"] > 1
+    assert space.priors[one_worker.label] == pytest.approx(2 / (6.6 / 1000 + 0.001), rel=0.01)
+
+
+def test_the_in_process_curve_is_measured_under_each_cap_for_a_multi_threaded_model(tmp_path: Path) -> None:
+    """The ceiling probe applies the server's math-thread caps (largest first, a cap only lowers): BLAS keeps two
+    cores busy at a cap of 2 and one at a cap of 1; a single-threaded model is measured once."""
+    if usable_cores() < 2:
+        pytest.skip("needs two cores to see a library compute on both")  # CI's machine has two
+    bodies = [json.dumps({"instances": [1, 2, 3, 4]}).encode()]
+    rows = measure_in_subprocess("tests/models.py:MatMul", bodies, [1, 8], tmp_path, 0.2, threads=[1, 2])
+    assert [(r.threads, r.batch_size) for r in rows] == [(2, 1), (2, 8), (1, 1), (1, 8)]
+    assert max(r.cores for r in rows if r.threads == 2) > 1.3
+    assert all(r.cores < 1.3 for r in rows if r.threads == 1)
+    single = measure_in_subprocess("tests/models.py:Echo", bodies, [1, 8], tmp_path, 0.05, threads=[2, 1])
+    assert [(r.threads, r.batch_size) for r in single] == [(2, 1), (2, 8)]
 
 
 def test_processes_stop_at_the_cores_and_sync_threads_follow_littles_law() -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from twinserve.config import Config
 
-__all__ = ["USER_THREAD_VARS", "cap_this_thread", "limit_threads", "model_threads", "usable_cores"]
+__all__ = ["USER_THREAD_VARS", "cap_this_thread", "cap_threads", "limit_threads", "model_threads", "usable_cores"]
 
 logger = logging.getLogger("twinserve.threads")
 
@@ -84,11 +84,17 @@ def limit_threads(config: Config, executor: str) -> int | None:
     threads = model_threads(config, executor)
     if threads is None:
         return None
-    _Cap.threads, _Cap.exact = threads, config.model_threads is not None
+    cap_threads(threads, exact=config.model_threads is not None)
+    return threads
+
+
+def cap_threads(threads: int, *, exact: bool = False) -> None:
+    """Cap this process's math libraries at `threads`: only where a library's own count is above it, or to exactly
+    `threads` (`exact`); in the calling thread now, in every other thread before its next batch."""
+    _Cap.threads, _Cap.exact = threads, exact
     _Cap.generation += 1
     _apply()
     logger.debug("math libraries limited to %d thread(s) in this process", threads)
-    return threads
 
 
 def cap_this_thread() -> None:

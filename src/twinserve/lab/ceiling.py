@@ -1,7 +1,11 @@
 """The model's own inference time per batch size, in one process with no server: the ceiling no server beats.
 
-Run as `python -m twinserve.lab.ceiling MODEL BODIES.jsonl SIZES OUT.json [SECONDS]` in a process of its own, so the
-model's memory leaves with it (and its prints cannot mix with the result).
+Optionally per math-thread cap too: a server caps each computing process's math threads at its share of the cores
+(`twinserve.core.threads`), so two MiniLM processes on two cores each compute on one thread, and what they can
+serve together follows from the one-thread curve, not from the curve of one process owning both cores.
+
+Run as `python -m twinserve.lab.ceiling MODEL BODIES.jsonl SIZES OUT.json [SECONDS [THREADS]]` in a process of its
+own, so the model's memory leaves with it (and its prints cannot mix with the result).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +27,22 @@ from twinserve.lab.results import Ceiling
 __all__ = ["measure", "measure_in_subprocess"]
 
 
-def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float = 2.0) -> list[Ceiling]:
-    """Load `model`, then time `predict` on batches of each size built from the bodies' instances."""
+#: A model whose predict keeps fewer cores than this busy computes on one thread: a cap changes nothing for it.
+MULTI_THREADED = 1.3
+#: Seconds to wait after lowering a cap, before measuring under it.
+SETTLE_S = 0.5
+
+
+def measure(
+    model: str, bodies: list[bytes], sizes: list[int], budget_s: float = 2.0, threads: Sequence[int] = ()
+) -> list[Ceiling]:
+    """Load `model`, then time `predict` on batches of each size built from the bodies' instances: as its libraries
+    run by default, or, with `threads`, under each of these math-thread caps, largest first (a cap only lowers). The
+    smaller caps are skipped when the first left predict on about one core."""
     from twinserve.config import load_config
     from twinserve.core.device import resolve_device
     from twinserve.core.hooks import call_blocking
+    from twinserve.core.threads import cap_threads
     from twinserve.model import ModelSpec, import_model
     from twinserve.protocol.v1 import V1Codec
 
@@ -44,17 +60,36 @@ def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float =
     if spec.preprocess is not None:
         pool = [call_blocking(spec.preprocess, i) for i in pool]
     rows: list[Ceiling] = []
+    caps: list[int | None] = [*sorted(set(threads), reverse=True)] or [None]
+    for cap in caps:
+        if cap is not None:
+            if rows and max(r.cores for r in rows) < MULTI_THREADED:
+                break
+            cap_threads(cap)
+            # The threads a cap retires spin a while before they sleep (OpenBLAS: ~0.1 s), and that CPU time would
+            # count as this cap's cores.
+            time.sleep(SETTLE_S)
+        rows += _curve(spec.predict, pool, sizes, budget_s, cap)
+    return rows
+
+
+def _curve(predict: Any, pool: list[Any], sizes: list[int], budget_s: float, cap: int | None) -> list[Ceiling]:
+    from twinserve.core.hooks import call_blocking
+
+    rows: list[Ceiling] = []
     for size in sizes:
         batch = [pool[i % len(pool)] for i in range(size)]
-        call_blocking(spec.predict, batch)  # warm-up: lazy initialisation, caches
+        call_blocking(predict, batch)  # warm-up: lazy initialisation, caches
         timings: list[float] = []
         spent_until = time.perf_counter() + budget_s
-        cpu_started = time.process_time()  # every thread of this process: what predict's libraries use
+        # Every thread of this process (what predict's libraries use) over the loop's wall time, not over predict's
+        # alone: the loop's own CPU would otherwise count as extra cores for a model that predicts in microseconds.
+        cpu_started, wall_started = time.process_time(), time.perf_counter()
         while len(timings) < 5 or (time.perf_counter() < spent_until and len(timings) < 1000):
             started = time.perf_counter()
-            call_blocking(spec.predict, batch)
+            call_blocking(predict, batch)
             timings.append(time.perf_counter() - started)
-        cores = (time.process_time() - cpu_started) / max(sum(timings), 1e-9)
+        cores = (time.process_time() - cpu_started) / max(time.perf_counter() - wall_started, 1e-9)
         median = statistics.median(timings)
         rows.append(
             Ceiling(
@@ -62,6 +97,7 @@ def measure(model: str, bodies: list[bytes], sizes: list[int], budget_s: float =
                 batch_ms_median=round(median * 1000, 4),
                 instances_per_s=round(size / median, 1),
                 cores=round(max(cores, 0.01), 2),
+                threads=cap,
             )
         )
     return rows
@@ -74,9 +110,10 @@ def measure_in_subprocess(
     scratch: Path,
     budget_s: float = 2.0,
     search_path: Path | None = None,
+    threads: Sequence[int] = (),
 ) -> list[Ceiling]:
-    """`measure` in a process of its own; `budget_s` per batch size. `search_path`: a folder the model's file
-    imports its neighbours from (a repository version's), put first on the subprocess's PYTHONPATH."""
+    """`measure` in a process of its own; `budget_s` per batch size and thread cap. `search_path`: a folder the
+    model's file imports its neighbours from (a repository version's), put first on the subprocess's PYTHONPATH."""
     path, out = scratch / "ceiling-bodies.jsonl", scratch / "ceiling.json"
     path.write_bytes(b"\n".join(bodies))
     sizes_arg = ",".join(map(str, sizes))
@@ -85,7 +122,8 @@ def measure_in_subprocess(
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(search_path), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
-        [sys.executable, "-m", "twinserve.lab.ceiling", model, str(path), sizes_arg, str(out), str(budget_s)],
+        [sys.executable, "-m", "twinserve.lab.ceiling", model, str(path), sizes_arg, str(out), str(budget_s)]
+        + ([",".join(map(str, threads))] if threads else []),
         capture_output=True,
         timeout=600,
         check=False,
@@ -102,6 +140,7 @@ def measure_in_subprocess(
 if __name__ == "__main__":
     target, bodies_file, sizes_arg, out_file = sys.argv[1:5]
     budget = float(sys.argv[5]) if len(sys.argv) > 5 else 2.0
+    caps = [int(t) for t in sys.argv[6].split(",")] if len(sys.argv) > 6 else []
     sizes = [int(s) for s in sizes_arg.split(",")]
-    rows = measure(target, Path(bodies_file).read_bytes().splitlines(), sizes, budget)
+    rows = measure(target, Path(bodies_file).read_bytes().splitlines(), sizes, budget, caps)
     Path(out_file).write_bytes(orjson.dumps([row.model_dump() for row in rows]))

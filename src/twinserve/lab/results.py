@@ -145,6 +145,8 @@ class Ceiling(_Model):
     #: CPU seconds per wall second while predict ran: about 1 for a single-threaded model, up to the cores for
     #: one whose library computes on several threads (torch, BLAS), whose processes then do not add up.
     cores: float = 1.0
+    #: The math-thread cap it ran under (`twinserve.core.threads`); None: the libraries' own count.
+    threads: int | None = None
 
 
 class Verdict(_Model):

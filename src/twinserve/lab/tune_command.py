@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import shlex
 import signal
 import sys
 from pathlib import Path
 
 from twinserve.config import DEFAULT_MODEL
+from twinserve.core.threads import usable_cores
 from twinserve.errors import ConfigError
 from twinserve.lab.tune_search import Goal, Plan, ProbeResult, meets
 from twinserve.lab.tune_subject import TuneSubject
@@ -136,7 +136,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
             )
         console.print(_probe_line(number, result, spent, args.budget_s, plan))
 
-    outcome = run_tune(request, name, os.cpu_count() or 1, on_probe)
+    outcome = run_tune(request, name, usable_cores(), on_probe)
     machine = _machine().model_dump()
     written = write_tune_outputs(outcome, out, machine)
     console.print()

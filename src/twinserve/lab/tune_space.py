@@ -16,7 +16,10 @@ sizes 1, 8, 32), hence its single-request service time, and the machine's cores.
 - with a target rate, a setting whose processes cannot reach it even at the model's in-process speed is dropped.
 
 Each candidate gets a prior: the throughput its processes could reach at that speed. It orders the survivors,
-so that when the budget cannot cover them all, the most promising are probed.
+so that when the budget cannot cover them all, the most promising are probed. The speed is the one measured under
+the math-thread cap the server gives each computing process (its share of the cores, `twinserve.core.threads`):
+two MiniLM processes on two cores compute on one thread each, and do 2 x 432 rows/s at batch 32 where one process
+on both cores does 717; priced at the uncapped curve, they counted as one process, and tune picked one.
 
 A model with per-model settings of its own (`own`) starts the search from them: for each architecture, one
 candidate "as the model sets it" (its batching, model workers and executor; processes up to the cores) comes
@@ -31,10 +34,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from twinserve.lab.ceiling import MULTI_THREADED
 from twinserve.lab.results import Ceiling
 from twinserve.lab.variants import Variant
 
-__all__ = ["BATCHING_GAIN", "ModelFacts", "Pruned", "Space", "search_space"]
+__all__ = ["BATCHING_GAIN", "ModelFacts", "Pruned", "Space", "search_space", "thread_caps"]
 
 #: Batching is searched when batch-32 rows/s beat batch-1 rows/s by at least this factor.
 BATCHING_GAIN = 1.3
@@ -60,19 +64,33 @@ class ModelFacts:
     ceiling: Sequence[Ceiling]
     cpus: int
 
-    def _at(self, batch_size: int) -> Ceiling:
-        """The measurement at `batch_size`, or at the nearest measured size below (a floor)."""
-        known = sorted(self.ceiling, key=lambda c: c.batch_size)
+    def _curve(self, threads: int | None) -> list[Ceiling]:
+        """The batch curve measured under the largest math-thread cap up to `threads` (None: the largest one
+        measured). A model that computes on one thread was measured once: that curve serves every cap."""
+        # No cap (None: the libraries' own count) ranks above every cap; it is never measured beside caps.
+        ranked = sorted({c.threads for c in self.ceiling}, key=lambda t: math.inf if t is None else t)
+        fitting = [t for t in ranked if threads is None or (t is not None and t <= threads)]
+        chosen = fitting[-1] if fitting else ranked[0]
+        return [c for c in self.ceiling if c.threads == chosen]
+
+    def _at(self, batch_size: int, threads: int | None = None) -> Ceiling:
+        """The measurement at `batch_size`, or at the nearest measured size below (a floor), under `threads`."""
+        known = sorted(self._curve(threads), key=lambda c: c.batch_size)
         below = [c for c in known if c.batch_size <= batch_size] or known[:1]
         return below[-1]
 
-    def rows_per_s(self, batch_size: int) -> float:
-        """In-process rows/s at `batch_size`."""
-        return self._at(batch_size).instances_per_s
+    def rows_per_s(self, batch_size: int, threads: int | None = None) -> float:
+        """In-process rows/s at `batch_size`, with at most `threads` math threads (None: as many as it uses)."""
+        return self._at(batch_size, threads).instances_per_s
 
-    def cores(self, batch_size: int) -> float:
-        """The cores predict kept busy at `batch_size`."""
-        return self._at(batch_size).cores
+    def cores(self, batch_size: int, threads: int | None = None) -> float:
+        """The cores predict kept busy at `batch_size`, with at most `threads` math threads."""
+        return self._at(batch_size, threads).cores
+
+    @property
+    def multi_threaded(self) -> bool:
+        """Whether predict computed on more than one core (in a library that leaves the GIL to do it)."""
+        return any(c.cores >= MULTI_THREADED for c in self.ceiling)
 
     @property
     def single_ms(self) -> float:
@@ -82,10 +100,11 @@ class ModelFacts:
     def batch_size(self, slo_p95_ms: float | None) -> int:
         """The largest measured batch size whose predict takes at most BATCH_SHARE of the objective: under load
         a request may wait for the batch ahead of it, then compute in its own, and still meet its P95."""
-        sizes = sorted(c.batch_size for c in self.ceiling)
+        curve = self._curve(None)
+        sizes = sorted(c.batch_size for c in curve)
         if slo_p95_ms is None:
             return sizes[-1]
-        fit = [c.batch_size for c in self.ceiling if c.batch_ms_median <= BATCH_SHARE * slo_p95_ms]
+        fit = [c.batch_size for c in curve if c.batch_ms_median <= BATCH_SHARE * slo_p95_ms]
         return max(fit, default=sizes[0])
 
     def batching_helps(self, batch_size: int) -> bool:
@@ -121,14 +140,27 @@ def _batchings(facts: ModelFacts, size: int, slo_p95_ms: float | None) -> list[t
     return [(1, 0.0), (size, 0.0), (size, delay)]
 
 
-def _prior(arch: str, processes: int, batch: int, facts: ModelFacts) -> float:
+def _prior(processes: int, batch: int, facts: ModelFacts, at_once: int | None = None) -> float:
     """Requests/s `processes` processes could serve: each request's share of a batch's predict plus what the
     server spends on it around predict (FRONT_MS). An optimistic guess, where capacity searches start from.
-    Processes add up only while the cores last: a predict that computes on k cores (torch) leaves room for
-    cpus / k of them."""
-    per_request_s = 1.0 / facts.rows_per_s(batch) + FRONT_MS / 1000.0
-    room = max(1, round(facts.cpus / max(facts.cores(batch), 1.0)))  # 2 cores / 1.99 busy: one process
-    return round(min(processes, room) / per_request_s, 1)
+
+    `at_once`: the predicts the server may run at the same time (default: one per process; more where sync's
+    request threads each call predict). It caps each one's math threads at its share of the cores, so each computes
+    at the speed measured under that cap, and they add up only while the cores last: a predict that still computes
+    on k cores (where no cap was measured: a user's own OMP_NUM_THREADS) leaves room for cpus / k of them. Threads
+    of one process compute at once only in a library that leaves the GIL, as one that uses several cores does."""
+    at_once = at_once or processes
+    threads = max(1, facts.cpus // at_once)
+    per_request_s = 1.0 / facts.rows_per_s(batch, threads) + FRONT_MS / 1000.0
+    room = max(1, round(facts.cpus / max(facts.cores(batch, threads), 1.0)))  # 2 cores / 1.99 busy: one process
+    parallel = at_once if facts.multi_threaded else processes
+    return round(min(parallel, room) / per_request_s, 1)
+
+
+def thread_caps(cpus: int) -> list[int]:
+    """The math-thread caps the candidates' computing processes get: the cores over each process count (and one,
+    for sync's request threads that each call predict), largest first."""
+    return sorted({max(1, cpus // n) for n in _process_counts(cpus)} | {1}, reverse=True)
 
 
 def _process_counts(cpus: int) -> list[int]:
@@ -141,6 +173,18 @@ def _threads(rate: float, facts: ModelFacts, count: int, batch: int) -> int:
     in_flight = rate * (facts.single_ms + FRONT_MS) / 1000.0
     threads = max(math.ceil(BURST * in_flight / count), batch if batch > 1 else 1)
     return max(1, min(64, threads))
+
+
+def _sync_threads(
+    target_rps: float | None, prior: float, facts: ModelFacts, count: int, batch: int
+) -> tuple[int, float]:
+    """Sync's threads per worker, and its prior with them: without batching, each request thread calls predict on
+    its own share of the cores, which changes the prior, and the prior the threads: recomputed once."""
+    threads = _threads(min(target_rps or prior, prior), facts, count, batch)
+    if batch == 1:
+        prior = _prior(count, batch, facts, count * threads)
+        threads = _threads(min(target_rps or prior, prior), facts, count, batch)
+    return threads, prior
 
 
 def _own_candidates(
@@ -157,9 +201,9 @@ def _own_candidates(
             processes = settings["model_workers"]
         else:
             settings["workers"] = processes = facts.cpus
-        prior = _prior(arch, processes, batch, facts)
+        prior = _prior(processes, batch, facts)
         if arch == "sync":
-            settings["threads"] = _threads(min(target_rps or prior, prior), facts, processes, batch)
+            settings["threads"], prior = _sync_threads(target_rps, prior, facts, processes, batch)
         settings.update({k: v for k, v in knobs.items() if k not in settings})
         found.append((Variant(arch, settings), prior))  # type: ignore[arg-type]
     return found
@@ -222,9 +266,9 @@ def search_space(
                 else:
                     settings["workers"] = count
                 settings.update(max_batch_size=batch, max_batch_delay_ms=delay)
-                prior = _prior(arch, count, batch, facts)
+                prior = _prior(count, batch, facts)
                 if arch == "sync":
-                    settings["threads"] = _threads(min(target_rps or prior, prior), facts, count, batch)
+                    settings["threads"], prior = _sync_threads(target_rps, prior, facts, count, batch)
                 variant = Variant(arch, dict(settings))  # type: ignore[arg-type]
                 if target_rps is not None and prior < REACH * target_rps:
                     pruned.append(
