@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.lab.factory import level, results, run
 from twinserve.lab.advise import advise
+from twinserve.lab.results import Ceiling, Level, ServerStats
 
 
 def test_picks_the_highest_throughput_that_meets_the_slo() -> None:
@@ -74,3 +75,51 @@ def test_the_advise_command_reads_a_results_file(tmp_path: Path) -> None:
     bad.write_text('{"schema_version": 99}')
     done = subprocess.run([sys.executable, "-m", "twinserve", "advise", str(bad)], capture_output=True, text=True)
     assert done.returncode != 0 and "schema_version 1" in done.stderr
+
+
+def _with_stats(lv: Level, batch: float, inference_ms: float) -> Level:
+    return lv.model_copy(
+        update={
+            "server": ServerStats(
+                requests=1, batches=1, batch_size_mean=batch, queue_wait_ms_mean=1.0, inference_ms_mean=inference_ms
+            )
+        }
+    )
+
+
+def test_hybrid_trailing_async_by_more_than_a_tenth_is_explained_from_the_measurements() -> None:
+    """Issue #15: hybrid within 10% of async, or advise says why, from what was measured (CPU per request, time per
+    batch as the server timed it against the model alone in-process)."""
+    asyn = run("async", "async", [_with_stats(level(32, 3000, 10, cpu=150), 16, 3.2)])
+    hybrid = run("hybrid", "hybrid", [_with_stats(level(32, 2000, 10, cpu=180), 16, 5.0)])
+    measured = results(asyn, hybrid).model_copy(
+        update={
+            "ceiling": [
+                Ceiling(batch_size=1, batch_ms_median=1.0, instances_per_s=1000),
+                Ceiling(batch_size=32, batch_ms_median=3.0, instances_per_s=10_667),
+            ]
+        }
+    )
+    lines = advise(measured, 50).lines
+    why = lines.index(next(line for line in lines if line.startswith("Why hybrid trails async")))
+    assert "(2,000 against 3,000 req/s, 33% less)" in lines[why]
+    # 180% of a core over 2,000 req/s, 150% over 3,000.
+    assert lines[why + 1] == (
+        "  CPU per request: 900 µs in hybrid, 500 µs in async (+400 µs; the whole process tree's CPU over its "
+        "throughput at those levels)."
+    )
+    # In-process, 16 rows: between 1.0 ms (1) and 3.0 ms (32).
+    assert "5.00 ms for 16.0 rows in hybrid (0.312 ms a row), 3.20 ms for 16.0 rows in async" in lines[why + 2]
+    assert "the model alone, in-process: 1.97 ms" in lines[why + 2]
+
+
+def test_hybrid_within_a_tenth_of_async_or_not_measured_needs_no_explanation() -> None:
+    asyn = run("async", "async", [level(32, 3000, 10)])
+    close = run("hybrid", "hybrid", [level(32, 2750, 10)])
+    slow_but_late = run("hybrid", "hybrid", [level(32, 2000, 80)])  # never met the SLO: nothing to compare
+    for hybrid in (close, slow_but_late):
+        assert not any(line.startswith("Why hybrid") for line in advise(results(asyn, hybrid), 50).lines)
+    bare = run("hybrid", "hybrid", [level(32, 2000, 10).model_copy(update={"resources": None})])
+    lines = advise(results(asyn, bare), 50).lines  # no CPU, no server metrics: the verdict alone, no figures made up
+    assert sum(line.startswith("Why hybrid") for line in lines) == 1
+    assert not any("CPU per request" in line or "Per batch" in line for line in lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from twinserve.lab.advise_hybrid import hybrid_trails
 from twinserve.lab.results import Level, Results, Run
 
 __all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "Option", "advise", "autoscaling_targets"]
@@ -148,6 +149,7 @@ def advise(
     for run in results.runs:
         if run.error is not None:
             advice.lines.append(f"- {run.label}: could not be measured ({run.error.splitlines()[0]}).")
+    advice.lines += hybrid_trails(within, results.ceiling)
     return advice
 
 
