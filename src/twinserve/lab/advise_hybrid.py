@@ -2,15 +2,16 @@
 
 Hybrid runs predict in model-worker processes; async in a thread of the server process. Both batch alike, so for
 the same model the difference is what hybrid adds per batch: pickling the batch and its outputs, a pipe each
-way, a worker's wake-up, and a second process's share of the cores. Two measurements show it:
+way, a worker's wake-up, and more processes sharing the cores. The two are compared at one load both measured
+(hybrid's best level within the objective, where async measured the same load; else each one's best level):
 
-- CPU per request at each architecture's best level within the SLO: the whole process tree's CPU (percent of one
-  core) over its throughput. Hybrid's extra microseconds are the hop's cost in CPU; on a machine whose cores the
-  model already fills, they come out of the model's own time.
-- Time per batch as the server timed it (`twinserve_inference_duration_seconds` over the level, with its batch
-  sizes): in hybrid it runs from handing the batch to a worker until its outputs are back, so against async's
-  (the model in a thread) at a similar batch size, the difference is the hop's wall time. The in-process
-  ceiling at that batch size is the model alone.
+- CPU per request: the whole process tree's CPU (percent of one core) over its throughput. Hybrid's extra
+  microseconds are the hop's cost in CPU, taken from the model's share of the cores.
+- Time per batch as each server timed it (`twinserve_inference_duration_seconds` over the level, with its batch
+  sizes): in hybrid from handing the batch to a worker until its outputs are back, in async the model in a
+  thread. Slower batches at no more CPU per request mean hybrid waits, not works: for its workers, or for cores
+  its extra processes share. The in-process ceiling (the model alone, its libraries on every core) at that batch
+  size is the floor.
 
 Nothing here is a guess: a line is written only for the measurements present, and none when hybrid is within
 `GAP` of async or either never met the SLO.
@@ -51,6 +52,10 @@ def _in_process_ms(ceiling: Sequence[Ceiling], batch: float) -> float | None:
     return None
 
 
+def _same_load(run_levels: Sequence[Level], level: Level) -> Level | None:
+    return next((lv for lv in run_levels if lv.mode == level.mode and lv.load == level.load), None)
+
+
 def hybrid_trails(options: Sequence[Option], ceiling: Sequence[Ceiling]) -> list[str]:
     """Lines explaining, from the measurements, why the best hybrid run served less than the best async run at the
     SLO; none when it did not trail by more than GAP."""
@@ -60,26 +65,44 @@ def hybrid_trails(options: Sequence[Option], ceiling: Sequence[Ceiling]) -> list
     )
     if asyn is None or hybrid is None or hybrid.capacity >= (1 - GAP) * asyn.capacity:
         return []
+    h, a = hybrid.level, _same_load(asyn.run.levels, hybrid.level)
+    if a is None or a.errors:
+        a, where = asyn.level, "at each one's best level"
+    else:
+        where = f"at the same load ({h.load:g} {'connections' if h.mode == 'closed' else 'req/s offered'})"
     lines = [
         f"Why {hybrid.run.label} trails {asyn.run.label} ({hybrid.capacity:,.0f} against {asyn.capacity:,.0f} "
-        f"req/s, {1 - hybrid.capacity / asyn.capacity:.0%} less): hybrid hands each batch to a model-worker "
-        "process and back (pickle, a pipe each way, a wake-up); async computes it in a thread of the server."
+        f"req/s within the objective, {1 - hybrid.capacity / asyn.capacity:.0%} less), {where}:"
     ]
-    cpu_h, cpu_a = _cpu_us_per_request(hybrid.level), _cpu_us_per_request(asyn.level)
-    if cpu_h is not None and cpu_a is not None:
+    p95_h, p95_a = h.p("p95"), a.p("p95")
+    if p95_h is not None and p95_a is not None:
         lines.append(
-            f"  CPU per request: {cpu_h:,.0f} µs in hybrid, {cpu_a:,.0f} µs in async "
-            f"({cpu_h - cpu_a:+,.0f} µs; the whole process tree's CPU over its throughput at those levels)."
+            f"  P95 {p95_h:.1f} ms in hybrid, {p95_a:.1f} ms in async; "
+            f"{h.throughput_rps:,.0f} and {a.throughput_rps:,.0f} req/s."
         )
-    stats_h, stats_a = hybrid.level.server, asyn.level.server
+    cpu_h, cpu_a = _cpu_us_per_request(h), _cpu_us_per_request(a)
+    if cpu_h is not None and cpu_a is not None:
+        why = (
+            "the hop to a model-worker process and back (pickling, a pipe each way, wake-ups) costs CPU the model "
+            "would otherwise use"
+            if cpu_h > cpu_a
+            else "hybrid spends no more CPU on a request: it waits (for a model worker, or for cores its extra "
+            "processes share) rather than works"
+        )
+        lines.append(
+            f"  CPU per request (the process tree's CPU over its throughput): {cpu_h:,.0f} µs in hybrid, "
+            f"{cpu_a:,.0f} µs in async ({cpu_h - cpu_a:+,.0f} µs): {why}."
+        )
+    stats_h, stats_a = h.server, a.server
     if stats_h and stats_a and stats_h.inference_ms_mean is not None and stats_a.inference_ms_mean is not None:
         size_h, size_a = stats_h.batch_size_mean or 1.0, stats_a.batch_size_mean or 1.0
-        per_row_h, per_row_a = stats_h.inference_ms_mean / size_h, stats_a.inference_ms_mean / size_a
         alone = _in_process_ms(ceiling, size_h)
-        model = f"; the model alone, in-process: {alone:.2f} ms" if alone is not None else ""
+        model = (
+            f"; the model alone in-process, on every core: {alone:.2f} ms for {size_h:.1f}" if alone is not None else ""
+        )
         lines.append(
-            f"  Per batch, as the server timed it: {stats_h.inference_ms_mean:.2f} ms for {size_h:.1f} rows in "
-            f"hybrid ({per_row_h:.3f} ms a row), {stats_a.inference_ms_mean:.2f} ms for {size_a:.1f} rows in "
-            f"async ({per_row_a:.3f} ms a row){model}."
+            f"  Per batch, as each server timed it: {stats_h.inference_ms_mean:.2f} ms for {size_h:.1f} rows in "
+            f"hybrid ({stats_h.inference_ms_mean / size_h:.3f} ms a row), {stats_a.inference_ms_mean:.2f} ms for "
+            f"{size_a:.1f} in async ({stats_a.inference_ms_mean / size_a:.3f} ms a row){model}."
         )
     return lines
