@@ -247,6 +247,13 @@ def search_space(
         )
     processes = _process_counts(facts.cpus)
     notes.append(f"processes up to the {facts.cpus} core(s): {', '.join(map(str, processes))}")
+    caps = sorted({c.threads for c in facts.ceiling if c.threads is not None}, reverse=True)
+    if len(caps) > 1:
+        speeds = ", ".join(f"{facts.rows_per_s(size, cap):,.0f} on {cap}" for cap in caps)
+        notes.append(
+            f"predict computes on several cores: each process priced at its share of them (math threads capped "
+            f"as the server caps them); batch-{size} rows/s in-process: {speeds} thread(s)"
+        )
     found: list[tuple[Variant, float]] = []
     for arch in archs:
         if arch == "hybrid" and facts.single_ms < HYBRID_MIN_SERVICE_MS:
