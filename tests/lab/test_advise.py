@@ -134,3 +134,24 @@ def test_hybrid_within_a_tenth_of_async_or_not_measured_needs_no_explanation() -
     lines = advise(results(asyn, bare), 50).lines  # no CPU, no server metrics: the verdict alone, no figures made up
     assert sum(line.startswith("Why hybrid") for line in lines) == 1
     assert not any("CPU per request" in line or "Per batch" in line for line in lines)
+
+
+def test_the_in_process_ceiling_counts_the_processes_the_cores_hold() -> None:
+    """The efficiency line's ceiling is the machine's: a single-threaded model's rate once per core; a model on
+    both cores once, or twice under a one-thread cap when that computes more (MiniLM: 2 x 432 > 717)."""
+    asyn = run("async", "async", [level(32, 432, 10)])
+
+    def line(*rows: tuple[int | None, float, float]) -> str:
+        ceiling = [
+            Ceiling(batch_size=32, batch_ms_median=32_000 / rate, instances_per_s=rate, cores=cores, threads=t)
+            for t, rate, cores in rows
+        ]
+        return advise(results(asyn).model_copy(update={"ceiling": ceiling}), 50).lines[0]
+
+    assert "50% of the model's in-process ceiling on 2 core(s) (864 instances/s: 2 process(es) at batch 32, 1 math" in (
+        line((2, 717, 1.96), (1, 432, 1.0))
+    )
+    assert "60% of the model's in-process ceiling on 2 core(s) (717 instances/s: 1 process(es) at batch 32, 2 math" in (
+        line((2, 717, 1.96), (1, 300, 1.0))
+    )
+    assert "(864 instances/s: 2 process(es) at batch 32)." in line((None, 432, 1.0))  # the libraries' own threads

@@ -230,7 +230,10 @@ def test_sections_in_order_with_header_ceiling_verdicts_and_failures(doc: Node) 
     assert [p.text() for p in failed.iter("pre")] == [FAILURE]
     tables = list(doc.iter("table"))
     ceiling = [[td.text() for td in tr.iter("td")] for tr in tables[1].iter("tr")][1:]
-    assert ceiling == [["1", "0.25", "0.25", "4,000"], ["32", "1.8", "0.06", "17,778"]]
+    assert ceiling == [
+        ["default", "1", "0.25", "0.25", "4,000", "1.00"],
+        ["default", "32", "1.8", "0.06", "17,778", "1.00"],
+    ]
     verdicts = [[td.text() for td in tr.iter("td")] for tr in tables[2].iter("tr")][1:]
     assert [(v[1], v[2], v[3]) for v in verdicts] == [
         ("S20", "yes", "3,000 > 950"),

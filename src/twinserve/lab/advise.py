@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from twinserve.lab.advise_hybrid import hybrid_trails
+from twinserve.lab.ceiling import machine_ceiling
 from twinserve.lab.results import Level, Results, Run
 
 __all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "Option", "advise", "autoscaling_targets"]
@@ -74,13 +75,15 @@ def _best_within(run: Run, slo: float) -> Option | None:
 
 
 def _efficiency(results: Results, option: Option) -> str:
-    if not results.ceiling:
+    found = machine_ceiling(results.ceiling, results.machine.cpu_count)
+    if found is None:
         return ""
-    best = max(results.ceiling, key=lambda c: c.instances_per_s)
+    rate, processes, row = found
     served = option.capacity * results.instances_per_request
+    threads = f", {row.threads} math thread(s) each" if row.threads is not None else ""
     return (
-        f" That is {served / best.instances_per_s:.0%} of the model's in-process ceiling "
-        f"({best.instances_per_s:,.0f} instances/s at batch {best.batch_size})."
+        f" That is {served / rate:.0%} of the model's in-process ceiling on {results.machine.cpu_count} core(s) "
+        f"({rate:,.0f} instances/s: {processes} process(es) at batch {row.batch_size}{threads})."
     )
 
 

@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from twinserve.lab.ceiling import curve
 from twinserve.lab.results import Ceiling, Level
 
 if TYPE_CHECKING:
@@ -41,9 +42,9 @@ def _cpu_us_per_request(level: Level) -> float | None:
 
 
 def _in_process_ms(ceiling: Sequence[Ceiling], batch: float) -> float | None:
-    """The model's own time for a batch of `batch` rows (a mean, so fractional), interpolated between the batch
-    sizes measured in-process; None outside them."""
-    known = sorted((c.batch_size, c.batch_ms_median) for c in ceiling if c.threads is None)
+    """The model's own time for a batch of `batch` rows (a mean, so fractional), on as many math threads as it
+    was let use, interpolated between the batch sizes measured in-process; None outside them."""
+    known = sorted((c.batch_size, c.batch_ms_median) for c in curve(ceiling)) if ceiling else []
     for (b0, ms0), (b1, ms1) in itertools.pairwise(known):
         if b0 <= batch <= b1:
             return ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)

@@ -26,9 +26,10 @@ import httpx
 import psutil
 
 from twinserve import __version__
+from twinserve.core.threads import usable_cores
 from twinserve.errors import ConfigError
 from twinserve.lab import drivers
-from twinserve.lab.ceiling import measure_in_subprocess
+from twinserve.lab.ceiling import measure_in_subprocess, thread_caps
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
 from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
 from twinserve.lab.servers import ServerFailed, TwinserveServer, free_port, request_bodies
@@ -272,7 +273,9 @@ def run_bench(plan: BenchPlan, progress: Progress, on_run: Callable[[Run], None]
     if sent.bodies and plan.ceiling_sizes:
         progress("ceiling", "in-process", None, 2.0 * len(plan.ceiling_sizes))
         try:
-            ceiling = measure_in_subprocess(sent.model, sent.bodies, plan.ceiling_sizes, plan.out)
+            # Under each math-thread cap a server gives its processes: what N processes can compute together.
+            caps = thread_caps(usable_cores())
+            ceiling = measure_in_subprocess(sent.model, sent.bodies, plan.ceiling_sizes, plan.out, threads=caps)
         except (RuntimeError, OSError) as exc:
             progress("failed", "in-process", str(exc), 0.0)
     results = Results(

@@ -11,6 +11,7 @@ own, so the model's memory leaves with it (and its prints cannot mix with the re
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import subprocess
@@ -24,13 +25,47 @@ import orjson
 
 from twinserve.lab.results import Ceiling
 
-__all__ = ["measure", "measure_in_subprocess"]
+__all__ = ["MULTI_THREADED", "curve", "machine_ceiling", "measure", "measure_in_subprocess", "thread_caps"]
 
 
 #: A model whose predict keeps fewer cores than this busy computes on one thread: a cap changes nothing for it.
 MULTI_THREADED = 1.3
 #: Seconds to wait after lowering a cap, before measuring under it.
 SETTLE_S = 0.5
+
+
+def thread_caps(cpus: int) -> list[int]:
+    """The math-thread caps a server gives its computing processes, largest first: every core (one process), two
+    (half as many processes as cores), one (a process per core, or sync's request threads that each call predict);
+    none where the user set a library's threads (`USER_THREAD_VARS`): the server leaves those alone too."""
+    from twinserve.core.threads import USER_THREAD_VARS
+
+    if any(os.environ.get(name) for name in USER_THREAD_VARS):
+        return []
+    return sorted({cpus, max(1, cpus // max(1, cpus // 2)), 1}, reverse=True)
+
+
+def curve(rows: Sequence[Ceiling], threads: int | None = None) -> list[Ceiling]:
+    """The batch curve measured under the largest math-thread cap up to `threads` (None: the largest measured). A
+    model that computes on one thread was measured once: that curve serves every cap."""
+    # No cap (None: the libraries' own count) ranks above every cap; it is never measured beside caps.
+    ranked = sorted({c.threads for c in rows}, key=lambda t: math.inf if t is None else t)
+    fitting = [t for t in ranked if threads is None or (t is not None and t <= threads)]
+    chosen = fitting[-1] if fitting else ranked[0]
+    return [c for c in rows if c.threads == chosen]
+
+
+def machine_ceiling(rows: Sequence[Ceiling], cpus: int) -> tuple[float, int, Ceiling] | None:
+    """The most instances/s the model computes in-process on `cpus` cores: for each measurement, as many processes
+    as its busy cores leave room for, times its rate; (instances/s, processes, the measurement). Two MiniLM
+    processes capped at a thread each (2 x 432) beat one on both cores (717); a single-threaded forest's
+    measurement counts once per core."""
+    best: tuple[float, int, Ceiling] | None = None
+    for row in rows:
+        processes = max(1, round(cpus / max(row.cores, 1.0)))
+        if best is None or processes * row.instances_per_s > best[0]:
+            best = (processes * row.instances_per_s, processes, row)
+    return best
 
 
 def measure(
@@ -69,11 +104,11 @@ def measure(
             # The threads a cap retires spin a while before they sleep (OpenBLAS: ~0.1 s), and that CPU time would
             # count as this cap's cores.
             time.sleep(SETTLE_S)
-        rows += _curve(spec.predict, pool, sizes, budget_s, cap)
+        rows += _time_batches(spec.predict, pool, sizes, budget_s, cap)
     return rows
 
 
-def _curve(predict: Any, pool: list[Any], sizes: list[int], budget_s: float, cap: int | None) -> list[Ceiling]:
+def _time_batches(predict: Any, pool: list[Any], sizes: list[int], budget_s: float, cap: int | None) -> list[Ceiling]:
     from twinserve.core.hooks import call_blocking
 
     rows: list[Ceiling] = []

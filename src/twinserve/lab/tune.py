@@ -10,21 +10,19 @@ probes are for the same candidate (a capacity search runs several rates on one s
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinserve.core.threads import USER_THREAD_VARS
-from twinserve.lab.ceiling import measure_in_subprocess
+from twinserve.lab.ceiling import measure_in_subprocess, thread_caps
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
 from twinserve.lab.probe import TreeSampler, scrape, settle
 from twinserve.lab.results import Ceiling
 from twinserve.lab.servers import ServerFailed, TwinserveServer
 from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, warmup_s
-from twinserve.lab.tune_space import ModelFacts, Space, search_space, thread_caps
+from twinserve.lab.tune_space import ModelFacts, Space, search_space
 from twinserve.lab.tune_subject import TuneSubject, probe_args, server_flags
 from twinserve.lab.variants import Variant
 
@@ -209,11 +207,11 @@ def measure_facts(request: TuneRequest, cpus: int) -> ModelFacts:
     """The model's in-process batch curves (a subprocess, so its memory leaves with it), under each math-thread cap
     a candidate's processes get (none where the user chose the libraries' threads: the server leaves them too), and
     the cores."""
-    caps = [] if any(os.environ.get(name) for name in USER_THREAD_VARS) else thread_caps(cpus)
     with _scratch() as scratch:
         subject = request.subject
         # A repository version's model.py imports the files beside it, as the server lets it.
         beside = Path(request.model.rpartition(":")[0]).parent if subject and subject.repository else None
+        caps = thread_caps(cpus)
         ceiling: list[Ceiling] = measure_in_subprocess(
             request.model, list(request.bodies), CEILING_SIZES, scratch, request.ceiling_budget_s, beside, caps
         )

@@ -34,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twinserve.lab.ceiling import MULTI_THREADED
+from twinserve.lab.ceiling import MULTI_THREADED, curve
 from twinserve.lab.results import Ceiling
 from twinserve.lab.variants import Variant
 
-__all__ = ["BATCHING_GAIN", "ModelFacts", "Pruned", "Space", "search_space", "thread_caps"]
+__all__ = ["BATCHING_GAIN", "ModelFacts", "Pruned", "Space", "search_space"]
 
 #: Batching is searched when batch-32 rows/s beat batch-1 rows/s by at least this factor.
 BATCHING_GAIN = 1.3
@@ -64,18 +64,9 @@ class ModelFacts:
     ceiling: Sequence[Ceiling]
     cpus: int
 
-    def _curve(self, threads: int | None) -> list[Ceiling]:
-        """The batch curve measured under the largest math-thread cap up to `threads` (None: the largest one
-        measured). A model that computes on one thread was measured once: that curve serves every cap."""
-        # No cap (None: the libraries' own count) ranks above every cap; it is never measured beside caps.
-        ranked = sorted({c.threads for c in self.ceiling}, key=lambda t: math.inf if t is None else t)
-        fitting = [t for t in ranked if threads is None or (t is not None and t <= threads)]
-        chosen = fitting[-1] if fitting else ranked[0]
-        return [c for c in self.ceiling if c.threads == chosen]
-
     def _at(self, batch_size: int, threads: int | None = None) -> Ceiling:
         """The measurement at `batch_size`, or at the nearest measured size below (a floor), under `threads`."""
-        known = sorted(self._curve(threads), key=lambda c: c.batch_size)
+        known = sorted(curve(self.ceiling, threads), key=lambda c: c.batch_size)
         below = [c for c in known if c.batch_size <= batch_size] or known[:1]
         return below[-1]
 
@@ -100,11 +91,11 @@ class ModelFacts:
     def batch_size(self, slo_p95_ms: float | None) -> int:
         """The largest measured batch size whose predict takes at most BATCH_SHARE of the objective: under load
         a request may wait for the batch ahead of it, then compute in its own, and still meet its P95."""
-        curve = self._curve(None)
-        sizes = sorted(c.batch_size for c in curve)
+        fastest = curve(self.ceiling)
+        sizes = sorted(c.batch_size for c in fastest)
         if slo_p95_ms is None:
             return sizes[-1]
-        fit = [c.batch_size for c in curve if c.batch_ms_median <= BATCH_SHARE * slo_p95_ms]
+        fit = [c.batch_size for c in fastest if c.batch_ms_median <= BATCH_SHARE * slo_p95_ms]
         return max(fit, default=sizes[0])
 
     def batching_helps(self, batch_size: int) -> bool:
@@ -155,12 +146,6 @@ def _prior(processes: int, batch: int, facts: ModelFacts, at_once: int | None = 
     room = max(1, round(facts.cpus / max(facts.cores(batch, threads), 1.0)))  # 2 cores / 1.99 busy: one process
     parallel = at_once if facts.multi_threaded else processes
     return round(min(parallel, room) / per_request_s, 1)
-
-
-def thread_caps(cpus: int) -> list[int]:
-    """The math-thread caps the candidates' computing processes get: the cores over each process count (and one,
-    for sync's request threads that each call predict), largest first."""
-    return sorted({max(1, cpus // n) for n in _process_counts(cpus)} | {1}, reverse=True)
 
 
 def _process_counts(cpus: int) -> list[int]:
