@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from twinserve.config import Config
 
-__all__ = ["USER_THREAD_VARS", "cap_this_thread", "cap_threads", "limit_threads", "model_threads", "usable_cores"]
+__all__ = [
+    "USER_THREAD_VARS",
+    "cap_this_thread",
+    "cap_threads",
+    "limit_threads",
+    "model_threads",
+    "usable_cores",
+    "user_chose_threads",
+]
 
 logger = logging.getLogger("twinserve.threads")
 
@@ -67,13 +75,18 @@ def usable_cores() -> int:
     return cores
 
 
+def user_chose_threads() -> bool:
+    """Whether the user set a math library's threads (`USER_THREAD_VARS`): then twinserve caps nothing."""
+    return any(os.environ.get(name) for name in USER_THREAD_VARS)
+
+
 def model_threads(config: Config, executor: str) -> int | None:
     """The cap for a process of this server whose predicts run in `executor` ("process": one at a time in each
     model worker; "request-thread": in each of the sync front's request threads; else in each of the model
     workers' threads); None: the user chose the libraries' threads themselves."""
     if config.model_threads is not None:
         return config.model_threads
-    if any(os.environ.get(name) for name in USER_THREAD_VARS):
+    if user_chose_threads():
         return None
     at_once = config.threads if executor == "request-thread" else config.model_workers
     return max(1, usable_cores() // (config.effective_workers * at_once))

@@ -41,13 +41,8 @@ class Option:
         return self.level.resources.rss_mib_max if self.level.resources else None
 
     def describe(self) -> str:
-        where = (
-            f"{self.level.concurrency} connections"
-            if self.level.mode == "closed"
-            else f"{self.level.rate:g} req/s offered"
-        )
         memory = f", {self.memory_mib:,.0f} MiB RSS" if self.memory_mib is not None else ""
-        return f"{self.capacity:,.0f} req/s at {where} (P95 {self.p95:.1f} ms, no errors{memory})"
+        return f"{self.capacity:,.0f} req/s at {self.level.load_text} (P95 {self.p95:.1f} ms, no errors{memory})"
 
 
 @dataclass

@@ -70,7 +70,7 @@ def hybrid_trails(options: Sequence[Option], ceiling: Sequence[Ceiling]) -> list
     if a is None or a.errors:
         a, where = asyn.level, "at each one's best level"
     else:
-        where = f"at the same load ({h.load:g} {'connections' if h.mode == 'closed' else 'req/s offered'})"
+        where = f"at the same load ({h.load_text})"
     lines = [
         f"Why {hybrid.run.label} trails {asyn.run.label} ({hybrid.capacity:,.0f} against {asyn.capacity:,.0f} "
         f"req/s within the objective, {1 - hybrid.capacity / asyn.capacity:.0%} less), {where}:"

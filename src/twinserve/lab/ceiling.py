@@ -25,7 +25,16 @@ import orjson
 
 from twinserve.lab.results import Ceiling
 
-__all__ = ["MULTI_THREADED", "curve", "machine_ceiling", "measure", "measure_in_subprocess", "thread_caps"]
+__all__ = [
+    "MULTI_THREADED",
+    "curve",
+    "machine_ceiling",
+    "measure",
+    "measure_in_subprocess",
+    "process_counts",
+    "room",
+    "thread_caps",
+]
 
 
 #: A model whose predict keeps fewer cores than this busy computes on one thread: a cap changes nothing for it.
@@ -34,15 +43,26 @@ MULTI_THREADED = 1.3
 SETTLE_S = 0.5
 
 
-def thread_caps(cpus: int) -> list[int]:
-    """The math-thread caps a server gives its computing processes, largest first: every core (one process), two
-    (half as many processes as cores), one (a process per core, or sync's request threads that each call predict);
-    none where the user set a library's threads (`USER_THREAD_VARS`): the server leaves those alone too."""
-    from twinserve.core.threads import USER_THREAD_VARS
+def process_counts(cpus: int) -> list[int]:
+    """The computing-process counts worth trying on `cpus` cores: one, half the cores, every core."""
+    return sorted({1, max(1, cpus // 2), cpus})
 
-    if any(os.environ.get(name) for name in USER_THREAD_VARS):
+
+def room(cpus: int, cores: float) -> int:
+    """How many processes whose predict keeps `cores` cores busy run side by side on `cpus` cores (at least one:
+    2 cores / 1.99 busy is one process)."""
+    return max(1, round(cpus / max(cores, 1.0)))
+
+
+def thread_caps(cpus: int) -> list[int]:
+    """The math-thread caps a server gives its computing processes, largest first: the cores over each process
+    count, and one (sync's request threads that each call predict); none where the user set a library's threads:
+    the server leaves those alone too."""
+    from twinserve.core.threads import user_chose_threads
+
+    if user_chose_threads():
         return []
-    return sorted({cpus, max(1, cpus // max(1, cpus // 2)), 1}, reverse=True)
+    return sorted({max(1, cpus // n) for n in process_counts(cpus)} | {1}, reverse=True)
 
 
 def curve(rows: Sequence[Ceiling], threads: int | None = None) -> list[Ceiling]:
@@ -62,7 +82,7 @@ def machine_ceiling(rows: Sequence[Ceiling], cpus: int) -> tuple[float, int, Cei
     measurement counts once per core."""
     best: tuple[float, int, Ceiling] | None = None
     for row in rows:
-        processes = max(1, round(cpus / max(row.cores, 1.0)))
+        processes = room(cpus, row.cores)
         if best is None or processes * row.instances_per_s > best[0]:
             best = (processes * row.instances_per_s, processes, row)
     return best

@@ -116,6 +116,11 @@ class Level(_Model):
         """The x-axis value: connections (closed loop) or offered req/s (open loop)."""
         return float((self.concurrency if self.mode == "closed" else self.rate) or 0.0)
 
+    @property
+    def load_text(self) -> str:
+        """The load in words: "32 connections" or "200 req/s offered"."""
+        return f"{self.load:g} connections" if self.mode == "closed" else f"{self.load:g} req/s offered"
+
     def p(self, name: str) -> float | None:
         return self.latency_ms.get(name)
 

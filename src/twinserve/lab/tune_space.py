@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twinserve.lab.ceiling import MULTI_THREADED, curve
+from twinserve.lab.ceiling import MULTI_THREADED, curve, process_counts, room
 from twinserve.lab.results import Ceiling
 from twinserve.lab.variants import Variant
 
@@ -143,13 +143,8 @@ def _prior(processes: int, batch: int, facts: ModelFacts, at_once: int | None = 
     at_once = at_once or processes
     threads = max(1, facts.cpus // at_once)
     per_request_s = 1.0 / facts.rows_per_s(batch, threads) + FRONT_MS / 1000.0
-    room = max(1, round(facts.cpus / max(facts.cores(batch, threads), 1.0)))  # 2 cores / 1.99 busy: one process
     parallel = at_once if facts.multi_threaded else processes
-    return round(min(parallel, room) / per_request_s, 1)
-
-
-def _process_counts(cpus: int) -> list[int]:
-    return sorted({1, max(1, cpus // 2), cpus})
+    return round(min(parallel, room(facts.cpus, facts.cores(batch, threads))) / per_request_s, 1)
 
 
 def _threads(rate: float, facts: ModelFacts, count: int, batch: int) -> int:
@@ -230,7 +225,7 @@ def search_space(
             f"batching searched up to {size} (the largest batch within {BATCH_SHARE:.0%} of the objective): "
             f"batch-{size} does {facts.rows_per_s(size):,.0f} rows/s in-process, batch-1 {facts.rows_per_s(1):,.0f}"
         )
-    processes = _process_counts(facts.cpus)
+    processes = process_counts(facts.cpus)
     notes.append(f"processes up to the {facts.cpus} core(s): {', '.join(map(str, processes))}")
     caps = sorted({c.threads for c in facts.ceiling if c.threads is not None}, reverse=True)
     if len(caps) > 1:
