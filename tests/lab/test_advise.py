@@ -155,3 +155,4 @@ def test_the_in_process_ceiling_counts_the_processes_the_cores_hold() -> None:
         line((2, 717, 1.96), (1, 300, 1.0))
     )
     assert "(864 instances/s: 2 process(es) at batch 32)." in line((None, 432, 1.0))  # the libraries' own threads
+    assert "(864 instances/s: 2 process(es) at batch 32)." in line((2, 432, 1.0))  # one core busy: measured once

@@ -75,7 +75,9 @@ def _efficiency(results: Results, option: Option) -> str:
         return ""
     rate, processes, row = found
     served = option.capacity * results.instances_per_request
-    threads = f", {row.threads} math thread(s) each" if row.threads is not None else ""
+    # The cap is worth naming only where it changed the speed: a model measured under one cap used what it needed.
+    capped = row.threads is not None and len({c.threads for c in results.ceiling}) > 1
+    threads = f", {row.threads} math thread(s) each" if capped else ""
     return (
         f" That is {served / rate:.0%} of the model's in-process ceiling on {results.machine.cpu_count} core(s) "
         f"({rate:,.0f} instances/s: {processes} process(es) at batch {row.batch_size}{threads})."
