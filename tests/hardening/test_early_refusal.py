@@ -175,7 +175,8 @@ def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(arch: 
 @pytest.mark.hardening
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: Path) -> None:
-    """A chunked body is the app's to refuse (fronts/early.py): the same request, once chunked, once not."""
+    """A chunked body is the app's to refuse (fronts/early.py): the same request, once chunked, once not, and once
+    more on a kept-alive connection (sync: refused by gthread's poller rather than a request thread)."""
     with Server([GATE], arch, *FLAGS) as server, _held(server, tmp_path) as gates:
         body = _body(gates["c"])
         plain = _post("/v1/models/gate:predict", body, "X-Request-ID: same-id", "Connection: close")
@@ -183,20 +184,23 @@ def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: 
         chunked = head + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
         before = _early(server)
         answers = []
-        for request in (plain, chunked):
+        for request, kept in ((plain, False), (chunked, False), (plain, True)):
             with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
+                if kept:
+                    status, _, _ = _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    assert status.split()[1] == b"200"
                 sock.sendall(request)
                 data = b""
                 while chunk := sock.recv(65536):  # Connection: close: the server closes after its answer
                     data += chunk
             lines = [line for line in data.split(b"\r\n") if not line.lower().startswith(b"date: ")]
             answers.append(b"\r\n".join(lines))
-        assert _early(server) == before + 1  # the first was refused early, the second by the app
-        assert answers[0] == answers[1]
+        assert _early(server) == before + 2  # the first and the third were refused early, the second by the app
+        assert answers[0] == answers[1] == answers[2]
         assert answers[0].startswith(b"HTTP/1.1 503 ") and b"connection: close" in answers[0].lower()
         samples = scrape(server)
-        assert sample(samples, "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 2
-        assert sample(samples, "twinserve_requests_total", model="gate", endpoint="predict", code="503") == 2
+        assert sample(samples, "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 3
+        assert sample(samples, "twinserve_requests_total", model="gate", endpoint="predict", code="503") == 3
     assert not gates["c"].with_suffix(".started").exists()
 
 
@@ -212,3 +216,47 @@ def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(a
         status, _, _ = _raw(sock, head)  # answered from the head; the body is never sent
         assert status.split()[1] == b"503"
         assert sock.recv(1) == b""  # closed by the server (read deadline, or keep-alive timeout), not held
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(arch: str, tmp_path: Path) -> None:
+    """A refusal needs no request thread: in sync, gthread's poller refuses a kept-alive connection's request from
+    the bytes in its socket (servers/gunicorn_early.py). Every one of the 4 request threads is held (the 3 gated
+    requests, and a stream gated before its first step), so a refusal left to a thread would not come until the
+    test released them; it comes at once, and the connection serves on afterwards."""
+    drip_dir = tmp_path / "drip"
+    drip_dir.mkdir()
+    flags = [*FLAGS[:2], "--threads", "4", *FLAGS[4:]]
+    with Server([GATE, model_path("Drip")], arch, *flags) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
+            status, _, _ = _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # kept alive
+            assert status.split()[1] == b"200"
+            with _held(server, tmp_path) as gates:
+                stream = threading.Thread(target=_stream_held_drip, args=(server, drip_dir))
+                stream.start()
+                try:
+                    wait_until((drip_dir / "waiting").exists, TIMEOUT_S, "the stream holding its thread")
+                    before = _early(server) if arch != "sync" else None  # sync: no thread free for /metrics yet
+                    status, headers, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["c"])))
+                    assert status.split()[1] == b"503" and headers["retry-after"] == "1"
+                    assert headers.get("connection", "keep-alive") == "keep-alive"
+                    assert json.loads(body)["code"] == "queue_full"
+                    if before is not None:
+                        assert _early(server) == before + 1
+                finally:
+                    (drip_dir / "release").touch()
+                    stream.join(TIMEOUT_S)
+            # Released (every gate, "h" included): the same connection is served by a thread again.
+            status, _, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["h"])))
+            assert status.split()[1] == b"200" and json.loads(body) == {"predictions": ["released"]}
+        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 1
+    assert not gates["c"].with_suffix(".started").exists()
+
+
+def _stream_held_drip(server: Server, directory: Path) -> None:
+    """One `Drip` stream, held before its first step until `directory/release` exists."""
+    body = {"instances": [{"dir": str(directory), "steps": 1, "gate_at": 0}]}
+    with httpx.stream("POST", f"{server.url}/v1/models/drip:stream", json=body, timeout=TIMEOUT_S) as response:
+        assert response.status_code == 200
+        response.read()

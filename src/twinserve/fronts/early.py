@@ -85,7 +85,15 @@ class EarlyRefusal:
         For an HTTP server that parses bytes (servers/httptools.py): `headers` are the request's, names
         lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
         them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
-        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded():
+        refusal = self.refusal(method, url, headers)
+        return None if refusal is None else _response(refusal, default_headers, keep_alive)
+
+    def refusal(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], backlog: int | None = None
+    ) -> Refusal | None:
+        """The refusal of a request from its parsed head (`headers` with lower-cased names), else None; `backlog`:
+        the requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere)."""
+        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded(backlog):
             return None  # the common case, decided on bytes and a few counters
         fields: dict[bytes, str] = {}
         for name, value in headers:
@@ -98,8 +106,7 @@ class EarlyRefusal:
         if "%" in path:
             path = unquote(path)
         head = Head(path, fields.get(b"x-priority"), fields.get(_REQUEST_ID), fields.get(b"accept-encoding"))
-        refusal = self.decide(head, fields.get(b"host"))
-        return None if refusal is None else _response(refusal, default_headers, keep_alive)
+        return self.decide(head, fields.get(b"host"), backlog)
 
     def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
         """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
@@ -109,7 +116,7 @@ class EarlyRefusal:
         path: str = environ.get("PATH_INFO", "")
         if not path.startswith(_TEXT_PREFIXES):
             return None
-        if not (self.crowded() or (backlog is not None and self.service.admission.backlog_crowded(backlog))):
+        if not self.crowded(backlog):
             return None
         if "HTTP_TRANSFER_ENCODING" in environ or "HTTP_EXPECT" in environ:
             return None
@@ -120,10 +127,13 @@ class EarlyRefusal:
         )
         return self.decide(head, environ.get("HTTP_HOST"), backlog)
 
-    def crowded(self) -> bool:
-        """Whether any model's queue may refuse a request now (`ModelRuntime.crowded`): what every predict request
-        pays when nothing is refused. Default versions only: a request for another version whose queue alone is
-        full goes to the app, which refuses it there."""
+    def crowded(self, backlog: int | None = None) -> bool:
+        """Whether any model's queue may refuse a request now (`ModelRuntime.crowded`), or the sync request threads'
+        `backlog` is past what the lowest level may have waiting: what every predict request pays when nothing is
+        refused. Default versions only: a request for another version whose queue alone is full goes to the app,
+        which refuses it there."""
+        if backlog is not None and self.service.admission.backlog_crowded(backlog):
+            return True
         return any(runtime.crowded for runtime in self.service.runtimes.values())
 
     def _small(self, length: str | None) -> bool:

@@ -15,6 +15,7 @@ from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
+from twinserve.servers.gunicorn_early import peek_request, render
 from twinserve.servers.gunicorn_reads import (
     BodyInput,
     adopt,
@@ -87,7 +88,7 @@ def _early_refusal(app: Any) -> EarlyRefusal | None:
     return early if isinstance(early, EarlyRefusal) and early.active else None
 
 
-def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
+def _answer(refusal: Refusal) -> tuple[str, list[tuple[str, str]], bytes]:
     """The sync front's answer to a request refused before it, as the front's werkzeug `Response` writes it
     (fronts/wsgi.py: the status's upper-case phrase, the reply's headers, then content type and length, then the
     request id), without building one: under a flood this runs for every refused request."""
@@ -98,8 +99,13 @@ def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
         ("Content-Length", str(len(reply.body))),
         (REQUEST_ID_HEADER, request_id),
     ]
-    start_response(f"{reply.status} {HTTP_STATUS_CODES[reply.status].upper()}", headers)
-    return [reply.body]
+    return f"{reply.status} {HTTP_STATUS_CODES[reply.status].upper()}", headers, reply.body
+
+
+def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
+    status, headers, body = _answer(refusal)
+    start_response(status, headers)
+    return [body]
 
 
 class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: ignore[misc]
@@ -114,19 +120,23 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
     already in; the read deadlines (gunicorn_reads.py) bound how long a slow client holds that thread instead.
 
     A predict request the backlog or its model's batch queue refuses is answered before Flask runs
-    (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body.
+    (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body. On a
+    kept-alive connection the poller refuses it before any thread takes it up, when the whole request is already
+    in the socket (servers/gunicorn_early.py): under a flood, refusals then cost neither a thread nor gunicorn's
+    parse, and are not queued behind the backlog they are refused for.
     """
 
     def init_process(self) -> None:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
+        self._early: EarlyRefusal | None = None
         self.init_reads()
         super().init_process()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        early = _early_refusal(self.wsgi)  # type: ignore[has-type]
+        early = self._early = _early_refusal(self.wsgi)  # type: ignore[has-type]
         app: WsgiApp = self.wrap_wsgi(self.wsgi)  # type: ignore[has-type]
         local = self._local
 
@@ -139,6 +149,43 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
             return app(environ, start_response)
 
         self.wsgi = with_backlog
+
+    def on_client_socket_readable(self, conn: Any, client: Any) -> None:
+        if self._early is None or not self._answered_in_poller(conn):
+            super().on_client_socket_readable(conn, client)
+
+    def _answered_in_poller(self, conn: Any) -> bool:
+        """Refuse the request a kept-alive connection has sent, here in the poller, if it is whole in the socket
+        and refused (servers/gunicorn_early.py); whether it was. The connection stays kept alive, or is closed."""
+        early, backlog = self._early, self._waiting  # read without the lock: the threads' own refusal does too
+        assert early is not None
+        if not early.crowded(backlog):
+            return False  # the common case: a few counter reads
+        peeked = peek_request(conn.sock, self.cfg)
+        if peeked is None:
+            return False
+        refusal = early.refusal(peeked.method, peeked.url, peeked.headers, backlog)
+        if refusal is None:
+            return False
+        # gunicorn's handle_request closes instead while stopping, without keep-alive, or with too many kept.
+        keep = peeked.keep_alive and self.alive and bool(self.cfg.keepalive)
+        keep = keep and len(self.keepalived_conns) <= self.max_keepalived  # this one is still among them
+        status, headers, body = _answer(refusal)
+        answer = render(peeked.version, status, headers, body, keep)
+        try:
+            taken = len(conn.sock.recv(peeked.size))  # exactly the refused request: the next one stays unread
+            sent = conn.sock.send(answer)
+        except OSError:
+            taken = sent = 0
+        self.keepalived_conns.remove(conn)
+        if keep and taken == peeked.size and sent == len(answer):
+            conn.set_timeout()  # its keep-alive time starts again, at the end of the deque, which stays sorted
+            self.keepalived_conns.append(conn)
+        else:
+            self.poller.unregister(conn.sock)
+            self.nr_conns -= 1
+            conn.close()
+        return True
 
     def enqueue_req(self, conn: Any) -> None:
         adopt(conn.sock, self._socket_class)
