@@ -1,10 +1,11 @@
 """CPU of a refusal against a served request's, per architecture (issue #16: a refusal under 10% of a 200).
 
-One server per architecture serves the iris example and a model that holds its predict until released
-(tests/models.py:Gate). First the iris model is driven by wrk at `--connections` for `--seconds`: the server's
-CPU over the 200s answered is a served request's CPU. Then Gate's predict is held and its queue filled (gated
-requests are sent until a plain one is refused), and wrk drives Gate's predict URL the same way: every answer is
-a 503 `queue_full`, and the server's CPU over them is a refusal's. CPU is the server's process tree's (user +
+Two servers per architecture, each serving the iris example and a model that holds its predict until released
+(tests/models.py:Gate). On the first, whose queue holds the load, iris is driven by wrk at `--connections` for
+`--seconds`: the server's CPU over the 200s answered is a served request's CPU. On the second (`--max-queue 1`),
+Gate's predict is held and its queue filled (gated requests are sent until a plain one is refused), and wrk
+drives Gate's predict URL the same way: every answer is a 503 `queue_full`, and the server's CPU over them is a
+refusal's. (Until 2026-12-03 one server with `--max-queue 1` did both, and most of its "200s" were 503s.) CPU is the server's process tree's (user +
 system: the kernel's share of each exchange counts); wrk runs on the same cores but outside it. Not CI.
 
 With `--profile DIR`, py-spy samples the server tree during the refusal run and the script prints where a
@@ -36,7 +37,8 @@ from twinserve.lab.servers import TwinserveServer
 
 IRIS = b'{"instances": [{"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}]}'
 PLAIN = b'{"instances": [{"gate": "/nonexistent/never-held"}]}'
-FLAGS = ("--max-queue", "1", "--max-queue-wait-ms", "0", "--workers", "1", "--max-batch-size", "8")  # a batch queue
+SERVED_FLAGS = ("--workers", "1", "--max-batch-size", "8", "--max-queue", "1024")  # a batch queue, never full here
+FLAGS = (*SERVED_FLAGS[:4], "--max-queue", "1", "--max-queue-wait-ms", "0")  # Gate's queue, full after one
 MODELS = ("twinserve.examples.tabular:Classifier", f"{ROOT / 'tests' / 'models.py'}:Gate")
 
 
@@ -98,12 +100,17 @@ def measure(src: str | None, arch: str, seconds: float, connections: int, profil
     env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())} if src else None
     stop = threading.Event()
     folder = Path(tempfile.mkdtemp(prefix="refusal-cpu-"))
-    with TwinserveServer(MODELS, arch, *FLAGS, env=env) as server:
-        iris, gate = f"{server.url}/v1/models/iris:predict", f"{server.url}/v1/models/gate:predict"
+    # The 200s on a server whose queue holds the load: with the refusal run's bound of 1, most would be 503s.
+    with TwinserveServer(MODELS, arch, *SERVED_FLAGS, env=env) as server:
+        iris = f"{server.url}/v1/models/iris:predict"
         wrk(iris, IRIS, connections, 2)  # warm-up
         cpu = tree_cpu_seconds(server.pid)
         served = wrk(iris, IRIS, connections, seconds)
         per_200 = (tree_cpu_seconds(server.pid) - cpu) / (served["rps"] * seconds)
+        if served["errors"] > 0.01 * served["rps"] * seconds:
+            print(f"    note: {served['errors']:,.0f} of the served run's answers were not 200")
+    with TwinserveServer(MODELS, arch, *FLAGS, env=env) as server:
+        gate = f"{server.url}/v1/models/gate:predict"
         held = _fill(gate, folder, stop)
         try:
             spy = _profile(server.pid, seconds, profile / f"{arch}.txt") if profile else None

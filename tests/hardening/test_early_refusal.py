@@ -224,7 +224,8 @@ def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(a
     """A refusal needs no request thread: in sync, gthread's poller refuses a kept-alive connection's request from
     the bytes in its socket (servers/gunicorn_early.py). Every one of the 4 request threads is held (the 3 gated
     requests, and a stream gated before its first step), so a refusal left to a thread would not come until the
-    test released them; it comes at once, and the connection serves on afterwards."""
+    test released them; it comes at once, on a kept-alive connection and on a new one, and the kept-alive
+    connection serves on afterwards."""
     drip_dir = tmp_path / "drip"
     drip_dir.mkdir()
     flags = [*FLAGS[:2], "--threads", "4", *FLAGS[4:]]
@@ -242,16 +243,20 @@ def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(a
                     assert status.split()[1] == b"503" and headers["retry-after"] == "1"
                     assert headers.get("connection", "keep-alive") == "keep-alive"
                     assert json.loads(body)["code"] == "queue_full"
+                    # A new connection too: accepted while crowded, it waits in the poller, not for a thread.
+                    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as fresh:
+                        status, _, _ = _raw(fresh, _post("/v2/models/gate/infer", _body(gates["e"], v2=True)))
+                        assert status.split()[1] == b"503"
                     if before is not None:
-                        assert _early(server) == before + 1
+                        assert _early(server) == before + 2
                 finally:
                     (drip_dir / "release").touch()
                     stream.join(TIMEOUT_S)
             # Released (every gate, "h" included): the same connection is served by a thread again.
             status, _, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["h"])))
             assert status.split()[1] == b"200" and json.loads(body) == {"predictions": ["released"]}
-        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 1
-    assert not gates["c"].with_suffix(".started").exists()
+        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 2
+    assert not gates["c"].with_suffix(".started").exists() and not gates["e"].with_suffix(".started").exists()
 
 
 def _stream_held_drip(server: Server, directory: Path) -> None:

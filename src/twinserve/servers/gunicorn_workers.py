@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import selectors
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from gunicorn.workers import gthread, sync
@@ -150,16 +155,38 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
 
         self.wsgi = with_backlog
 
+    def accept(self, listener: Any) -> None:
+        if self._early is None or not self._early.crowded(self._waiting):
+            super().accept(listener)
+            return
+        # Crowded: the new connection waits in the poller for its first bytes, as gthread's own deferred ones do,
+        # so that a request the server refuses is refused there, not after a thread has waited for it.
+        try:
+            client, address = listener.accept()
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        conn = gthread.TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
+        conn.timeout = time.monotonic() + self.cfg.keepalive
+        self.pending_conns.append(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
+
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
-        if self._early is None or not self._answered_in_poller(conn):
+        if not self._answered_in_poller(conn, self.keepalived_conns):
             super().on_client_socket_readable(conn, client)
 
-    def _answered_in_poller(self, conn: Any) -> bool:
-        """Refuse the request a kept-alive connection has sent, here in the poller, if it is whole in the socket
-        and refused (servers/gunicorn_early.py); whether it was. The connection stays kept alive, or is closed."""
+    def on_pending_socket_readable(self, conn: Any, client: Any) -> None:
+        if not self._answered_in_poller(conn, self.pending_conns):
+            super().on_pending_socket_readable(conn, client)
+
+    def _answered_in_poller(self, conn: Any, waiting: deque[Any]) -> bool:
+        """Refuse the request a connection waiting in the poller (kept alive, or new: `waiting` is the deque it is
+        in) has sent, here, if it is whole in the socket and refused (servers/gunicorn_early.py); whether it was.
+        The connection is then kept alive, or closed."""
         early, backlog = self._early, self._waiting  # read without the lock: the threads' own refusal does too
-        assert early is not None
-        if not early.crowded(backlog):
+        if early is None or not early.crowded(backlog):
             return False  # the common case: a few counter reads
         peeked = peek_request(conn.sock, self.cfg)
         if peeked is None:
@@ -169,7 +196,7 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
             return False
         # gunicorn's handle_request closes instead while stopping, without keep-alive, or with too many kept.
         keep = peeked.keep_alive and self.alive and bool(self.cfg.keepalive)
-        keep = keep and len(self.keepalived_conns) <= self.max_keepalived  # this one is still among them
+        keep = keep and len(self.keepalived_conns) < self.max_keepalived + (waiting is self.keepalived_conns)
         status, headers, body = _answer(refusal)
         answer = render(peeked.version, status, headers, body, keep)
         try:
@@ -177,10 +204,12 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
             sent = conn.sock.send(answer)
         except OSError:
             taken = sent = 0
-        self.keepalived_conns.remove(conn)
+        waiting.remove(conn)
         if keep and taken == peeked.size and sent == len(answer):
-            conn.set_timeout()  # its keep-alive time starts again, at the end of the deque, which stays sorted
+            # Kept alive as after any answer: its keep-alive time starts again, at the end of the deque (sorted).
+            conn.set_timeout()
             self.keepalived_conns.append(conn)
+            self.poller.modify(conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn))
         else:
             self.poller.unregister(conn.sock)
             self.nr_conns -= 1
