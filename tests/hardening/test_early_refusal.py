@@ -265,3 +265,53 @@ def _stream_held_drip(server: Server, directory: Path) -> None:
     with httpx.stream("POST", f"{server.url}/v1/models/drip:stream", json=body, timeout=TIMEOUT_S) as response:
         assert response.status_code == 200
         response.read()
+
+
+#: Sync, one request thread, a backlog of 1 past which a request is held (not refused) for --max-queue-wait-ms.
+HOLD_FLAGS = ["--workers", "1", "--threads", "1", "--max-queue", "1", "--priority-levels", "1"]
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize(("wait_ms", "answer"), [("60000", 200), ("1", 503)])
+def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its_wait(
+    wait_ms: str, answer: int, tmp_path: Path
+) -> None:
+    """Sync: a request arriving while more requests wait for a thread than `--max-queue` allows is not refused at
+    once (a closed-loop client would come straight back); gthread's poller holds its connection unread
+    (servers/gunicorn_poller.py). Held within its wait, it is served once the backlog lets it in (200); held past
+    it, it is refused from the poller (503 `queue_full`), while the one thread is still busy.
+
+    The thread computes `a`; `b` and `c`, sent on two kept-alive connections, wait for it (the backlog, 2, is
+    past 1); `d`, sent last on a third, meets that backlog. The poller takes readable connections in the order
+    their bytes arrived (epoll's ready list), so `d` is looked at after `b` and `c` are queued."""
+    gates = {name: tmp_path / name for name in "abcd"}
+    with Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", wait_ms) as server:
+        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
+        try:
+            for sock in socks:  # kept alive, and idle in the poller
+                assert _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")[0].split()[1] == b"200"
+            first = threading.Thread(
+                target=lambda: httpx.post(
+                    f"{server.url}/v1/models/gate:predict", content=_body(gates["a"]), timeout=TIMEOUT_S
+                )
+            )
+            first.start()
+            wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+            for sock, name in zip(socks, "bcd", strict=True):
+                sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
+            if answer == 503:  # refused at its wait, from the poller: the thread is still computing a
+                status, headers, body = _raw(socks[2], b"")
+                assert status.split()[1] == b"503" and headers["retry-after"] == "1"
+                assert json.loads(body)["code"] == "queue_full"
+            for gate in gates.values():
+                gate.with_suffix(".release").touch()
+            first.join(TIMEOUT_S)
+            statuses = [_raw(sock, b"")[0].split()[1] for sock in (socks if answer == 200 else socks[:2])]
+            assert statuses == [b"200"] * len(statuses)
+            if answer == 200:
+                assert gates["d"].with_suffix(".started").exists()  # held, then computed
+            else:
+                assert not gates["d"].with_suffix(".started").exists()  # never computed
+        finally:
+            for sock in socks:
+                sock.close()

@@ -230,6 +230,14 @@ class Admission:
         holds = f"{backlog} requests are waiting for a request thread"
         self.backlog.check(backlog, 0, holds, priority, self.backlog_wait(backlog))
 
+    def backlog_admits(self, backlog: int, priority: int) -> bool:
+        """Whether `shed` lets a request at `priority` wait behind `backlog` others."""
+        try:
+            self.shed(backlog, priority)
+        except QueueFull:
+            return False
+        return True
+
     def backlog_crowded(self, backlog: int) -> bool:
         """Whether `shed` may refuse some level with `backlog` waiting (past the lowest level's count share)."""
         return backlog > self.backlog.limit_for(self.backlog.levels)

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import errno
-import selectors
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 
 from gunicorn.workers import gthread, sync
-from werkzeug.http import HTTP_STATUS_CODES
-from werkzeug.utils import get_content_type
 
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
-from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
-from twinserve.servers.gunicorn_early import peek_request, render
+from twinserve.servers.gunicorn_early import front_answer
+from twinserve.servers.gunicorn_poller import PollerAdmission
 from twinserve.servers.gunicorn_reads import (
     BodyInput,
     adopt,
@@ -93,27 +86,13 @@ def _early_refusal(app: Any) -> EarlyRefusal | None:
     return early if isinstance(early, EarlyRefusal) and early.active else None
 
 
-def _answer(refusal: Refusal) -> tuple[str, list[tuple[str, str]], bytes]:
-    """The sync front's answer to a request refused before it, as the front's werkzeug `Response` writes it
-    (fronts/wsgi.py: the status's upper-case phrase, the reply's headers, then content type and length, then the
-    request id), without building one: under a flood this runs for every refused request."""
-    reply, request_id = refusal.reply()
-    headers = [
-        *(reply.headers or {}).items(),
-        ("Content-Type", get_content_type(reply.content_type, "utf-8")),
-        ("Content-Length", str(len(reply.body))),
-        (REQUEST_ID_HEADER, request_id),
-    ]
-    return f"{reply.status} {HTTP_STATUS_CODES[reply.status].upper()}", headers, reply.body
-
-
 def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
-    status, headers, body = _answer(refusal)
+    status, headers, body = front_answer(refusal)
     start_response(status, headers)
     return [body]
 
 
-class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: ignore[misc]
+class SheddingThreadWorker(_TwinserveReads, PollerAdmission):
     """gunicorn's gthread worker, plus load shedding, read deadlines and JSON bodies for its parser errors.
 
     gthread queues every readable connection for its request threads without bound, so under overload requests
@@ -125,23 +104,22 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
     already in; the read deadlines (gunicorn_reads.py) bound how long a slow client holds that thread instead.
 
     A predict request the backlog or its model's batch queue refuses is answered before Flask runs
-    (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body. On a
-    kept-alive connection the poller refuses it before any thread takes it up, when the whole request is already
-    in the socket (servers/gunicorn_early.py): under a flood, refusals then cost neither a thread nor gunicorn's
-    parse, and are not queued behind the backlog they are refused for.
+    (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body. While
+    the server is crowded, the poller looks at a request before any thread takes it up (gunicorn_poller.py): it
+    refuses what the model's queue refuses, and holds the connection unread while the backlog is past the
+    request's level, so a crowd waits in TCP instead of costing the threads refusals.
     """
 
     def init_process(self) -> None:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self._local = threading.local()
-        self._early: EarlyRefusal | None = None
         self.init_reads()
         super().init_process()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        early = self._early = _early_refusal(self.wsgi)  # type: ignore[has-type]
+        early = self._early = _early_refusal(self.wsgi)  # type: ignore[has-type]  # the poller's too
         app: WsgiApp = self.wrap_wsgi(self.wsgi)  # type: ignore[has-type]
         local = self._local
 
@@ -154,67 +132,6 @@ class SheddingThreadWorker(_TwinserveReads, gthread.ThreadWorker):  # type: igno
             return app(environ, start_response)
 
         self.wsgi = with_backlog
-
-    def accept(self, listener: Any) -> None:
-        if self._early is None or not self._early.crowded(self._waiting):
-            super().accept(listener)
-            return
-        # Crowded: the new connection waits in the poller for its first bytes, as gthread's own deferred ones do,
-        # so that a request the server refuses is refused there, not after a thread has waited for it.
-        try:
-            client, address = listener.accept()
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
-                raise
-            return
-        self.nr_conns += 1
-        conn = gthread.TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
-        conn.timeout = time.monotonic() + self.cfg.keepalive
-        self.pending_conns.append(conn)
-        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
-
-    def on_client_socket_readable(self, conn: Any, client: Any) -> None:
-        if not self._answered_in_poller(conn, self.keepalived_conns):
-            super().on_client_socket_readable(conn, client)
-
-    def on_pending_socket_readable(self, conn: Any, client: Any) -> None:
-        if not self._answered_in_poller(conn, self.pending_conns):
-            super().on_pending_socket_readable(conn, client)
-
-    def _answered_in_poller(self, conn: Any, waiting: deque[Any]) -> bool:
-        """Refuse the request a connection waiting in the poller (kept alive, or new: `waiting` is the deque it is
-        in) has sent, here, if it is whole in the socket and refused (servers/gunicorn_early.py); whether it was.
-        The connection is then kept alive, or closed."""
-        early, backlog = self._early, self._waiting  # read without the lock: the threads' own refusal does too
-        if early is None or not early.crowded(backlog):
-            return False  # the common case: a few counter reads
-        peeked = peek_request(conn.sock, self.cfg)
-        if peeked is None:
-            return False
-        refusal = early.refusal(peeked.method, peeked.url, peeked.headers, backlog)
-        if refusal is None:
-            return False
-        # gunicorn's handle_request closes instead while stopping, without keep-alive, or with too many kept.
-        keep = peeked.keep_alive and self.alive and bool(self.cfg.keepalive)
-        keep = keep and len(self.keepalived_conns) < self.max_keepalived + (waiting is self.keepalived_conns)
-        status, headers, body = _answer(refusal)
-        answer = render(peeked.version, status, headers, body, keep)
-        try:
-            taken = len(conn.sock.recv(peeked.size))  # exactly the refused request: the next one stays unread
-            sent = conn.sock.send(answer)
-        except OSError:
-            taken = sent = 0
-        waiting.remove(conn)
-        if keep and taken == peeked.size and sent == len(answer):
-            # Kept alive as after any answer: its keep-alive time starts again, at the end of the deque (sorted).
-            conn.set_timeout()
-            self.keepalived_conns.append(conn)
-            self.poller.modify(conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn))
-        else:
-            self.poller.unregister(conn.sock)
-            self.nr_conns -= 1
-            conn.close()
-        return True
 
     def enqueue_req(self, conn: Any) -> None:
         adopt(conn.sock, self._socket_class)

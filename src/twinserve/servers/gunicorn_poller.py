@@ -1,0 +1,189 @@
+"""Admission in gthread's poller, for the sync architecture: a crowd held in TCP, and refusals without a thread.
+
+gthread's poller learns that a connection has bytes to read (a kept-alive connection's next request, a new
+connection's first) and hands it to a request thread, which parses the request and only then can refuse it. Under
+a crowd that costs the threads what serving would, and a closed-loop client refused at once comes straight back.
+While the server is crowded (a model's batch queue or the request threads' backlog at its bound), the poller here
+looks at the bytes first (servers/gunicorn_early.py) and, for a whole request:
+
+- refuses it there if its model's queue refuses it (`EarlyRefusal`): gunicorn's answer, written from the poller;
+- holds the connection unread if the backlog is past what its priority level may add: its request waits in TCP,
+  costing no CPU, until the backlog lets its level in (the highest level first, then the longest held), or until
+  its level's share of `--max-queue-wait-ms` has passed, when it is refused (503 `queue_full`, `Retry-After`) if
+  the server is still crowded, else served. A closed-loop crowd therefore waits within that bound and is not
+  refused and re-sent in a loop; with `--max-queue-wait-ms 0` nothing is held.
+
+Everything else goes to a thread as before, its bytes untouched. A new connection accepted while crowded waits
+for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import selectors
+import time
+from collections import deque
+from functools import partial
+from typing import Any
+
+from gunicorn.workers import gthread
+
+from twinserve.core.admission import Admission
+from twinserve.errors import TwinserveError
+from twinserve.fronts.early import EarlyRefusal, Refusal
+from twinserve.servers.gunicorn_early import Holding, Peeked, front_answer, peek_request, render
+
+__all__ = ["PollerAdmission"]
+
+
+class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
+    """The poller's part of `SheddingThreadWorker` (gunicorn_workers.py), which counts `_waiting` (requests handed
+    to the thread pool, not yet taken up) and publishes `_early` once the app is loaded."""
+
+    _waiting: int
+    _early: EarlyRefusal | None = None
+    _held: Holding | None = None
+
+    def _admission(self) -> Admission:
+        assert self._early is not None
+        return self._early.service.admission
+
+    def _crowded(self) -> bool:
+        return self._early is not None and self._early.crowded(self._waiting)
+
+    def accept(self, listener: Any) -> None:
+        if not self._crowded():
+            super().accept(listener)
+            return
+        try:
+            client, address = listener.accept()
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        conn = gthread.TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
+        conn.timeout = time.monotonic() + self.cfg.keepalive
+        self.pending_conns.append(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
+
+    def on_client_socket_readable(self, conn: Any, client: Any) -> None:
+        if not self._taken_in_poller(conn, self.keepalived_conns):
+            super().on_client_socket_readable(conn, client)
+
+    def on_pending_socket_readable(self, conn: Any, client: Any) -> None:
+        if not self._taken_in_poller(conn, self.pending_conns):
+            super().on_pending_socket_readable(conn, client)
+
+    def _taken_in_poller(self, conn: Any, waiting: deque[Any]) -> bool:
+        """Refuse or hold the request of a connection waiting in the poller (`waiting`: the deque it is in);
+        whether it was. Otherwise a thread takes it, as in gthread."""
+        if not self._crowded():
+            return False  # the common case: a few counter reads
+        early, backlog = self._early, self._waiting  # read without the lock: the threads' own refusal does too
+        assert early is not None
+        peeked = peek_request(conn.sock, self.cfg)
+        if peeked is None:
+            return False
+        refusal = early.refusal(peeked.method, peeked.url, peeked.headers)  # its model's queue, not the backlog
+        if refusal is None:
+            level = self._held_level(peeked, backlog)
+            if level is not None:
+                assert self._held is not None
+                waiting.remove(conn)
+                self.poller.unregister(conn.sock)
+                self._held.add(conn, level, time.monotonic() + self._admission().backlog.wait_for(level))
+                return True
+            refusal = early.refusal(peeked.method, peeked.url, peeked.headers, backlog)  # where nothing is held
+        if refusal is None:
+            return False
+        self._answer(conn, waiting, peeked, refusal)
+        return True
+
+    def _held_level(self, peeked: Peeked, backlog: int) -> int | None:
+        """The priority level to hold the request at, if the backlog is past what that level may add and holding
+        is on (`--max-queue-wait-ms`); else None."""
+        admission = self._admission()
+        if not admission.backlog.max_wait:
+            return None
+        value = next((v for name, v in peeked.headers if name == b"x-priority"), None)
+        try:
+            level = admission.priority(None if value is None else value.decode("latin-1"))
+        except TwinserveError:
+            return None  # an invalid X-Priority: the front's 400
+        if admission.backlog_admits(backlog, level):
+            return None
+        if self._held is None:
+            self._held = Holding(admission.backlog.levels)
+        return level
+
+    def _answer(self, conn: Any, waiting: deque[Any] | None, peeked: Peeked, refusal: Refusal) -> None:
+        """Write the refusal of `peeked`, taking exactly its bytes from the socket; then keep the connection alive
+        in the poller as after any answer, or close it. `waiting`: the poller's deque the connection is in (None:
+        a held one, out of the poller)."""
+        # gunicorn's handle_request closes instead while stopping, without keep-alive, or with too many kept.
+        keep = peeked.keep_alive and self.alive and bool(self.cfg.keepalive)
+        keep = keep and len(self.keepalived_conns) < self.max_keepalived + (waiting is self.keepalived_conns)
+        status, headers, body = front_answer(refusal)
+        answer = render(peeked.version, status, headers, body, keep)
+        try:
+            taken = len(conn.sock.recv(peeked.size))  # exactly the refused request: the next one stays unread
+            sent = conn.sock.send(answer)  # never blocks the poller: a client that does not read is closed
+        except OSError:
+            taken = sent = 0
+        if waiting is not None:
+            waiting.remove(conn)
+        if keep and taken == peeked.size and sent == len(answer):
+            conn.set_timeout()  # kept alive: at the end of the deque, which stays sorted by timeout
+            self.keepalived_conns.append(conn)
+            callback = partial(self.on_client_socket_readable, conn)
+            if waiting is None:
+                self.poller.register(conn.sock, selectors.EVENT_READ, callback)
+            else:
+                self.poller.modify(conn.sock, selectors.EVENT_READ, callback)
+            return
+        if waiting is not None:
+            self.poller.unregister(conn.sock)
+        self.nr_conns -= 1
+        conn.close()
+
+    def _release_held(self) -> None:
+        """Hand held connections to the threads while the backlog lets their level in; refuse (or hand over) those
+        held past their wait."""
+        held = self._held
+        if not held:
+            return
+        if not self.alive:  # stopping: the threads answer each with Connection: close
+            for conn in held.drain():
+                self.enqueue_req(conn)
+            return
+        for conn in held.expired(time.monotonic()):
+            self._expired(conn)
+        admits = self._admission().backlog_admits
+        while (conn := held.release(lambda level: admits(self._waiting, level))) is not None:
+            self.enqueue_req(conn)
+
+    def _expired(self, conn: Any) -> None:
+        """A connection held for its whole wait: refused if the server is still crowded, else served."""
+        early = self._early
+        assert early is not None
+        peeked = peek_request(conn.sock, self.cfg)
+        refusal = None if peeked is None else early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting)
+        if peeked is None or refusal is None:
+            self.enqueue_req(conn)
+        else:
+            self._answer(conn, None, peeked, refusal)
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        super().finish_request(conn, fs)
+        self._release_held()  # a thread is free
+
+    def murder_keepalived(self, force: bool = False) -> None:
+        super().murder_keepalived(force)
+        self._release_held()  # after every wake-up of the poller
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        deadline = self._held.next_deadline() if self._held else None
+        if deadline is not None:  # wake up for the first held connection's deadline
+            timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+        super().wait_for_and_dispatch_events(timeout)
