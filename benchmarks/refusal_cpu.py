@@ -3,10 +3,11 @@
 Two servers per architecture, each serving the iris example and a model that holds its predict until released
 (tests/models.py:Gate). On the first, whose queue holds the load, iris is driven by wrk at `--connections` for
 `--seconds`: the server's CPU over the 200s answered is a served request's CPU. On the second (`--max-queue 1`),
-Gate's predict is held and its queue filled (gated requests are sent until a plain one is refused), and wrk
-drives Gate's predict URL the same way: every answer is a 503 `queue_full`, and the server's CPU over them is a
-refusal's. (Until 2026-12-03 one server with `--max-queue 1` did both, and most of its "200s" were 503s.) CPU is the server's process tree's (user +
-system: the kernel's share of each exchange counts); wrk runs on the same cores but outside it. Not CI.
+Gate's predict is held and its queue filled (gated requests are sent until a plain one is refused), and wrk drives
+Gate's predict URL the same way: every answer is a 503 `queue_full`, and the server's CPU over them is a refusal's.
+(Until 2026-12-03 one server with `--max-queue 1` did both, and most of its "200s" were 503s.) CPU is the server's
+process tree's (user + system: the kernel's share of each exchange counts); wrk runs on the same cores but outside
+it. Not CI.
 
 With `--profile DIR`, py-spy samples the server tree during the refusal run and the script prints where a
 refusal's CPU goes (self time per function, and the stack's frames below the protocol's entry point).

@@ -204,4 +204,5 @@ class _Run:
             connections_used=len(self._connections),
             pool_exhausted=self._pool_exhausted,
             retries=tally.retries,
+            ok_in_window=tally.ok_in_window,
         )

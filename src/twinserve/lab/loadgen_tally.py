@@ -50,6 +50,9 @@ class LevelResult:
     connections_used: int
     pool_exhausted: bool
     retries: int = 0
+    #: Of `ok`, those answered before the window ended: past a saturated pool (open loop), requests that fell due
+    #: in the window are answered long after it, and only these make a rate of answers per measured second.
+    ok_in_window: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +108,7 @@ class _Tally:
         self.sent = 0
         self.sent_in_window = 0
         self.ok = 0
+        self.ok_in_window = 0
         self.http_errors: Counter[str] = Counter()
         self.transport_errors = dict.fromkeys(TRANSPORT_ERROR_KINDS, 0)
         self.retries = 0
@@ -118,6 +122,7 @@ class _Tally:
             return
         if 200 <= outcome < 300:
             self.ok += 1
+            self.ok_in_window += finished < window_end
         else:
             self.http_errors[str(outcome)] += 1
         assert sent_at is not None
