@@ -101,6 +101,8 @@ class _Run:
             due = connection.due
             if self._window_start <= due < self._window_end:
                 self._tally.record(outcome, due, connection.sent_at, finished, self._window_end)
+            if isinstance(outcome, int) and 200 <= outcome < 300 and self._window_start <= finished < self._window_end:
+                self._tally.ok_in_window += 1  # whenever it fell due: the server's answers within the window
             if self._closed_loop:
                 now = time.perf_counter()
                 if now < self._window_end:

@@ -50,8 +50,9 @@ class LevelResult:
     connections_used: int
     pool_exhausted: bool
     retries: int = 0
-    #: Of `ok`, those answered before the window ended: past a saturated pool (open loop), requests that fell due
-    #: in the window are answered long after it, and only these make a rate of answers per measured second.
+    #: 2xx answers that arrived within the window, whenever their requests fell due: the server's goodput there.
+    #: Past a saturated pool (open loop), the requests that fell due in the window (`ok`) are answered long after
+    #: it, behind the warm-up's backlog, so `ok` per second is not a rate of answers.
     ok_in_window: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,7 +123,6 @@ class _Tally:
             return
         if 200 <= outcome < 300:
             self.ok += 1
-            self.ok_in_window += finished < window_end
         else:
             self.http_errors[str(outcome)] += 1
         assert sent_at is not None
