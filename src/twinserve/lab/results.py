@@ -87,6 +87,9 @@ class Level(_Model):
     duration_s: float
     sent: int
     ok: int
+    #: 2xx answers that arrived within the window, whenever their requests fell due (the load generator's
+    #: `LevelResult.ok_in_window`; None from the other drivers and from files written before it).
+    ok_in_window: int | None = None
     http_errors: dict[str, int] = Field(default_factory=dict)
     transport_errors: dict[str, int] = Field(default_factory=dict)
     #: Extra sends of refused requests by a retrying load (the load generator's `LoadSpec.retries`; bench: 0).

@@ -1,21 +1,17 @@
-"""The sync architecture's refusal in gthread's poller: a kept-alive connection's next request, refused from the
-bytes already in the socket, without a request thread.
+"""What gthread's poller reads and writes for the sync architecture's admission (gunicorn_poller.py): a request
+found whole in a socket's unread bytes, the answer to one refused, and the connections held unread.
 
 gthread hands every readable connection to a request thread, and gunicorn parses the request there, in Python.
 Refused in that thread (fronts/early.py `refuse_environ`), a request still pays the thread pool's hand-off, the
 parse and the WSGI call: about what serving a small model costs, so under a flood the threads spend the CPU on
-refusals that serving would have used, and a refusal waits behind the very backlog it is refused for. Here the
-poller, which learns that a kept-alive connection is readable, looks at the bytes first (`MSG_PEEK`) while the
-server is crowded, and when they hold a whole request that `EarlyRefusal` refuses, it takes exactly those bytes
-from the socket, writes gunicorn's answer and leaves the connection kept alive; otherwise the connection goes to a
-thread as before, and its bytes are still all in the socket.
+refusals that serving would have used, and a refusal waits behind the very backlog it is refused for. The poller
+instead looks at the bytes first (`peek_request`, `MSG_PEEK`: nothing is taken from the socket), and only a
+request it then answers is taken, exactly its bytes; anything else goes to a thread with its bytes all there.
 
-Only what the thread would refuse the same way, with the same bytes: the request's head and body are both in the
+Only what the thread would decide the same way, from the same bytes: the request's head and body are both in the
 socket (`Content-Length`, not chunked), its request line and header fields within gunicorn's limits, its line
-ends CRLF, llhttp (httptools) parses it. A request the poller cannot answer whole goes to a thread, which decides
-as before. The answer is rendered as gunicorn's `Response` writes the thread's (`Server`, `Date`, `Connection`,
-then the front's headers). A client whose socket will not take the answer at once (it does not read its answers)
-is disconnected: the poller never blocks.
+ends CRLF, llhttp (httptools) parses it. The answer is rendered as gunicorn's `Response` writes the thread's
+(`render`: `Server`, `Date`, `Connection`, then the front's headers, `front_answer`).
 """
 
 from __future__ import annotations

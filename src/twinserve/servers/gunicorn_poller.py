@@ -14,7 +14,8 @@ looks at the bytes first (servers/gunicorn_early.py) and, for a whole request:
   refused and re-sent in a loop; with `--max-queue-wait-ms 0` nothing is held.
 
 Everything else goes to a thread as before, its bytes untouched. A new connection accepted while crowded waits
-for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread.
+for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread. Where the app
+must see every request first (API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds.
 """
 
 from __future__ import annotations
