@@ -128,3 +128,11 @@ def test_held_past_the_deadline_are_taken_out_in_order() -> None:
     assert held.expired(now=1.6) == ["c", "a"]  # the highest level first, each level in the order held
     assert len(held) == 1 and held.next_deadline() == 2.0
     assert held.drain() == ["b"] and len(held) == 0 and held.next_deadline() is None
+
+
+def test_a_socket_that_cannot_be_peeked_at_is_left_to_a_thread() -> None:
+    class TlsLike:  # ssl.SSLSocket.recv refuses flags with ValueError
+        def recv(self, size: int, flags: int = 0) -> bytes:
+            raise ValueError("non-zero flags not allowed in calls to recv() on <class 'ssl.SSLSocket'>")
+
+    assert peek_request(TlsLike(), CFG) is None  # type: ignore[arg-type]

@@ -28,6 +28,8 @@ FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batc
 FLAGS += ["--max-queue", "2", "--max-queue-wait-ms", "0", "--priority-levels", "2", "--default-priority", "2"]
 
 TIMEOUT_S = 60.0
+#: A liveness probe, raw: the request that makes a connection kept alive before the test's own.
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 def _queued(server: Server) -> int:
@@ -117,7 +119,7 @@ def test_a_full_queue_is_answered_before_the_app_with_its_own_503(arch: str, tmp
             assert error["code"] == "queue_full" and error["request_id"] == headers["x-request-id"]
             assert "priority 2" in error["error"]
             # The same connection serves what comes next: a probe, another model, the V2 route.
-            status, _, body = _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            status, _, body = _raw(sock, LIVE)
             assert status.split()[1] == b"200" and json.loads(body) == {"live": True}
             echo = json.dumps({"instances": [1, 2]}).encode()
             status, _, body = _raw(sock, _post("/v1/models/echo:predict", echo))
@@ -187,7 +189,7 @@ def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: 
         for request, kept in ((plain, False), (chunked, False), (plain, True)):
             with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
                 if kept:
-                    status, _, _ = _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    status, _, _ = _raw(sock, LIVE)
                     assert status.split()[1] == b"200"
                 sock.sendall(request)
                 data = b""
@@ -222,7 +224,7 @@ def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(a
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(arch: str, tmp_path: Path) -> None:
     """A refusal needs no request thread: in sync, gthread's poller refuses a kept-alive connection's request from
-    the bytes in its socket (servers/gunicorn_early.py). Every one of the 4 request threads is held (the 3 gated
+    the bytes in its socket (servers/gunicorn_poller.py). Every one of the 4 request threads is held (the 3 gated
     requests, and a stream gated before its first step), so a refusal left to a thread would not come until the
     test released them; it comes at once, on a kept-alive connection and on a new one, and the kept-alive
     connection serves on afterwards."""
@@ -231,7 +233,7 @@ def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(a
     flags = [*FLAGS[:2], "--threads", "4", *FLAGS[4:]]
     with Server([GATE, model_path("Drip")], arch, *flags) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
-            status, _, _ = _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # kept alive
+            status, _, _ = _raw(sock, LIVE)  # kept alive
             assert status.split()[1] == b"200"
             with _held(server, tmp_path) as gates:
                 stream = threading.Thread(target=_stream_held_drip, args=(server, drip_dir))
@@ -289,7 +291,7 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
         socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
         try:
             for sock in socks:  # kept alive, and idle in the poller
-                assert _raw(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")[0].split()[1] == b"200"
+                assert _raw(sock, LIVE)[0].split()[1] == b"200"
             first = threading.Thread(
                 target=lambda: httpx.post(
                     f"{server.url}/v1/models/gate:predict", content=_body(gates["a"]), timeout=TIMEOUT_S

@@ -85,7 +85,7 @@ def peek_request(sock: socket.socket, cfg: Any) -> Peeked | None:
     is none, or where it is not plainly framed within gunicorn's limits (`cfg`: gunicorn's config)."""
     try:
         data = sock.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a TLS socket takes no flags, and its bytes are not the request's
         return None
     if not data.startswith(b"POST /"):
         return None  # the common case when crowded is a predict request; anything else is the thread's
