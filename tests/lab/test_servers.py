@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import httpx
 import psutil
@@ -110,3 +112,14 @@ def test_the_contract_table_script_serves_the_contract_suite_s_models() -> None:
     spec.loader.exec_module(module)
     assert module.CONTRACT_MODELS == CONTRACT_MODELS
     assert module.ARCHS == ARCHS
+
+
+def test_a_free_port_is_drawn_from_below_the_ephemeral_range() -> None:
+    """Ports the kernel hands out for `bind(0)` and outgoing connections come from its ephemeral range; a port
+    chosen for a server to bind later is taken from below it, so the server's own helpers cannot be given it."""
+    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {free_port() for _ in range(5)}
+    assert all(10000 <= port < low for port in ports)
+    for port in ports:  # and each is free: it binds
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

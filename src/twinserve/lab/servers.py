@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -64,15 +65,40 @@ class ServerFailed(RuntimeError):
     """The server exited, or never became ready; the message ends with what it printed."""
 
 
+#: Where `free_port` looks first: below the kernel's ephemeral range, which it reads from here (Linux).
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000
+
+
 def free_port() -> int:
     """A loopback port free right now, for servers that cannot bind port 0 and say which port they got.
 
     Another process may take it before the server binds it: prefer `--port 0` and `announced_url` where possible.
+    The port is drawn from below the kernel's ephemeral range where it is known: every `bind(port 0)` and outgoing
+    connection takes its port from that range, so a server that starts helpers of its own before binding the port
+    it was given (Ray's daemons and workers) cannot be handed the same port by the kernel meanwhile (it was, once:
+    Ray's proxy failed with "Address already in use").
     """
+    with contextlib.suppress(OSError, ValueError):
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+        rng = random.Random()
+        for _ in range(50):
+            port = rng.randrange(_LOWEST_PORT, low) if low > _LOWEST_PORT else 0
+            if port and _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        bound: int = sock.getsockname()[1]
+        return bound
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def announced_grpc(output: str) -> str | None:
