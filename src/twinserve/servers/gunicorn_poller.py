@@ -86,8 +86,10 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         peeked = peek_request(conn.sock, self.cfg)
         if peeked is None:
             return False
-        refusal = early.refusal(peeked.method, peeked.url, peeked.headers)  # its model's queue, not the backlog
-        if refusal is None:
+        # Holding (--max-queue-wait-ms > 0): the backlog holds a request, so only its model's queue refuses here.
+        holding = bool(self._admission().backlog.max_wait)
+        refusal = early.refusal(peeked.method, peeked.url, peeked.headers, None if holding else backlog)
+        if refusal is None and holding:
             level = self._held_level(peeked, backlog)
             if level is not None:
                 assert self._held is not None
@@ -95,18 +97,14 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
                 self.poller.unregister(conn.sock)
                 self._held.add(conn, level, time.monotonic() + self._admission().backlog.wait_for(level))
                 return True
-            refusal = early.refusal(peeked.method, peeked.url, peeked.headers, backlog)  # where nothing is held
         if refusal is None:
             return False
         self._answer(conn, waiting, peeked, refusal)
         return True
 
     def _held_level(self, peeked: Peeked, backlog: int) -> int | None:
-        """The priority level to hold the request at, if the backlog is past what that level may add and holding
-        is on (`--max-queue-wait-ms`); else None."""
+        """The priority level to hold the request at, if the backlog is past what that level may add; else None."""
         admission = self._admission()
-        if not admission.backlog.max_wait:
-            return None
         value = next((v for name, v in peeked.headers if name == b"x-priority"), None)
         try:
             level = admission.priority(None if value is None else value.decode("latin-1"))
