@@ -3,16 +3,19 @@ model's queue is full or not. The real servers' refusals are tests/hardening/tes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+import pytest
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission, QueueBound
 from twinserve.core.batch_queue import BatchQueue, Pending
 from twinserve.errors import ModelNotFound, QueueFull
 from twinserve.fronts.contract import Service
-from twinserve.fronts.early import EarlyRefusal
+from twinserve.fronts.early import EarlyRefusal, _response
 from twinserve.fronts.hosts import host_policy
 
 SERVER_HEADERS = [(b"date", b"Wed, 02 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
@@ -39,8 +42,8 @@ class _Runtime:
     def crowded(self) -> bool:
         return self.queued >= self.bound.limit_for(self.bound.levels)
 
-    def refuse_early(self, priority: int = 1) -> None:
-        self.bound.check(self.queued, 1, f"the queue holds {self.queued} instances", priority)
+    def early_refusal(self, priority: int = 1) -> QueueFull | None:
+        return self.bound.refusal(self.queued, 1, f"the queue holds {self.queued} instances", priority)
 
 
 @dataclass
@@ -99,6 +102,31 @@ def test_a_full_queue_is_refused_with_the_apps_503() -> None:
     error = json.loads(body)
     assert error["code"] == QueueFull.code and error["request_id"] == "abc"
     assert service.counted == [("m", "1", "predict", 2, 503, "queue_full")]
+
+
+@pytest.mark.parametrize("url", [b"/v1/models/m:predict", b"/v2/models/m/infer", b"/v1/models/m/versions/1:predict"])
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_an_answer_made_from_the_last_ones_bytes_is_the_one_rendered_anew(url: bytes, keep_alive: bool) -> None:
+    """A flood's answers differ only in the request id and the server's `date`: `refuse` puts those into the bytes
+    it rendered for the same error, and the result is what rendering the refusal anew gives (`_response`)."""
+    early, _ = _early(queued=2)
+    today = [(b"date", b"Thu, 03 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+    tomorrow = [(b"date", b"Fri, 04 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+    answers = []
+    for defaults, extra in [(today, []), (today, []), (tomorrow, []), (tomorrow, [(b"x-request-id", b"mine")])]:
+        headers = [*BODY_HEADERS, *extra]
+        answer = early.refuse(b"POST", url, headers, defaults, keep_alive)
+        refusal = early.refusal(b"POST", url, headers)
+        assert answer is not None and refusal is not None
+        request_id = json.loads(answer.split(b"\r\n\r\n")[1]).get("request_id") if b"/v2/" not in url else None
+        shown = answer.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
+        assert request_id in (None, shown)
+        head = dataclasses.replace(refusal.head, request_id=shown)  # the id `refuse` made, rendered anew
+        reply, request_id = dataclasses.replace(refusal, head=head).reply()
+        assert answer == _response(reply, request_id, defaults, keep_alive)
+        answers.append((shown, answer))
+    assert len({shown for shown, _ in answers}) == 4 and answers[3][0] == "mine"
+    assert b"Fri, 04 Dec" in answers[2][1] and b"Thu, 03 Dec" in answers[1][1]
 
 
 def test_a_model_with_a_traffic_split_is_routed_by_the_app_unless_the_version_is_named() -> None:

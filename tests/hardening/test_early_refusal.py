@@ -317,3 +317,41 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
         finally:
             for sock in socks:
                 sock.close()
+
+
+@pytest.mark.hardening
+def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_and_joins_no_backlog(
+    tmp_path: Path,
+) -> None:
+    """Sync: while the request threads' backlog is past its bound, a kept-alive connection whose client closes it
+    is closed from gthread's poller (servers/gunicorn_poller.py), with every thread still busy. Handed to a thread
+    as gthread does, it would only be closed once a thread is free, and until then it would count in the backlog
+    that the requests ahead of it are admitted by: with a bound of 1, `b` would be refused for it (503 "2 requests
+    are waiting") though only `c` waits behind it."""
+    gates = {name: tmp_path / name for name in "abc"}
+    with Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "60000") as server:
+        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
+        try:
+            for sock in socks:  # kept alive, and idle in the poller
+                assert _raw(sock, LIVE)[0].split()[1] == b"200"
+            first = threading.Thread(
+                target=lambda: httpx.post(
+                    f"{server.url}/v1/models/gate:predict", content=_body(gates["a"]), timeout=TIMEOUT_S
+                )
+            )
+            first.start()
+            wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+            for sock, name in zip(socks, "bc", strict=False):  # both wait for the one thread: the backlog is 2
+                sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
+            leaving = socks[2]
+            leaving.shutdown(socket.SHUT_WR)  # the client is done: its end of file, after `b` and `c` (epoll's order)
+            assert leaving.recv(1) == b""  # closed by the server while the one thread still computes `a`
+            assert not gates["a"].with_suffix(".release").exists()
+            for gate in gates.values():
+                gate.with_suffix(".release").touch()
+            first.join(TIMEOUT_S)
+            statuses = [_raw(sock, b"")[0].split()[1] for sock in socks[:2]]
+            assert statuses == [b"200", b"200"]
+        finally:
+            for sock in socks:
+                sock.close()

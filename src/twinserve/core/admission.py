@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from twinserve.config import Config
 from twinserve.core import shared
@@ -72,6 +73,11 @@ class QueueBound:
     def limit_for(self, priority: int) -> int:
         return max(1, self.limit * self._share(priority) // self.levels)
 
+    @cached_property
+    def lowest_limit(self) -> int:
+        """The lowest level's share: below it every level may put one more, so nothing can be refused."""
+        return self.limit_for(self.levels)
+
     def wait_for(self, priority: int) -> float:
         """Seconds a request at `priority` may expect to wait past its count share and still be let in."""
         return self.max_wait * self._share(priority) / self.levels
@@ -80,17 +86,25 @@ class QueueBound:
         """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound of `priority`'s level and
         the expected `wait` (seconds, None when not yet measured) is past its share of `max_wait`; `holds` says
         what waits, for the message ("the queue holds 12 instances")."""
+        error = self.refusal(waiting, incoming, holds, priority, wait)
+        if error is not None:
+            raise error
+
+    def refusal(
+        self, waiting: int, incoming: int, holds: str, priority: int = 1, wait: float | None = None
+    ) -> QueueFull | None:
+        """The QueueFull `check` raises, else None (for a caller that refuses in bulk: no exception to unwind)."""
         limit = self.limit_for(priority)
         # A request larger than its level's share still goes in alone, into an empty queue: else it would be told
         # to retry for ever (--max-instances is held to the whole bound at start-up, not to each share).
         if waiting + incoming <= limit or not (waiting or incoming > self.limit):
-            return
+            return None
         if self.max_wait and wait is not None and wait <= self.wait_for(priority):
-            return
+            return None
         share = "" if limit == self.limit else f", {limit} of it for priority {priority}"
         if self.max_wait and wait is not None:
             share += f"; the wait ahead, {wait * 1000:.0f} ms, is past --max-queue-wait-ms"
-        raise QueueFull(f"{holds} (--max-queue {self.limit}{share}); retry shortly", headers=_RETRY_SOON)
+        return QueueFull(f"{holds} (--max-queue {self.limit}{share}); retry shortly", headers=_RETRY_SOON)
 
 
 @dataclass(frozen=True)
@@ -240,7 +254,7 @@ class Admission:
 
     def backlog_crowded(self, backlog: int) -> bool:
         """Whether `shed` may refuse some level with `backlog` waiting (past the lowest level's count share)."""
-        return backlog > self.backlog.limit_for(self.backlog.levels)
+        return backlog > self.backlog.lowest_limit
 
     def backlog_wait(self, backlog: int) -> float | None:
         """Seconds the request threads need for `backlog` requests, from their measured time per request."""

@@ -148,7 +148,7 @@ class BatchQueue(Generic[W]):
     def crowded(self) -> bool:
         """Whether the queue holds its lowest level's share of the bound or more: below it, every level may put
         one more instance, so no refusal can come (a cheap test before `QueueBound.check`)."""
-        return self.queued_instances >= self.bound.limit_for(self.bound.levels)
+        return self.queued_instances >= self.bound.lowest_limit
 
     def __len__(self) -> int:
         return sum(len(lane) for lane in self._lanes)

@@ -245,17 +245,23 @@ class ModelRuntime:
         `priority`: such a rejection costs no body read and no decode. A model with a cache is never refused
         early, since the cache may answer the request whole. (The queue is read without its driver's lock: a
         stale read only moves the refusal to `BatchQueue.put`, which decides under it.)"""
+        error = self.early_refusal(priority)
+        if error is not None:
+            raise error
+
+    def early_refusal(self, priority: int = 1) -> QueueFull | None:
+        """The QueueFull `refuse_early` raises, else None (the HTTP server's refusal, fronts/early.py)."""
         batcher = self._async_batcher or self._thread_batcher
         if batcher is None or self.cache is not None:
-            return
+            return None
         queue = batcher.queue
         queued = queue.queued_instances
-        try:
-            wait = queue.expected_wait(1, priority)
-            queue.bound.check(queued, 1, f"the queue holds {queued} instances", priority, wait)
-        except QueueFull:
+        error = queue.bound.refusal(
+            queued, 1, f"the queue holds {queued} instances", priority, queue.expected_wait(1, priority)
+        )
+        if error is not None:
             batcher.stats.rejected += 1
-            raise
+        return error
 
     def predict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
         """Blocking path (sync front): cached outputs, else preprocess and predict (directly or batched)."""

@@ -365,13 +365,13 @@ class Service(OpenInferenceHandlers):
         """Count a request the HTTP server refused from its head, before the app (fronts/early.py), as `finish`
         counts a refusal (requests, rejections, the priority and version outcomes, the aggregate refusal log)
         and in `twinserve_early_refusals_total`; it has no request context, so no request event and no latency.
-        The metrics are written in sums, at most every 50 ms (observability/tally.py): a flood refuses thousands
-        a second, and a metric write each cost a tenth of the refusal."""
+        The metrics and the refusal log are written in sums, at most every 50 ms (observability/tally.py): a
+        flood refuses thousands a second, and a metric write each cost a tenth of the refusal."""
         self._early_tally.add((model, version, endpoint, priority, status, error_code))
-        self._refusals.refused(model, error_code)
 
     def _count_early(self, counts: dict[EarlyKey, int], seconds: float) -> None:
         for key, n in counts.items():
+            self._refusals.refused(key[0], key[5], n)
             counters = self._early.get(key)
             if counters is None:
                 model, version, endpoint, priority, status, error_code = key

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from twinserve.errors import QueueFull, TwinserveError
-from twinserve.fronts.compression import compress_reply
+from twinserve.fronts.compression import GZIP_MIN_BYTES, compress_reply
 from twinserve.fronts.contract import Service, request_id_from
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.exchange import Reply, error_reply
@@ -55,6 +55,12 @@ _TEXT_PREFIXES = ("/v1/models/", "/v2/models/")
 _PREFIXES = tuple(prefix.encode() for prefix in _TEXT_PREFIXES)
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode("latin-1")
 _REQUEST_ID_ENVIRON = "HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_")
+#: How many paths' routes, and answers' bytes, `EarlyRefusal` keeps (distinct paths are the client's choice).
+_ROUTES_KEPT = 512
+_ANSWERS_KEPT = 64
+#: Where a rendered answer's request id goes: as long as twinserve's own ids, of a character no id has.
+_ID = "~" * len(request_id_from(None))
+_ID_BYTES = _ID.encode()
 #: The request headers the decision reads.
 _READ = frozenset(
     {b"content-length", b"transfer-encoding", b"expect", b"x-priority", _REQUEST_ID, b"accept-encoding", b"host"}
@@ -71,6 +77,14 @@ class EarlyRefusal:
         self.active = service.auth is None and service.cors is None
         self._hosts = service.hosts if service.checks_host else None
         self._max_body = service.max_body_bytes
+        #: Each path asked about -> its inference route (endpoint, model, version), None for any other: a flood
+        #: asks about a handful of paths thousands of times a second (`_ROUTES_KEPT` at most: past it, anew).
+        self._routes: dict[str, tuple[str, str, str | None] | None] = {}
+        #: The answer's bytes after the server's own headers, per (error, shape, keep-alive), with `_ID` where the
+        #: request id goes; and the server's headers rendered, for the list they were rendered from (uvicorn makes
+        #: a new one when its `date` changes, once a second).
+        self._answers: dict[tuple[Any, ...], bytes] = {}
+        self._defaults: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
 
     def refuse(
         self,
@@ -86,7 +100,38 @@ class EarlyRefusal:
         lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
         them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
         refusal = self.refusal(method, url, headers)
-        return None if refusal is None else _response(refusal, default_headers, keep_alive)
+        if refusal is None:
+            return None
+        answer = self._answer(refusal, default_headers, keep_alive)
+        if answer is None:
+            reply, request_id = refusal.reply()
+            answer = _response(reply, request_id, default_headers, keep_alive)
+        return answer
+
+    def _answer(self, refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes | None:
+        """`_response`'s bytes from the ones rendered for the same error (the request id and the server's headers
+        put in); None where they may differ in more than those: a client's request id of another length than
+        twinserve's own (the body's length changes), details, a body that could be gzipped."""
+        error, head = refusal.error, refusal.head
+        request_id = request_id_from(head.request_id)
+        if len(request_id) != len(_ID) or error.details is not None or "~" in error.message:
+            return None
+        shape = error_shape(head.path)
+        key = (error.status, error.code, error.message, shape, keep_alive, *(error.headers or {}).items())
+        answer = self._answers.get(key)
+        if answer is None:
+            reply = error_reply(error, _ID, shape)
+            if len(reply.body) >= GZIP_MIN_BYTES:
+                return None  # long enough for compress_reply to consider: gzipped or not is the client's choice
+            if len(self._answers) >= _ANSWERS_KEPT:
+                self._answers.clear()
+            answer = self._answers[key] = _response(reply, _ID, [], keep_alive)
+        rendered_from, rendered = self._defaults
+        if default_headers is not rendered_from:
+            rendered = b"".join(name + b": " + value + b"\r\n" for name, value in default_headers)
+            self._defaults = (default_headers, rendered)
+        status_line = answer.index(b"\r\n") + 2
+        return answer[:status_line] + rendered + answer[status_line:].replace(_ID_BYTES, request_id.encode())
 
     def refusal(
         self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], backlog: int | None = None
@@ -95,18 +140,14 @@ class EarlyRefusal:
         the requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere)."""
         if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded(backlog):
             return None  # the common case, decided on bytes and a few counters
-        fields: dict[bytes, str] = {}
-        for name, value in headers:
-            if name in _READ:
-                fields[name] = value.decode("latin-1")
-        length = fields.get(b"content-length")
-        if b"transfer-encoding" in fields or b"expect" in fields or not self._small(length):
+        fields = {name: value for name, value in headers if name in _READ}
+        if b"transfer-encoding" in fields or b"expect" in fields or not self._small(fields.get(b"content-length")):
             return None
         path = url.split(b"?", 1)[0].decode("latin-1")
         if "%" in path:
             path = unquote(path)
-        head = Head(path, fields.get(b"x-priority"), fields.get(_REQUEST_ID), fields.get(b"accept-encoding"))
-        return self.decide(head, fields.get(b"host"), backlog)
+        head = Head(path, _text(fields, b"x-priority"), _text(fields, _REQUEST_ID), _text(fields, b"accept-encoding"))
+        return self.decide(head, _text(fields, b"host"), backlog)
 
     def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
         """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
@@ -134,9 +175,12 @@ class EarlyRefusal:
         which refuses it there."""
         if backlog is not None and self.service.admission.backlog_crowded(backlog):
             return True
-        return any(runtime.crowded for runtime in self.service.runtimes.values())
+        for runtime in self.service.runtimes.values():
+            if runtime.crowded:
+                return True
+        return False
 
-    def _small(self, length: str | None) -> bool:
+    def _small(self, length: str | bytes | None) -> bool:
         """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
         return length is None or (length.isdigit() and int(length) <= self._max_body)
 
@@ -146,38 +190,60 @@ class EarlyRefusal:
         level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
         if self._hosts is not None and not self._hosts.allows_host(host):
             return None  # the app refuses a foreign Host first (400)
-        try:
-            endpoint, params = self.match("POST", head.path)
-        except ROUTE_ERRORS:
+        route = self._route(head.path)
+        if route is None:
             return None
-        if endpoint not in _ENDPOINTS:
-            return None
+        endpoint, model, asked_version = route
         service = self.service
         admission = service.admission
-        model, version = params["model"], None
-        if "version" not in params and model in service.registry.traffic:
+        version = None
+        if asked_version is None and model in service.registry.traffic:
             return None  # a traffic split picks the version per request (sticky, weighted): the app's to route
         try:
             priority = admission.priority(head.priority)
             if backlog is not None:
                 admission.shed(backlog, priority)
-            runtime = service.runtime(model, params.get("version"))
+            runtime = service.runtime(model, asked_version)
             if not runtime.ready:
                 return None
             model, version = runtime.name, runtime.spec.version
             if head.priority is None:
                 priority = admission.priority(None, default=runtime.config.default_priority)
-            runtime.refuse_early(priority)
-        except QueueFull as full:
-            error: TwinserveError = full
+            error: TwinserveError | None = runtime.early_refusal(priority)
+        except QueueFull as full:  # the sync backlog's
+            error = full
         except TwinserveError:
             return None  # a 400, 404 or 503 of another kind: the app's to answer, as always
-        else:
+        if error is None:
             return None
         if model not in service.runtimes:
             return None  # shed before the model was known, and it is unknown: the app counts it without a label
         service.refused_early(model, version, endpoint, priority, error.status, error.code)
         return Refusal(error, head)
+
+    def _route(self, path: str) -> tuple[str, str, str | None] | None:
+        """The inference route `path` asks for with POST (endpoint, model, version or None), else None."""
+        try:
+            return self._routes[path]
+        except KeyError:
+            pass
+        route: tuple[str, str, str | None] | None = None
+        try:
+            endpoint, params = self.match("POST", path)
+        except ROUTE_ERRORS:
+            pass
+        else:
+            if endpoint in _ENDPOINTS:
+                route = (endpoint, params["model"], params.get("version"))
+        if len(self._routes) >= _ROUTES_KEPT:
+            self._routes.clear()
+        self._routes[path] = route
+        return route
+
+
+def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
+    value = fields.get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +272,9 @@ class Refusal:
         return compress_reply(reply, head.accept_encoding), request_id
 
 
-def _response(refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
+def _response(reply: Reply, request_id: str, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
     """The app's answer as uvicorn writes it: its status line and own headers, then the front's headers in the
     order its response writes them (request id, the error's, content-length, content-type)."""
-    reply, request_id = refusal.reply()
     lines = [f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n".encode("latin-1")]
     lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
     fields = {REQUEST_ID_HEADER: request_id, **(reply.headers or {})}

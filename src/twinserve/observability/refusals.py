@@ -31,8 +31,8 @@ class RefusalLog:
     def __init__(self, interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._tally: Tally[tuple[str, str]] = Tally(_log, interval_s, clock)
 
-    def refused(self, model: str, code: str) -> None:
-        self._tally.add((model or "-", code))
+    def refused(self, model: str, code: str, n: int = 1) -> None:
+        self._tally.add((model or "-", code), n)
 
     def flush(self) -> None:
         """Log what was counted since the last line (nothing if nothing was)."""

@@ -47,12 +47,12 @@ class Tally(Generic[K]):
         # The last interval's counts are written when the process exits (a server worker stopping).
         atexit.register(_flush_at_exit, weakref.ref(self))
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, n: int = 1) -> None:
         with self._lock:
             now = self._clock()
             if not self._counts:
                 self._since = now
-            self._counts[key] = self._counts.get(key, 0) + 1
+            self._counts[key] = self._counts.get(key, 0) + n
             if now < self._next:
                 if self._timer is None:  # the interval's counts, written when it ends even if nothing follows
                     self._timer = threading.Timer(self._next - now, self.flush)

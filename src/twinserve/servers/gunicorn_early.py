@@ -20,7 +20,7 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httptools
 from gunicorn import SERVER
@@ -31,10 +31,12 @@ from werkzeug.utils import get_content_type
 from twinserve.fronts.early import Refusal
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 
-__all__ = ["PEEK_BYTES", "Holding", "Peeked", "front_answer", "peek_request", "render"]
+__all__ = ["CLOSED", "PEEK_BYTES", "Holding", "Peeked", "front_answer", "peek_request", "render"]
 
 #: How much of the socket the poller looks at: a refused request must be whole within it.
 PEEK_BYTES = 65536
+#: What `peek_request` finds in a socket whose client has gone (its end of file, nothing before it).
+CLOSED: Literal["closed"] = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +82,16 @@ class _Collected:
         self.complete += 1
 
 
-def peek_request(sock: socket.socket, cfg: Any) -> Peeked | None:
-    """The whole `POST` request at the start of `sock`'s unread bytes, read without taking them; None where there
-    is none, or where it is not plainly framed within gunicorn's limits (`cfg`: gunicorn's config)."""
+def peek_request(sock: socket.socket, cfg: Any) -> Peeked | Literal["closed"] | None:
+    """The whole `POST` request at the start of `sock`'s unread bytes, read without taking them; `CLOSED` when the
+    client has closed the connection with nothing unread; None where there is no whole request, or where it is not
+    plainly framed within gunicorn's limits (`cfg`: gunicorn's config)."""
     try:
         data = sock.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except (OSError, ValueError):  # ValueError: a TLS socket takes no flags, and its bytes are not the request's
         return None
+    if not data:
+        return CLOSED
     if not data.startswith(b"POST /"):
         return None  # the common case when crowded is a predict request; anything else is the thread's
     end = data.find(b"\r\n\r\n")

@@ -32,7 +32,7 @@ from gunicorn.workers import gthread
 from twinserve.core.admission import Admission
 from twinserve.errors import TwinserveError
 from twinserve.fronts.early import EarlyRefusal, Refusal
-from twinserve.servers.gunicorn_early import Holding, Peeked, front_answer, peek_request, render
+from twinserve.servers.gunicorn_early import CLOSED, Holding, Peeked, front_answer, peek_request, render
 
 __all__ = ["PollerAdmission"]
 
@@ -86,6 +86,11 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         peeked = peek_request(conn.sock, self.cfg)
         if peeked is None:
             return False
+        if peeked == CLOSED:  # a thread would only learn that: it is not a request, so it joins no backlog
+            waiting.remove(conn)
+            self.poller.unregister(conn.sock)
+            self._close(conn)
+            return True
         # Holding (--max-queue-wait-ms > 0): the backlog holds a request, so only its model's queue refuses here.
         holding = bool(self._admission().backlog.max_wait)
         refusal = early.refusal(peeked.method, peeked.url, peeked.headers, None if holding else backlog)
@@ -143,6 +148,9 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             return
         if waiting is not None:
             self.poller.unregister(conn.sock)
+        self._close(conn)
+
+    def _close(self, conn: Any) -> None:
         self.nr_conns -= 1
         conn.close()
 
@@ -167,6 +175,9 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         early = self._early
         assert early is not None
         peeked = peek_request(conn.sock, self.cfg)
+        if peeked == CLOSED:
+            self._close(conn)
+            return
         refusal = None if peeked is None else early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting)
         if peeked is None or refusal is None:
             self.enqueue_req(conn)
