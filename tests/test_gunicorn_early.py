@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from twinserve.servers.gunicorn_early import Holding, Peeked, peek_request, render
+from twinserve.servers.gunicorn_early import CLOSED, Peeked, peek_request, render
 
 #: gunicorn's defaults (its `limit_request_*` settings).
 CFG = SimpleNamespace(limit_request_line=4094, limit_request_fields=100, limit_request_field_size=8190)
@@ -30,7 +30,18 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 def _peek(pair: tuple[socket.socket, socket.socket], data: bytes, cfg: object = CFG) -> Peeked | None:
     server, client = pair
     client.sendall(data)
-    return peek_request(server, cfg)
+    peeked = peek_request(server, cfg)
+    assert not isinstance(peeked, str)  # CLOSED: the client is still there
+    return peeked
+
+
+def test_a_connection_its_client_closed_is_found_closed(pair: tuple[socket.socket, socket.socket]) -> None:
+    server, client = pair
+    client.sendall(b"POST /")
+    client.shutdown(socket.SHUT_WR)
+    assert peek_request(server, CFG) is None  # bytes before the end of file: the thread's to answer (400)
+    server.recv(100)
+    assert peek_request(server, CFG) == CLOSED
 
 
 def test_a_whole_request_is_found_and_left_in_the_socket(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -93,41 +104,6 @@ def test_the_answer_is_written_as_gunicorns_response_writes_it() -> None:
     assert lines[2].startswith(b"Date: ")
     assert lines[3:] == [b"Connection: close", b"Retry-After: 1", b"Content-Length: 2"]
     assert body == b"{}"
-
-
-def test_held_connections_leave_the_highest_level_first_then_the_longest_held() -> None:
-    held = Holding(levels=3)
-    for conn, level in (("low-1", 3), ("mid", 2), ("low-2", 3), ("high", 1)):
-        held.add(conn, level, deadline=100.0)
-    assert len(held) == 4 and held.next_deadline() == 100.0
-    assert [held.release(lambda level: True) for _ in range(4)] == ["high", "mid", "low-1", "low-2"]
-    assert held.release(lambda level: True) is None and len(held) == 0
-
-
-def test_a_level_the_backlog_refuses_keeps_every_lower_level_held() -> None:
-    held = Holding(levels=2)
-    held.add("high", 1, deadline=10.0)
-    held.add("low", 2, deadline=10.0)
-    asked: list[int] = []
-
-    def only_the_highest(level: int) -> bool:
-        asked.append(level)
-        return level == 1
-
-    assert held.release(only_the_highest) == "high"
-    assert held.release(only_the_highest) is None  # level 2 is refused: it stays held
-    assert asked == [1, 2] and len(held) == 1
-
-
-def test_held_past_the_deadline_are_taken_out_in_order() -> None:
-    held = Holding(levels=2)
-    held.add("a", 2, deadline=1.0)
-    held.add("b", 2, deadline=2.0)
-    held.add("c", 1, deadline=1.5)
-    assert held.next_deadline() == 1.0
-    assert held.expired(now=1.6) == ["c", "a"]  # the highest level first, each level in the order held
-    assert len(held) == 1 and held.next_deadline() == 2.0
-    assert held.drain() == ["b"] and len(held) == 0 and held.next_deadline() is None
 
 
 def test_a_socket_that_cannot_be_peeked_at_is_left_to_a_thread() -> None:

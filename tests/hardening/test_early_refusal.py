@@ -355,3 +355,96 @@ def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_an
         finally:
             for sock in socks:
                 sock.close()
+
+
+#: Async and hybrid, the Gate model one request at a time with a queue of one, one priority level.
+HELD_FLAGS = ["--workers", "1", "--model-workers", "1", "--max-batch-size", "1", "--max-queue", "1"]
+HELD_FLAGS += ["--priority-levels", "1"]
+
+
+@contextmanager
+def _held_after_a_refusal(server: Server, gates: dict[str, Path]) -> Iterator[tuple[socket.socket, dict[str, int]]]:
+    """`a` computing and `b` filling the queue (1 of 1); on a new connection, `c` refused from its head, then `d`
+    sent on it. Yields the connection and the answers of `a` and `b`, complete once every gate is released (by the
+    test, or on exit)."""
+    url = f"{server.url}/v1/models/gate:predict"
+    answers: dict[str, int] = {}
+
+    def send(name: str) -> None:
+        answers[name] = httpx.post(url, content=_body(gates[name]), timeout=TIMEOUT_S).status_code
+
+    threads = [threading.Thread(target=send, args=(name,)) for name in "ab"]
+    threads[0].start()
+    wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+    threads[1].start()
+    wait_until(lambda: _queued(server) == 1, TIMEOUT_S, "b queued")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
+            status, _, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["c"])))
+            assert status.split()[1] == b"503" and json.loads(body)["code"] == "queue_full"
+            sock.sendall(_post("/v1/models/gate:predict", _body(gates["d"])))
+            yield sock, answers
+    finally:
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        for thread in threads:
+            thread.join(TIMEOUT_S)
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ["async", "hybrid"])
+@pytest.mark.parametrize(("wait_ms", "answer"), [("60000", 200), ("1", 503)])
+def test_a_connection_answered_while_its_model_is_full_is_read_again_once_the_queue_takes_its_level(
+    arch: str, wait_ms: str, answer: int, tmp_path: Path
+) -> None:
+    """Async and hybrid: a kept-alive connection whose request was just answered while its model's queue could not
+    take another at its level is not read again (servers/holding.py): its next request waits in TCP. Once the
+    queue takes requests again, it is read and served (200); held past its level's share of
+    `--max-queue-wait-ms`, it is read and refused from its head (503 `queue_full`), never computed.
+
+    `d`, sent on the connection right after `c` was refused, would be refused too if it were read while the queue
+    is full."""
+    gates = {name: tmp_path / name for name in "abcd"}
+    with (
+        Server([GATE], arch, *HELD_FLAGS, "--max-queue-wait-ms", wait_ms) as server,
+        _held_after_a_refusal(server, gates) as (sock, answers),
+    ):
+        if answer == 503:  # let go at its 1 ms, read, and refused from its head: `a` still computes
+            status, headers, _ = _raw(sock, b"")
+            assert status.split()[1] == b"503" and headers["retry-after"] == "1"
+        else:  # the server has taken its turn at `d`'s bytes (sent first) before it answers a probe
+            with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as probe:
+                assert _raw(probe, LIVE)[0].split()[1] == b"200"
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        wait_until(lambda: len(answers) == 2, TIMEOUT_S, "a and b answered")
+        assert answers == {"a": 200, "b": 200}
+        if answer == 200:  # held while the queue was full, then read and computed
+            status, _, body = _raw(sock, b"")
+            assert status.split()[1] == b"200" and json.loads(body) == {"predictions": ["released"]}
+            assert gates["d"].with_suffix(".started").exists()
+        else:
+            assert not gates["d"].with_suffix(".started").exists()
+        assert _raw(sock, LIVE)[0].split()[1] == b"200"  # the connection stays open either way
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize("arch", ["async", "hybrid"])
+def test_a_held_connection_is_read_and_answered_when_the_server_stops(arch: str, tmp_path: Path) -> None:
+    """uvicorn closes its idle kept-alive connections when it stops. A held one is not idle (its next request is
+    most likely in): it is read, and its request answered with `connection: close` (here refused from its head,
+    the queue still being full) before the connection closes."""
+    gates = {name: tmp_path / name for name in "abcd"}
+    with Server([GATE], arch, *HELD_FLAGS, "--max-queue-wait-ms", "60000") as server:
+        assert server.process is not None
+        with _held_after_a_refusal(server, gates) as (sock, answers):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as probe:
+                assert _raw(probe, LIVE)[0].split()[1] == b"200"  # `d`'s bytes are in, unread
+            server.terminate()
+            server.wait_for_output("Shutting down")
+            status, headers, body = _raw(sock, b"")
+            assert status.split()[1] == b"503" and headers["connection"] == "close"
+            assert json.loads(body)["code"] == "queue_full"
+            assert sock.recv(1) == b""
+        assert answers == {"a": 200, "b": 200}  # what the server began is answered as it stops
+        assert server.process.wait(timeout=TIMEOUT_S) == 0

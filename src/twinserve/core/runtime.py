@@ -251,17 +251,42 @@ class ModelRuntime:
 
     def early_refusal(self, priority: int = 1) -> QueueFull | None:
         """The QueueFull `refuse_early` raises, else None (the HTTP server's refusal, fronts/early.py)."""
+        error = self._queue_refusal(priority)
+        if error is not None:
+            (self._async_batcher or self._thread_batcher).stats.rejected += 1  # type: ignore[union-attr]
+        return error
+
+    def admits(self, priority: int = 1) -> bool:
+        """Whether the batch queue would take one more instance at `priority` now (`early_refusal`, uncounted)."""
+        return self._queue_refusal(priority) is None
+
+    def room(self) -> int:
+        """How many requests held unread for this model (servers/holding.py) to let go at once, while `admits`
+        says yes: the batch queue's free count, and at least a batch (past the count, its wait bound decides on
+        each request once it is read)."""
+        batcher = self._async_batcher or self._thread_batcher
+        if batcher is None:
+            return 0
+        queue = batcher.queue
+        return max(queue.bound.limit - queue.queued_instances, queue.max_batch_size)
+
+    def hold_for(self, priority: int = 1) -> float:
+        """Seconds a request at `priority` may wait unread for the batch queue (its level's share of
+        `--max-queue-wait-ms`, servers/holding.py) when the queue would refuse it now; 0.0 otherwise."""
+        batcher = self._async_batcher or self._thread_batcher
+        if batcher is None or self._queue_refusal(priority) is None:
+            return 0.0
+        return batcher.queue.bound.wait_for(priority)
+
+    def _queue_refusal(self, priority: int) -> QueueFull | None:
         batcher = self._async_batcher or self._thread_batcher
         if batcher is None or self.cache is not None:
             return None
         queue = batcher.queue
         queued = queue.queued_instances
-        error = queue.bound.refusal(
+        return queue.bound.refusal(
             queued, 1, f"the queue holds {queued} instances", priority, queue.expected_wait(1, priority)
         )
-        if error is not None:
-            batcher.stats.rejected += 1
-        return error
 
     def predict(self, instances: list[Any], deadline: float | None = None) -> list[Any]:
         """Blocking path (sync front): cached outputs, else preprocess and predict (directly or batched)."""

@@ -39,6 +39,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
+from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.compression import GZIP_MIN_BYTES, compress_reply
 from twinserve.fronts.contract import Service, request_id_from
@@ -175,10 +176,7 @@ class EarlyRefusal:
         which refuses it there."""
         if backlog is not None and self.service.admission.backlog_crowded(backlog):
             return True
-        for runtime in self.service.runtimes.values():
-            if runtime.crowded:
-                return True
-        return False
+        return any(runtime.crowded for runtime in self.service.runtimes.values())
 
     def _small(self, length: str | bytes | None) -> bool:
         """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
@@ -220,6 +218,34 @@ class EarlyRefusal:
             return None  # shed before the model was known, and it is unknown: the app counts it without a label
         service.refused_early(model, version, endpoint, priority, error.status, error.code)
         return Refusal(error, head)
+
+    def hold(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[ModelRuntime, int, float] | None:
+        """For a connection just answered, by its last request (`headers` with lower-cased names): that request's
+        model, level, and how long the connection's next request may wait unread, if the model's queue would refuse
+        it now (servers/holding.py); else None. A model with a traffic split is not held (its version is drawn per
+        request)."""
+        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded():
+            return None
+        path = url.split(b"?", 1)[0].decode("latin-1")
+        route = self._route(unquote(path) if "%" in path else path)
+        if route is None:
+            return None
+        _, model, version = route
+        service = self.service
+        if version is None and model in service.registry.traffic:
+            return None
+        value = next((value for name, value in headers if name == b"x-priority"), None)
+        try:
+            runtime = service.runtime(model, version)
+            level = service.admission.priority(
+                None if value is None else value.decode("latin-1"), default=runtime.config.default_priority
+            )
+        except TwinserveError:
+            return None
+        wait = runtime.hold_for(level) if runtime.ready else 0.0
+        return (runtime, level, wait) if wait > 0 else None
 
     def _route(self, path: str) -> tuple[str, str, str | None] | None:
         """The inference route `path` asks for with POST (endpoint, model, version or None), else None."""

@@ -17,8 +17,6 @@ ends CRLF, llhttp (httptools) parses it. The answer is rendered as gunicorn's `R
 from __future__ import annotations
 
 import socket
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +29,7 @@ from werkzeug.utils import get_content_type
 from twinserve.fronts.early import Refusal
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 
-__all__ = ["CLOSED", "PEEK_BYTES", "Holding", "Peeked", "front_answer", "peek_request", "render"]
+__all__ = ["CLOSED", "PEEK_BYTES", "Peeked", "front_answer", "peek_request", "render"]
 
 #: How much of the socket the poller looks at: a refused request must be whole within it.
 PEEK_BYTES = 65536
@@ -158,54 +156,3 @@ def front_answer(refusal: Refusal) -> tuple[str, list[tuple[str, str]], bytes]:
         (REQUEST_ID_HEADER, request_id),
     ]
     return f"{reply.status} {HTTP_STATUS_CODES[reply.status].upper()}", headers, reply.body
-
-
-class Holding:
-    """Connections held unread in the poller, one FIFO per priority level (1 the highest): what a crowd sends
-    waits in TCP, costing no CPU, instead of being refused and sent again at once.
-
-    Each connection is held until its level's share of `--max-queue-wait-ms` has passed (`expired`), or until the
-    request threads' backlog lets its level in again (`release`), the highest level first."""
-
-    def __init__(self, levels: int) -> None:
-        self._queues: list[deque[tuple[float, Any]]] = [deque() for _ in range(levels)]
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def add(self, conn: Any, level: int, deadline: float) -> None:
-        """Hold `conn`, whose request is at `level`, until `deadline` (time.monotonic) at the latest."""
-        self._queues[level - 1].append((deadline, conn))  # one wait per level: each deque stays sorted
-        self._count += 1
-
-    def release(self, admits: Callable[[int], bool]) -> Any | None:
-        """The longest-held connection of the highest level held, if `admits` lets that level in now; else None.
-        A level past its share means every lower level is too, so no lower level is looked at."""
-        for level, queue in enumerate(self._queues, start=1):
-            if queue:
-                if not admits(level):
-                    return None
-                self._count -= 1
-                return queue.popleft()[1]
-        return None
-
-    def expired(self, now: float) -> list[Any]:
-        """The connections whose deadline is past, taken out."""
-        out = []
-        for queue in self._queues:
-            while queue and queue[0][0] <= now:
-                out.append(queue.popleft()[1])
-        self._count -= len(out)
-        return out
-
-    def next_deadline(self) -> float | None:
-        return min((queue[0][0] for queue in self._queues if queue), default=None)
-
-    def drain(self) -> list[Any]:
-        """Every held connection, taken out (the worker is stopping)."""
-        out = [conn for queue in self._queues for _, conn in queue]
-        for queue in self._queues:
-            queue.clear()
-        self._count = 0
-        return out

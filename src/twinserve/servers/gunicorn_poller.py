@@ -32,7 +32,8 @@ from gunicorn.workers import gthread
 from twinserve.core.admission import Admission
 from twinserve.errors import TwinserveError
 from twinserve.fronts.early import EarlyRefusal, Refusal
-from twinserve.servers.gunicorn_early import CLOSED, Holding, Peeked, front_answer, peek_request, render
+from twinserve.servers.gunicorn_early import CLOSED, Peeked, front_answer, peek_request, render
+from twinserve.servers.holding import Holding
 
 __all__ = ["PollerAdmission"]
 

@@ -26,6 +26,7 @@ from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, Uri
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
+from twinserve.servers.holding import ReadHolds
 
 __all__ = ["CONFIG_ENV", "GuardedHttpToolsProtocol"]
 
@@ -40,6 +41,17 @@ class _Refused(Exception):
 @functools.cache
 def _config() -> Config:
     return Config.model_validate_json(os.environ[CONFIG_ENV])
+
+
+_read_holds: ReadHolds | None = None
+
+
+def _holds(loop: asyncio.AbstractEventLoop, config: Config) -> ReadHolds:
+    """This process's held connections (one event loop per uvicorn worker process)."""
+    global _read_holds
+    if _read_holds is None:
+        _read_holds = ReadHolds(loop, config.priority_levels)
+    return _read_holds
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -62,6 +74,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     #: after the read, so the common request, whole in one read, costs no timer.
     _clock_from: float | None = None
 
+    #: Whether this connection's reading is paused by `ReadHolds` (servers/holding.py), its next request unread.
+    _held = False
+    #: Whether the request just refused early may leave the connection held, once its bytes are all parsed.
+    _hold_check = False
+    #: Whether a request is being parsed (from its first byte to its last): a connection is held only between.
+    _in_request = False
+    #: Whether the connection closes after its next answer (a held one, read again because the server stops).
+    _last_answer = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = _config()
@@ -76,6 +97,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: TwinserveError | None = None
         early: EarlyRefusal | None = self.app_state.get(EARLY_REFUSAL_STATE)
         self._early = early if early is not None and early.active else None
+        self._holds = _holds(self.loop, config) if self._early is not None and config.max_queue_wait_ms else None
         #: Whether the request being parsed was refused early: its body is discarded, the app never sees it.
         self._discarding = False
         #: Whether the connection stays open after that refusal.
@@ -87,7 +109,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._unhold()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self._held:  # its next request is read, and answered with `connection: close`
+            self._unhold()
+            self._last_answer = True
+            self.release_hold()
+            return
+        super().shutdown()
 
     def data_received(self, data: bytes) -> None:
         counting = self._in_head
@@ -100,9 +131,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(HeadersTooLarge())
         if self._clock_from is not None and self._head_timer is None and not self.transport.is_closing():
             self._head_timer = self.loop.call_at(self._clock_from + self._read_timeout, self._head_timed_out)
+        if self._hold_check:  # a request refused early: its bytes, and any after it in this read, are parsed
+            self._hold_check = False
+            self._hold_if_crowded()
 
     def on_message_begin(self) -> None:
         self._unset_keepalive_if_required()  # a request after an early refusal, in the same read
+        self._in_request = True
         super().on_message_begin()
         self._header_count = 0
         if self._head_timer is None:  # else the connection's own deadline, from before its first byte, holds
@@ -129,6 +164,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # this request's cycle (not an upgrade's)
+            if self._last_answer:
+                cycle.keep_alive = False
             # The app's task, created above, first runs on the loop's next turn: the scope is complete by then.
             extensions = cast(dict[str, Any], self.scope).setdefault("extensions", {})
             extensions[DISCONNECT_EXTENSION] = {"disconnected": functools.partial(getattr, cycle, "disconnected")}
@@ -138,6 +175,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_request = False
         if self._discarding:
             self._refusal_complete()
         else:
@@ -154,7 +192,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if parser.should_upgrade():
             return False
         assert self._early is not None
-        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive() and not self._last_answer
         answer = self._early.refuse(
             parser.get_method(), self.url, self.headers, self.server_state.default_headers, keep_alive
         )
@@ -174,10 +212,49 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if not self._keep_alive:
             self.transport.close()
-        elif self.timeout_keep_alive_task is None:
+            return
+        if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+        self._hold_check = self._holds is not None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._hold_if_crowded()
+
+    def _hold_if_crowded(self) -> None:
+        """Pause reading this kept-alive connection, just answered, if its last request's model could not take its
+        next request at the same level now (servers/holding.py): that request waits unread in TCP, costing no
+        CPU, instead of being read and refused. Not while a request is being parsed or waits in the pipeline."""
+        if self._holds is None or self._held or self._in_request or self.pipeline or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return
+        assert self._early is not None
+        target = self._early.hold(self.parser.get_method(), self.url, self.headers)
+        if target is None:
+            return
+        runtime, level, wait = target
+        self._unset_keepalive_if_required()  # held, it is not idle: its keep-alive runs again once read
+        self.flow.pause_reading()
+        self._held = True
+        self._holds.hold(self, runtime, level, wait)
+
+    def release_hold(self) -> None:
+        self._held = False
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _unhold(self) -> None:
+        if self._held and self._holds is not None:
+            self._holds.forget(self)
+            self._held = False
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers any parser error, ours included, with this 400; a refusal gets its own status.

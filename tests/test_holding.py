@@ -1,0 +1,106 @@
+"""Connections held unread (servers/holding.py): `Holding`'s order, levels and deadlines, and `ReadHolds` letting
+an event loop's paused connections go as their model's queue takes requests again. The servers holding real
+connections are tests/hardening/test_early_refusal.py's."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from twinserve.servers.holding import TICK_S, Holding, ReadHolds
+
+
+def test_held_connections_leave_the_highest_level_first_then_the_longest_held() -> None:
+    held = Holding(levels=3)
+    for conn, level in (("low-1", 3), ("mid", 2), ("low-2", 3), ("high", 1)):
+        held.add(conn, level, deadline=100.0)
+    assert len(held) == 4 and held.next_deadline() == 100.0
+    assert [held.release(lambda level: True) for _ in range(4)] == ["high", "mid", "low-1", "low-2"]
+    assert held.release(lambda level: True) is None and len(held) == 0
+
+
+def test_a_level_the_backlog_refuses_keeps_every_lower_level_held() -> None:
+    held = Holding(levels=2)
+    held.add("high", 1, deadline=10.0)
+    held.add("low", 2, deadline=10.0)
+    asked: list[int] = []
+
+    def only_the_highest(level: int) -> bool:
+        asked.append(level)
+        return level == 1
+
+    assert held.release(only_the_highest) == "high"
+    assert held.release(only_the_highest) is None  # level 2 is refused: it stays held
+    assert asked == [1, 2] and len(held) == 1
+
+
+def test_held_past_the_deadline_are_taken_out_in_order() -> None:
+    held = Holding(levels=2)
+    held.add("a", 2, deadline=1.0)
+    held.add("b", 2, deadline=2.0)
+    held.add("c", 1, deadline=1.5)
+    assert held.next_deadline() == 1.0
+    assert held.expired(now=1.6) == ["c", "a"]  # the highest level first, each level in the order held
+    assert len(held) == 1 and held.next_deadline() == 2.0
+    assert held.drain() == ["b"] and len(held) == 0 and held.next_deadline() is None
+
+
+@dataclass(eq=False)
+class _Queue:
+    """A model's batch queue that takes `room` more instances, at the levels up to `admitted`."""
+
+    room_: int = 0
+    admitted: int = 0
+
+    def admits(self, priority: int = 1) -> bool:
+        return priority <= self.admitted
+
+    def room(self) -> int:
+        return self.room_
+
+
+@dataclass(eq=False)
+class _Conn:
+    name: str
+    released: list[str] = field(default_factory=list)
+
+    def release_hold(self) -> None:
+        self.released.append(self.name)
+
+
+async def _ticks(n: int = 3) -> None:
+    await asyncio.sleep(TICK_S * n + 0.01)
+
+
+def test_read_holds_let_go_the_highest_level_first_no_more_than_the_queue_takes() -> None:
+    async def scenario() -> None:
+        holds = ReadHolds(asyncio.get_running_loop(), levels=2)
+        queue, released = _Queue(), list[str]()
+        conns = {name: _Conn(name, released) for name in ("low-1", "low-2", "high")}
+        for name, level in (("low-1", 2), ("low-2", 2), ("high", 1)):
+            holds.hold(conns[name], queue, level, wait_s=60.0)
+        await _ticks()
+        assert released == [] and len(holds) == 3  # the queue is full: every one stays paused
+        queue.room_, queue.admitted = 2, 1
+        await _ticks()
+        assert released == ["high"]  # room for 2, but level 2 is still refused
+        queue.admitted = 2
+        await _ticks()
+        assert released == ["high", "low-1", "low-2"] and len(holds) == 0
+
+    asyncio.run(scenario())
+
+
+def test_read_holds_let_go_at_the_deadline_and_forget_a_closed_connection() -> None:
+    async def scenario() -> None:
+        holds = ReadHolds(asyncio.get_running_loop(), levels=1)
+        queue, released = _Queue(), list[str]()
+        soon, later, closed = _Conn("soon", released), _Conn("later", released), _Conn("closed", released)
+        holds.hold(soon, queue, 1, wait_s=0.0)
+        holds.hold(later, queue, 1, wait_s=60.0)
+        holds.hold(closed, queue, 1, wait_s=0.0)
+        assert holds.forget(closed) and not holds.forget(closed)
+        await _ticks()
+        assert released == ["soon"] and len(holds) == 1  # at its wait, though the queue is still full
+
+    asyncio.run(scenario())
