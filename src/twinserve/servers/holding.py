@@ -108,7 +108,7 @@ class ReadHolds:
     `room()` at a time, the highest level first), or at their deadline."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, levels: int) -> None:
-        self._loop = loop
+        self.loop = loop
         self._levels = levels
         self._held: dict[Queue, Holding] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -123,7 +123,7 @@ class ReadHolds:
             holding = self._held[queue] = Holding(self._levels)
         holding.add(conn, level, time.monotonic() + wait_s)
         if self._timer is None:
-            self._timer = self._loop.call_later(TICK_S, self._tick)
+            self._timer = self.loop.call_later(TICK_S, self._tick)
 
     def forget(self, conn: Held) -> bool:
         """Take `conn` out (its connection closing); whether it was held."""
@@ -142,4 +142,4 @@ class ReadHolds:
             if not holding:
                 del self._held[queue]
         if self._held:
-            self._timer = self._loop.call_later(TICK_S, self._tick)
+            self._timer = self.loop.call_later(TICK_S, self._tick)

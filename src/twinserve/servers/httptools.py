@@ -10,6 +10,10 @@ A predict request for a model whose queue is full is refused here, from its head
 discarded as it arrives, and the connection stays open for the next request (RFC 9112 section 9.3: a server that
 answers before the whole request has arrived either reads the rest or closes; closing with unread bytes in the
 socket would reset the connection and could lose the answer). No ASGI task is made and the app never runs.
+
+A kept-alive connection answered (served or refused) while its last request's model could not take another at its
+level is not read again until that model's queue takes the level, or the level's wait has passed
+(servers/holding.py): a crowd's next requests wait in TCP instead of being read and refused.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ _read_holds: ReadHolds | None = None
 
 
 def _holds(loop: asyncio.AbstractEventLoop, config: Config) -> ReadHolds:
-    """This process's held connections (one event loop per uvicorn worker process)."""
+    """The held connections of `loop`, the server's (one per uvicorn worker process; a server started again in
+    the same process, as tests do, gets its own)."""
     global _read_holds
-    if _read_holds is None:
+    if _read_holds is None or _read_holds.loop is not loop:
         _read_holds = ReadHolds(loop, config.priority_levels)
     return _read_holds
 
