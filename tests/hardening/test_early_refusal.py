@@ -273,6 +273,24 @@ def _stream_held_drip(server: Server, directory: Path) -> None:
 HOLD_FLAGS = ["--workers", "1", "--threads", "1", "--max-queue", "1", "--priority-levels", "1"]
 
 
+@contextmanager
+def _one_thread_computing(server: Server, gate: Path) -> Iterator[tuple[list[socket.socket], threading.Thread]]:
+    """Sync with one request thread: three kept-alive connections idle in the poller, and the thread computing
+    the request for `gate` (its client's thread, which ends once it is released, is yielded beside them)."""
+    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
+    try:
+        for sock in socks:  # kept alive, and idle in the poller
+            assert _raw(sock, LIVE)[0].split()[1] == b"200"
+        url = f"{server.url}/v1/models/gate:predict"
+        first = threading.Thread(target=lambda: httpx.post(url, content=_body(gate), timeout=TIMEOUT_S))
+        first.start()
+        wait_until(gate.with_suffix(".started").exists, TIMEOUT_S, "a computing")
+        yield socks, first
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 @pytest.mark.hardening
 @pytest.mark.parametrize(("wait_ms", "answer"), [("60000", 200), ("1", 503)])
 def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its_wait(
@@ -287,36 +305,25 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
     past 1); `d`, sent last on a third, meets that backlog. The poller takes readable connections in the order
     their bytes arrived (epoll's ready list), so `d` is looked at after `b` and `c` are queued."""
     gates = {name: tmp_path / name for name in "abcd"}
-    with Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", wait_ms) as server:
-        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
-        try:
-            for sock in socks:  # kept alive, and idle in the poller
-                assert _raw(sock, LIVE)[0].split()[1] == b"200"
-            first = threading.Thread(
-                target=lambda: httpx.post(
-                    f"{server.url}/v1/models/gate:predict", content=_body(gates["a"]), timeout=TIMEOUT_S
-                )
-            )
-            first.start()
-            wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
-            for sock, name in zip(socks, "bcd", strict=True):
-                sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
-            if answer == 503:  # refused at its wait, from the poller: the thread is still computing a
-                status, headers, body = _raw(socks[2], b"")
-                assert status.split()[1] == b"503" and headers["retry-after"] == "1"
-                assert json.loads(body)["code"] == "queue_full"
-            for gate in gates.values():
-                gate.with_suffix(".release").touch()
-            first.join(TIMEOUT_S)
-            statuses = [_raw(sock, b"")[0].split()[1] for sock in (socks if answer == 200 else socks[:2])]
-            assert statuses == [b"200"] * len(statuses)
-            if answer == 200:
-                assert gates["d"].with_suffix(".started").exists()  # held, then computed
-            else:
-                assert not gates["d"].with_suffix(".started").exists()  # never computed
-        finally:
-            for sock in socks:
-                sock.close()
+    with (
+        Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", wait_ms) as server,
+        _one_thread_computing(server, gates["a"]) as (socks, first),
+    ):
+        for sock, name in zip(socks, "bcd", strict=True):
+            sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
+        if answer == 503:  # refused at its wait, from the poller: the thread is still computing a
+            status, headers, body = _raw(socks[2], b"")
+            assert status.split()[1] == b"503" and headers["retry-after"] == "1"
+            assert json.loads(body)["code"] == "queue_full"
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        first.join(TIMEOUT_S)
+        statuses = [_raw(sock, b"")[0].split()[1] for sock in (socks if answer == 200 else socks[:2])]
+        assert statuses == [b"200"] * len(statuses)
+        if answer == 200:
+            assert gates["d"].with_suffix(".started").exists()  # held, then computed
+        else:
+            assert not gates["d"].with_suffix(".started").exists()  # never computed
 
 
 @pytest.mark.hardening
@@ -329,32 +336,20 @@ def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_an
     that the requests ahead of it are admitted by: with a bound of 1, `b` would be refused for it (503 "2 requests
     are waiting") though only `c` waits behind it."""
     gates = {name: tmp_path / name for name in "abc"}
-    with Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "60000") as server:
-        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
-        try:
-            for sock in socks:  # kept alive, and idle in the poller
-                assert _raw(sock, LIVE)[0].split()[1] == b"200"
-            first = threading.Thread(
-                target=lambda: httpx.post(
-                    f"{server.url}/v1/models/gate:predict", content=_body(gates["a"]), timeout=TIMEOUT_S
-                )
-            )
-            first.start()
-            wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
-            for sock, name in zip(socks, "bc", strict=False):  # both wait for the one thread: the backlog is 2
-                sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
-            leaving = socks[2]
-            leaving.shutdown(socket.SHUT_WR)  # the client is done: its end of file, after `b` and `c` (epoll's order)
-            assert leaving.recv(1) == b""  # closed by the server while the one thread still computes `a`
-            assert not gates["a"].with_suffix(".release").exists()
-            for gate in gates.values():
-                gate.with_suffix(".release").touch()
-            first.join(TIMEOUT_S)
-            statuses = [_raw(sock, b"")[0].split()[1] for sock in socks[:2]]
-            assert statuses == [b"200", b"200"]
-        finally:
-            for sock in socks:
-                sock.close()
+    with (
+        Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "60000") as server,
+        _one_thread_computing(server, gates["a"]) as (socks, first),
+    ):
+        for sock, name in zip(socks, "bc", strict=False):  # both wait for the one thread: the backlog is 2
+            sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
+        leaving = socks[2]
+        leaving.shutdown(socket.SHUT_WR)  # the client is done: its end of file, after `b` and `c` (epoll's order)
+        assert leaving.recv(1) == b""  # closed by the server while the one thread still computes `a`
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        first.join(TIMEOUT_S)
+        statuses = [_raw(sock, b"")[0].split()[1] for sock in socks[:2]]
+        assert statuses == [b"200", b"200"]
 
 
 #: Async and hybrid, the Gate model one request at a time with a queue of one, one priority level.
