@@ -10,6 +10,10 @@ state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server; 
 request threads' backlog before Flask runs. Every predict request asks, so the first test is a few counter reads
 (`crowded`): while no model's queue holds its lowest level's share, nothing more is looked at.
 
+The answer's bytes are rendered once per error and kept: each refusal puts its request id and the server's `date`
+into them. The same decision, asked about a request just answered (`hold`), tells the async fronts' HTTP server to
+stop reading its connection while that request's model is full (servers/holding.py).
+
 The decision is the app's own, on the same objects: the route table's match (V1 `:predict`, V2 `/infer`, their
 versioned forms), the same runtime lookup, the request's priority by the same rule (`X-Priority`, else the model's
 default), and `ModelRuntime.refuse_early`, the check the exchange makes before it reads the body, over the same
@@ -144,10 +148,8 @@ class EarlyRefusal:
         fields = {name: value for name, value in headers if name in _READ}
         if b"transfer-encoding" in fields or b"expect" in fields or not self._small(fields.get(b"content-length")):
             return None
-        path = url.split(b"?", 1)[0].decode("latin-1")
-        if "%" in path:
-            path = unquote(path)
-        head = Head(path, _text(fields, b"x-priority"), _text(fields, _REQUEST_ID), _text(fields, b"accept-encoding"))
+        priority, request_id = _text(fields, b"x-priority"), _text(fields, _REQUEST_ID)
+        head = Head(_path(url), priority, request_id, _text(fields, b"accept-encoding"))
         return self.decide(head, _text(fields, b"host"), backlog)
 
     def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
@@ -228,8 +230,7 @@ class EarlyRefusal:
         request)."""
         if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded():
             return None
-        path = url.split(b"?", 1)[0].decode("latin-1")
-        route = self._route(unquote(path) if "%" in path else path)
+        route = self._route(_path(url))
         if route is None:
             return None
         _, model, version = route
@@ -265,6 +266,12 @@ class EarlyRefusal:
             self._routes.clear()
         self._routes[path] = route
         return route
+
+
+def _path(url: bytes) -> str:
+    """A request target's path, unquoted."""
+    path = url.split(b"?", 1)[0].decode("latin-1")
+    return unquote(path) if "%" in path else path
 
 
 def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
