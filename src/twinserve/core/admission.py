@@ -82,6 +82,15 @@ class QueueBound:
         """Seconds a request at `priority` may expect to wait past its count share and still be let in."""
         return self.max_wait * self._share(priority) / self.levels
 
+    def admits(self, waiting: int, incoming: int, priority: int = 1, wait: float | None = None) -> bool:
+        """Whether `check` lets `incoming` more in (the decision alone: no error, no message, for yes-or-no asks)."""
+        limit = self.limit_for(priority)
+        # A request larger than its level's share still goes in alone, into an empty queue: else it would be told
+        # to retry for ever (--max-instances is held to the whole bound at start-up, not to each share).
+        if waiting + incoming <= limit or not (waiting or incoming > self.limit):
+            return True
+        return bool(self.max_wait) and wait is not None and wait <= self.wait_for(priority)
+
     def check(self, waiting: int, incoming: int, holds: str, priority: int = 1, wait: float | None = None) -> None:
         """Raise QueueFull (503) if `incoming` more would take `waiting` past the bound of `priority`'s level and
         the expected `wait` (seconds, None when not yet measured) is past its share of `max_wait`; `holds` says
@@ -94,13 +103,9 @@ class QueueBound:
         self, waiting: int, incoming: int, holds: str, priority: int = 1, wait: float | None = None
     ) -> QueueFull | None:
         """The QueueFull `check` raises, else None (for a caller that refuses in bulk: no exception to unwind)."""
+        if self.admits(waiting, incoming, priority, wait):
+            return None
         limit = self.limit_for(priority)
-        # A request larger than its level's share still goes in alone, into an empty queue: else it would be told
-        # to retry for ever (--max-instances is held to the whole bound at start-up, not to each share).
-        if waiting + incoming <= limit or not (waiting or incoming > self.limit):
-            return None
-        if self.max_wait and wait is not None and wait <= self.wait_for(priority):
-            return None
         share = "" if limit == self.limit else f", {limit} of it for priority {priority}"
         if self.max_wait and wait is not None:
             share += f"; the wait ahead, {wait * 1000:.0f} ms, is past --max-queue-wait-ms"
@@ -246,11 +251,7 @@ class Admission:
 
     def backlog_admits(self, backlog: int, priority: int) -> bool:
         """Whether `shed` lets a request at `priority` wait behind `backlog` others."""
-        try:
-            self.shed(backlog, priority)
-        except QueueFull:
-            return False
-        return True
+        return self.backlog.admits(backlog, 0, priority, self.backlog_wait(backlog))
 
     def backlog_crowded(self, backlog: int) -> bool:
         """Whether `shed` may refuse some level with `backlog` waiting (past the lowest level's count share)."""

@@ -258,7 +258,11 @@ class ModelRuntime:
 
     def admits(self, priority: int = 1) -> bool:
         """Whether the batch queue would take one more instance at `priority` now (`early_refusal`, uncounted)."""
-        return self._queue_refusal(priority) is None
+        batcher = self._async_batcher or self._thread_batcher
+        if batcher is None or self.cache is not None:
+            return True
+        queue = batcher.queue
+        return queue.bound.admits(queue.queued_instances, 1, priority, queue.expected_wait(1, priority))
 
     def room(self) -> int:
         """How many requests held unread for this model (servers/holding.py) to let go at once, while `admits`
@@ -274,7 +278,7 @@ class ModelRuntime:
         """Seconds a request at `priority` may wait unread for the batch queue (its level's share of
         `--max-queue-wait-ms`, servers/holding.py) when the queue would refuse it now; 0.0 otherwise."""
         batcher = self._async_batcher or self._thread_batcher
-        if batcher is None or self._queue_refusal(priority) is None:
+        if batcher is None or self.admits(priority):
             return 0.0
         return batcher.queue.bound.wait_for(priority)
 
