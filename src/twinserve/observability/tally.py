@@ -40,6 +40,7 @@ class Tally(Generic[K]):
         self.interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
+        self._writing = threading.Lock()  # one write at a time, and `flush` waits for one under way
         self._counts: dict[K, int] = {}
         self._since = 0.0  # when the first of the held counts came
         self._next = 0.0  # when the counts may next be written (0: at once)
@@ -62,17 +63,19 @@ class Tally(Generic[K]):
         self.flush()
 
     def flush(self) -> None:
-        """Write what was counted since the last write (nothing if nothing was)."""
-        with self._lock:
-            if self._timer is not None and self._timer is not threading.current_thread():
-                self._timer.cancel()
-            self._timer = None
-            counts, self._counts = self._counts, {}
-            now = self._clock()
-            self._next = now + self.interval_s
-            seconds = max(now - self._since, 0.0)
-        if counts:
-            self._write(counts, seconds)
+        """Write what was counted since the last write (nothing if nothing was). Returns once every count taken
+        before it is written, by this call or by one already writing (a scrape that flushes first reads them all)."""
+        with self._writing:
+            with self._lock:
+                if self._timer is not None and self._timer is not threading.current_thread():
+                    self._timer.cancel()
+                self._timer = None
+                counts, self._counts = self._counts, {}
+                now = self._clock()
+                self._next = now + self.interval_s
+                seconds = max(now - self._since, 0.0)
+            if counts:  # outside `_lock`: counting goes on meanwhile
+                self._write(counts, seconds)
 
 
 def _flush_at_exit(ref: weakref.ref[Tally[Any]]) -> None:
