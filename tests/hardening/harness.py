@@ -127,6 +127,9 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        # A load generator in this process can keep the sampling thread from running for a while; the memory
+        # at the end counts too.
+        self.peak = max(self.peak, tree_rss_mib(self.pid))
 
 
 @dataclass(frozen=True)
