@@ -26,7 +26,7 @@ import pytest
 import tritonclient.http as triton
 
 from tests.errors import error_fields
-from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape, wait_for_file
+from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape
 from twinserve.cli import main
 from twinserve.config import Config
 from twinserve.deploy.ray import Scaling, _replica_config, replica_capacity
@@ -257,11 +257,21 @@ def _flood(server: ServerProcess, gates: Path, requests: int, processes: int, ex
         return httpx.post(url, json=body, headers=headers, timeout=90)
 
     with ThreadPoolExecutor(requests) as pool:
-        # One computing in each process first (else a burst can fill a queue before a batch leaves it).
-        futures: list[Future[httpx.Response]] = [pool.submit(gated, i) for i in range(processes)]
-        for path in started[:processes]:
-            wait_for_file(path, timeout=60)
-        futures += [pool.submit(gated, i) for i in range(processes, requests)]
+        # One computing in each process first (else a burst can fill a queue before a batch leaves it). Ray's
+        # router may hand the second request to the replica already computing, where it waits behind the gate (it
+        # did once in CI): so requests go one at a time until a gate has started in every process.
+        futures: list[Future[httpx.Response]] = []
+        computing: set[str] = set()
+        while len(computing) < processes:
+            assert len(futures) < requests, f"gates started in {len(computing)} of {processes} processes"
+            futures.append(pool.submit(gated, len(futures)))
+            path = started[len(futures) - 1]
+            deadline = time.monotonic() + (60 if not computing else 5)
+            while not (pid := _read(path)) and not futures[-1].done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if pid:
+                computing.add(pid)
+        futures += [pool.submit(gated, i) for i in range(len(futures), requests)]
         deadline = time.monotonic() + 60
         while sum(f.done() for f in futures) < requests - held:
             assert time.monotonic() < deadline, f"{sum(f.done() for f in futures)} of {requests} answered"
@@ -282,6 +292,14 @@ def _flood(server: ServerProcess, gates: Path, requests: int, processes: int, ex
     assert len(accepted) + len(rejected) == requests  # no request was rejected after its gate opened
     assert all(r.status_code == 200 and r.json() == {"predictions": ["released"]} for r in accepted)
     return {r.content for r in rejected}
+
+
+def _read(path: Path) -> str:
+    """The file's text, or "" while it is missing (the gate writes its process id when it starts)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def test_backpressure_gives_twinserves_503_like_serve(
