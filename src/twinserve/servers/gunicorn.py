@@ -18,6 +18,7 @@ from twinserve.observability.metrics import mark_process_dead, record_death, sta
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
+from twinserve.servers.gunicorn_balance import ConnectionShares
 from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
 
 __all__ = ["build_wsgi_app", "run"]
@@ -51,6 +52,9 @@ _grpc: Any = None
 
 
 def _child_exit(server: Any, worker: Any) -> None:
+    shares = getattr(server.app, "connection_shares", None)
+    if shares is not None:
+        shares.release(worker)
     # A dead worker's live gauges leave the aggregate. The arbiter empties LISTENERS as it starts to stop: a worker
     # that exits before that was not stopped by the server (killed, crashed, timed out), and counts as a death.
     if server.LISTENERS:
@@ -79,6 +83,11 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
     def __init__(self, config: Config) -> None:
         self.twinserve_config = config
+        workers = config.effective_workers
+        # gthread workers' open connections, shared so that a worker leaves new ones to a less loaded one; room
+        # for a graceful reload's new workers beside the old.
+        threaded = config.worker_class == "gthread" and workers > 1
+        self.connection_shares = ConnectionShares(2 * workers) if threaded else None
         super().__init__()
 
     def load_config(self) -> None:
@@ -106,6 +115,8 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         }
         settings["when_ready"] = lambda arbiter: announce(config, arbiter.LISTENERS[0].getsockname()[1])
         settings["child_exit"] = _child_exit
+        if self.connection_shares is not None:
+            settings["pre_fork"] = lambda arbiter, worker: self.connection_shares.claim(worker)
         settings["worker_exit"] = _worker_exit
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
             settings["control_socket_disable"] = True

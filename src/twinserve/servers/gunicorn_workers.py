@@ -12,6 +12,7 @@ from gunicorn.workers import gthread, sync
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
+from twinserve.servers.gunicorn_balance import BalancedAccept
 from twinserve.servers.gunicorn_early import front_answer
 from twinserve.servers.gunicorn_poller import PollerAdmission
 from twinserve.servers.gunicorn_reads import (
@@ -92,7 +93,7 @@ def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
     return [body]
 
 
-class SheddingThreadWorker(_TwinserveReads, PollerAdmission):
+class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     """gunicorn's gthread worker, plus load shedding, read deadlines and JSON bodies for its parser errors.
 
     gthread queues every readable connection for its request threads without bound, so under overload requests
@@ -107,7 +108,9 @@ class SheddingThreadWorker(_TwinserveReads, PollerAdmission):
     (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body. While
     the server is crowded, the poller looks at a request before any thread takes it up (gunicorn_poller.py): it
     refuses what the model's queue refuses, and holds the connection unread while the backlog is past the
-    request's level, so a crowd waits in TCP instead of costing the threads refusals.
+    request's level, so a crowd waits in TCP instead of costing the threads refusals. A worker holding more
+    connections than another leaves new ones to it for a moment (gunicorn_balance.py), so that a burst of
+    connections does not land on one worker while the others idle.
     """
 
     def init_process(self) -> None:
