@@ -34,7 +34,7 @@ def _worker_of(client: httpx.Client) -> str:
 
 def test_kept_alive_connections_opened_one_after_another_alternate(two_workers: Server) -> None:
     # Each connection is open and counted by its worker before the next is made, and the worker holding more leaves
-    # the next one to the other: 8 and 8 in every run here (before: whichever worker woke first, up to 12 and 4).
+    # the next one to the other: 8-8 or 7-9 here (before: whichever worker woke first, up to 12 and 4).
     with ExitStack() as stack:
         seen = Counter(
             _worker_of(stack.enter_context(httpx.Client(base_url=two_workers.url, timeout=30)))
@@ -59,7 +59,7 @@ def test_a_burst_of_connections_lands_on_both_workers(two_workers: Server) -> No
             for sock in sockets:
                 sock.sendall(request)
             seen.update(_pid_in(_read_response(sock)) for sock in sockets)
-    # 16 and 16 in every run here; 24-30 on one worker in most runs before.
+    # 14-18 or 16-16 here; 24-30 on one worker in most runs before.
     assert len(seen) == 2 and max(seen.values()) <= CONNECTIONS * 2 * 2 / 3, seen
 
 
