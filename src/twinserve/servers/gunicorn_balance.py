@@ -3,8 +3,8 @@
 gthread workers share one listening socket, and a connection goes to whichever worker's poller wakes first and
 accepts it. A client that opens its keep-alive connections in a burst (a connection pool, wrk, a load balancer) can
 so land all of them on one worker, which then runs every request on its one interpreter while the other workers
-idle: 16 connections on two workers, the iris example, went 16 to 0 in most runs here and were served at 175-200
-requests a second on one core, against about 650 when they split.
+idle: 16 connections on two workers, the iris example, went 16 to 0 in most runs here and were served at 193-197
+requests a second on one core; balanced, 789-832.
 
 Each worker publishes how many connections it holds in an array shared by all workers (`ConnectionShares`: one
 slot per worker, claimed by the arbiter before it forks the worker and freed when the worker exits). A worker
