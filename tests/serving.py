@@ -3,6 +3,7 @@ server-process helper (`twinserve.lab.servers`); plus the small request and metr
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -46,6 +47,20 @@ def predict(server: ServerProcess, model: str, instances: Any, timeout: float = 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:
     wait_until(path.exists, timeout, f"{path} to appear", interval=0.01)
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response with a Content-Length body, read from `sock`: its head and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
 
 
 def wait_until(

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.serving import Server, model_path
+from tests.serving import Server, model_path, read_response
 from twinserve.servers.gunicorn_balance import ConnectionShares
 
 CONNECTIONS = 16
@@ -58,22 +58,9 @@ def test_a_burst_of_connections_lands_on_both_workers(two_workers: Server) -> No
         for _ in range(2):  # the same kept-alive connections twice: each stays with its worker
             for sock in sockets:
                 sock.sendall(request)
-            seen.update(_pid_in(_read_response(sock)) for sock in sockets)
+            seen.update(_pid_in(read_response(sock).partition(b"\r\n\r\n")[2]) for sock in sockets)
     # 14-18 or 16-16 here; 24-30 on one worker in most runs before.
     assert len(seen) == 2 and max(seen.values()) <= CONNECTIONS * 2 * 2 / 3, seen
-
-
-def _read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(
-        next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")).split(b":")[1]
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
-    return body
 
 
 def _pid_in(body: bytes) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.errors import error_fields
-from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
+from tests.serving import Server, model_path, predict, read_response, sample, scrape, wait_for_file
 
 #: Sync batches across the request threads of one process, so give it one process with enough threads.
 SAME_PROCESS = {
@@ -112,20 +112,6 @@ def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
         assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 1
 
 
-def _read_response(sock: socket.socket) -> str:
-    """One whole HTTP response with a Content-Length body, read from `sock`."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
-    return (head + b"\r\n\r\n" + body).decode("latin-1")
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_full_queue_refuses_from_the_head_before_reading_the_body(arch: str, tmp_path: Path) -> None:
     """While the queue cannot take one more instance, a request is refused from its head alone: a client that
@@ -144,7 +130,7 @@ def test_a_full_queue_refuses_from_the_head_before_reading_the_body(arch: str, t
                 "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
             )
             sock.sendall(head.encode())  # ... and no body
-            answer = _read_response(sock)
+            answer = read_response(sock).decode("latin-1")
         assert answer.startswith("HTTP/1.1 503"), answer
         assert '"code":"queue_full"' in answer.replace(" ", ""), answer
         for name in ("busy", "q0", "q1"):
