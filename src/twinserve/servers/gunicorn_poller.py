@@ -13,12 +13,6 @@ looks at the bytes first (servers/gunicorn_early.py) and, for a whole request:
   the server is still crowded, else served. A closed-loop crowd therefore waits within that bound and is not
   refused and re-sent in a loop; with `--max-queue-wait-ms 0` nothing is held.
 
-A request let in here (admitted by the backlog's bound, released from holding, or
-held its whole wait and then admitted) is marked `admitted`: its wait is over when a thread takes it up, so the
-thread does not refuse it for the backlog behind it, which only the requests behind it will wait for. (Before, a
-crowd's requests let in under an estimate of the wait were refused by their threads after waiting their turn: at
-1,000 connections every one of sync's refusals was made so, by a thread, after about a second.)
-
 Everything else goes to a thread as before, its bytes untouched. A new connection accepted while crowded waits
 for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread. Where the app
 must see every request first (API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds.
@@ -110,7 +104,6 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
                 self._held.add(conn, level, time.monotonic() + self._admission().backlog.wait_for(level))
                 return True
         if refusal is None:
-            conn.admitted = True  # decided here: its thread does not weigh the backlog behind it
             return False
         self._answer(conn, waiting, peeked, refusal)
         return True
@@ -176,7 +169,6 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             self._expired(conn)
         admits = self._admission().backlog_admits
         while (conn := held.release(lambda level: admits(self._waiting, level))) is not None:
-            conn.admitted = True
             self.enqueue_req(conn)
 
     def _expired(self, conn: Any) -> None:
@@ -189,7 +181,6 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             return
         refusal = None if peeked is None else early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting)
         if peeked is None or refusal is None:
-            conn.admitted = peeked is not None
             self.enqueue_req(conn)
         else:
             self._answer(conn, None, peeked, refusal)

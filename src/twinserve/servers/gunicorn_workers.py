@@ -145,9 +145,7 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     def handle(self, conn: Any) -> Any:
         with self._waiting_lock:
             self._waiting -= 1
-            # One the poller let in has waited its turn (gunicorn_poller.py); the backlog behind it is not its wait.
-            admitted, conn.admitted = getattr(conn, "admitted", False), False
-            self._local.backlog = 0 if admitted else self._waiting
+            self._local.backlog = self._waiting
         # From when a thread takes the connection up: a new one's first bytes, a kept-alive one's next request.
         read_from_now(self._read_timeout, head=True)
         try:
