@@ -67,10 +67,17 @@ def wait_until(
     condition: Callable[[], object], timeout: float = 30.0, what: str = "the condition", interval: float = 0.02
 ) -> None:
     """Poll `condition` until it holds; fail naming `what` after `timeout` seconds (no fixed sleep in a test)."""
+    assert poll(condition, timeout, interval), f"{what} not within {timeout} s"
+
+
+def poll(condition: Callable[[], object], timeout: float, interval: float = 0.02) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` seconds pass (False): for a test that goes on either way."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(interval)
+    return True
 
 
 def scrape(server: ServerProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

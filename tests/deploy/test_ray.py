@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 import tritonclient.http as triton
 
 from tests.errors import error_fields
-from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, predict, scrape
+from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, poll, predict, scrape
 from twinserve.cli import main
 from twinserve.config import Config
 from twinserve.deploy.ray import Scaling, _replica_config, replica_capacity
@@ -266,10 +267,8 @@ def _flood(server: ServerProcess, gates: Path, requests: int, processes: int, ex
             assert len(futures) < requests, f"gates started in {len(computing)} of {processes} processes"
             futures.append(pool.submit(gated, len(futures)))
             path = started[len(futures) - 1]
-            deadline = time.monotonic() + (60 if not computing else 5)
-            while not (pid := _read(path)) and not futures[-1].done() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if pid:
+            poll(partial(_started_or_answered, path, futures[-1]), 60 if not computing else 5, interval=0.01)
+            if pid := _read(path):
                 computing.add(pid)
         futures += [pool.submit(gated, i) for i in range(len(futures), requests)]
         deadline = time.monotonic() + 60
@@ -300,6 +299,11 @@ def _read(path: Path) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+def _started_or_answered(gate: Path, future: Future[httpx.Response]) -> bool:
+    """Whether the gate's request is computing (it wrote its process id) or was answered already (refused)."""
+    return bool(_read(gate)) or future.done()
 
 
 def test_backpressure_gives_twinserves_503_like_serve(
