@@ -15,23 +15,25 @@ def test_held_connections_leave_the_highest_level_first_then_the_longest_held() 
     for conn, level in (("low-1", 3), ("mid", 2), ("low-2", 3), ("high", 1)):
         held.add(conn, level, deadline=100.0)
     assert len(held) == 4 and held.next_deadline() == 100.0
-    assert [held.release(lambda level: True) for _ in range(4)] == ["high", "mid", "low-1", "low-2"]
-    assert held.release(lambda level: True) is None and len(held) == 0
+    assert [held.release(lambda level, deadline: True) for _ in range(4)] == ["high", "mid", "low-1", "low-2"]
+    assert held.release(lambda level, deadline: True) is None and len(held) == 0
 
 
 def test_a_level_the_backlog_refuses_keeps_every_lower_level_held() -> None:
     held = Holding(levels=2)
     held.add("high", 1, deadline=10.0)
     held.add("low", 2, deadline=10.0)
-    asked: list[int] = []
+    held.add("low-later", 2, deadline=12.0)
+    asked: list[tuple[int, float]] = []
 
-    def only_the_highest(level: int) -> bool:
-        asked.append(level)
+    def only_the_highest(level: int, deadline: float) -> bool:
+        asked.append((level, deadline))
         return level == 1
 
     assert held.release(only_the_highest) == "high"
     assert held.release(only_the_highest) is None  # level 2 is refused: it stays held
-    assert asked == [1, 2] and len(held) == 1
+    # Each level is asked about its longest held, with that one's deadline (what its spent wait leaves it).
+    assert asked == [(1, 10.0), (2, 10.0)] and len(held) == 2
 
 
 def test_held_past_the_deadline_are_taken_out_in_order() -> None:
@@ -40,7 +42,7 @@ def test_held_past_the_deadline_are_taken_out_in_order() -> None:
     held.add("b", 2, deadline=2.0)
     held.add("c", 1, deadline=1.5)
     assert held.next_deadline() == 1.0
-    assert held.expired(now=1.6) == ["c", "a"]  # the highest level first, each level in the order held
+    assert held.expired(now=1.6) == [("c", 1), ("a", 2)]  # the highest level first, each level in the order held
     assert len(held) == 1 and held.next_deadline() == 2.0
     assert held.drain() == ["b"] and len(held) == 0 and held.next_deadline() is None
 

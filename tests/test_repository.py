@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
-from tests.serving import Server, wait_until
+from tests.serving import Server, poll, wait_until
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.repository import read_model, read_repository
@@ -391,7 +391,13 @@ def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: s
         assert answers() == {(2, *before)}
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (3,))
         after = (3, *before, ("scaler", "3", "READY"))
-        wait_until(lambda: answers() == {after}, timeout=120)
+        seen: list[set[tuple[Any, ...]]] = []
+
+        def changed() -> bool:
+            seen.append(answers())
+            return seen[-1] == {after}
+
+        assert poll(changed, timeout=120), f"after the change, still answered {seen[-1]}\n{server.log_tail(60)}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -137,16 +137,42 @@ def test_each_level_may_wait_only_its_share_of_the_wait_bound() -> None:
         QueueBound(3, levels=3).check(5, 1, "5 wait", 1, wait=0.0)  # no wait bound: the count decides
 
 
-def test_the_sync_backlog_waits_by_the_measured_time_per_request_over_the_threads() -> None:
+def test_the_sync_backlog_waits_by_the_measured_time_between_take_ups_while_requests_wait() -> None:
     admission = Admission(load_config(arch="sync", threads=2, max_queue=2, max_queue_wait_ms=500))
     with pytest.raises(QueueFull):
         admission.shed(5)  # nothing measured: 5 waiting is past the count
-    for _ in range(8):
-        admission.served(0.1)
+    clock = 100.0
+    for _ in range(9):  # a take-up every 50 ms, others still waiting behind each: the pool drains 20 a second
+        clock += 0.05
+        admission.taken_up(clock, behind=3)
     assert admission.backlog_wait(5) == pytest.approx(0.25)
-    admission.shed(5)  # 5 requests over 2 threads at 0.1 s: a quarter second, within 0.5 s
+    admission.shed(5)  # 5 ahead at 50 ms each: a quarter second, within 0.5 s
     with pytest.raises(QueueFull):
         admission.shed(11)  # 0.55 s
+
+
+def test_an_interval_that_began_with_nothing_waiting_is_not_a_drain() -> None:
+    admission = Admission(load_config(arch="sync", threads=2, max_queue=2, max_queue_wait_ms=500))
+    clock = 0.0
+    for _ in range(9):
+        clock += 0.05
+        admission.taken_up(clock, behind=1)
+    admission.taken_up(clock + 0.05, behind=0)  # the last one waiting: the pool may idle from here
+    admission.taken_up(clock + 30.0, behind=2)  # 30 s later, a new crowd's first: the idle time is no drain
+    admission.taken_up(clock + 30.05, behind=1)
+    assert admission.drain_seconds == pytest.approx(0.05)
+
+
+def test_before_any_drain_the_backlog_waits_by_the_apps_time_per_request_over_the_threads() -> None:
+    admission = Admission(load_config(arch="sync", threads=2, max_queue=2, max_queue_wait_ms=500))
+    for _ in range(8):
+        admission.served(0.1)  # sequential requests: never a backlog, so no drain measured
+    assert admission.backlog_wait(5) == pytest.approx(0.25)
+    clock = 0.0
+    for _ in range(9):  # then a crowd: the measured drain (parse, write and the GIL included) takes over
+        clock += 0.08
+        admission.taken_up(clock, behind=4)
+    assert admission.backlog_wait(5) == pytest.approx(0.4)
 
 
 def test_batch_time_is_a_moving_average() -> None:

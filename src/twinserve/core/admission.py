@@ -44,9 +44,9 @@ __all__ = [
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
 PRIORITY_HEADER = "X-Priority"
 _RETRY_SOON = {"Retry-After": "1"}
-#: Requests measured before the sync backlog trusts its estimate of a thread's time per request.
+#: Take-ups measured before the sync backlog trusts its estimate of the time between two of them.
 _WARM_REQUESTS = 8
-#: Weight of the newest request in that moving average.
+#: Weight of the newest interval in that moving average.
 _SMOOTHING = 0.2
 
 
@@ -227,10 +227,16 @@ class Admission:
         self.key_priorities = dict(key_priorities or {})
         #: Requests waiting for a request thread (the sync front), and streams waiting for a model worker.
         self.backlog = QueueBound(config.max_queue, config.priority_levels, config.max_queue_wait_ms / 1000)
-        #: Moving average of the seconds a request thread spends on one answered request (None until measured),
-        #: and how many went into it: the sync backlog's expected wait is its length times this over the threads.
+        #: The sync front's request threads: moving average of the seconds between two take-ups of a waiting
+        #: request while others wait (None until measured), how many went into it, and when the last take-up
+        #: that left others waiting was made. The backlog's expected wait is its length times this.
+        self.drain_seconds: float | None = None
+        #: Until then, the moving average of the seconds a request thread's app spends on one answered request,
+        #: and how many went into it: over the threads, the drain of a pool that never had a backlog yet.
         self.thread_seconds: float | None = None
         self._threads_measured = 0
+        self._drains_measured = 0
+        self._taken_with_backlog: float | None = None
         ids = sorted(set(key_ids))  # every process numbers the keys' slots alike
         count = shared_slot_count(config, len(ids))
         if slots is None and count and config.effective_workers > 1:
@@ -243,33 +249,57 @@ class Admission:
             burst = max(1, math.ceil(rate))
             self._keys = {kid: _bucket(rate, burst, config, slots, first + i) for i, kid in enumerate(ids)}
 
-    def shed(self, backlog: int, priority: int = 1) -> None:
+    def shed(self, backlog: int, priority: int = 1, spent: float = 0.0) -> None:
         """503 when more requests wait for a request thread than the queue bound allows `priority` (by count,
-        and by the wait they make: `QueueBound`)."""
+        and by the wait they make: `QueueBound`); `spent`: seconds the request has waited already (held unread),
+        which count in its wait."""
         holds = f"{backlog} requests are waiting for a request thread"
-        self.backlog.check(backlog, 0, holds, priority, self.backlog_wait(backlog))
+        self.backlog.check(backlog, 0, holds, priority, self._wait(backlog, spent))
 
-    def backlog_admits(self, backlog: int, priority: int) -> bool:
+    def backlog_admits(self, backlog: int, priority: int, spent: float = 0.0) -> bool:
         """Whether `shed` lets a request at `priority` wait behind `backlog` others."""
-        return self.backlog.admits(backlog, 0, priority, self.backlog_wait(backlog))
+        return self.backlog.admits(backlog, 0, priority, self._wait(backlog, spent))
+
+    def _wait(self, backlog: int, spent: float) -> float | None:
+        wait = self.backlog_wait(backlog)
+        return None if wait is None else wait + spent
 
     def backlog_crowded(self, backlog: int) -> bool:
         """Whether `shed` may refuse some level with `backlog` waiting (past the lowest level's count share)."""
         return backlog > self.backlog.lowest_limit
 
     def backlog_wait(self, backlog: int) -> float | None:
-        """Seconds the request threads need for `backlog` requests, from their measured time per request."""
-        seconds = self.thread_seconds
-        if seconds is None or self._threads_measured < _WARM_REQUESTS:
+        """Seconds until the request threads take up a request with `backlog` waiting ahead of it, from the
+        pool's measured drain, else from the app's time per request over the threads (None until measured)."""
+        if self.drain_seconds is not None and self._drains_measured >= _WARM_REQUESTS:
+            return backlog * self.drain_seconds
+        if self.thread_seconds is None or self._threads_measured < _WARM_REQUESTS:
             return None
-        return backlog * seconds / max(1, self.config.threads)
+        return backlog * self.thread_seconds / max(1, self.config.threads)
 
     def served(self, seconds: float) -> None:
-        """A request thread answered a request in `seconds` (the sync front's measure for `backlog_wait`). Threads
-        race on the average; a lost update only delays it by one sample."""
+        """A request thread's app answered a request in `seconds` (the estimate before a drain is measured).
+        Threads race on the average; a lost update only delays it by one sample."""
         self._threads_measured += 1
         average = self.thread_seconds
         self.thread_seconds = seconds if average is None else average + _SMOOTHING * (seconds - average)
+
+    def taken_up(self, now: float, behind: int) -> None:
+        """A request thread took a waiting request up at `now` (monotonic), leaving `behind` waiting (the sync
+        front calls this under its backlog's lock).
+
+        The wait is measured where it is made. While requests wait, every thread is busy, so the time between two
+        take-ups is what one request ahead adds to the wait of those behind it: the app's time, and gunicorn's
+        parse and write and the wait for the GIL, over the threads. (The app's time per request over the threads,
+        used before, left those out: it read 0.5-1 s of wait where the crowd waited 1.2 s.) An interval that
+        began with nothing waiting includes idle time, and is not counted."""
+        last, self._taken_with_backlog = self._taken_with_backlog, (now if behind else None)
+        if last is None:
+            return
+        interval = now - last
+        self._drains_measured += 1
+        average = self.drain_seconds
+        self.drain_seconds = interval if average is None else average + _SMOOTHING * (interval - average)
 
     def priority(
         self,

@@ -139,10 +139,16 @@ class EarlyRefusal:
         return answer[:status_line] + rendered + answer[status_line:].replace(_ID_BYTES, request_id.encode())
 
     def refusal(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], backlog: int | None = None
+        self,
+        method: bytes,
+        url: bytes,
+        headers: list[tuple[bytes, bytes]],
+        backlog: int | None = None,
+        spent: float = 0.0,
     ) -> Refusal | None:
         """The refusal of a request from its parsed head (`headers` with lower-cased names), else None; `backlog`:
-        the requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere)."""
+        the requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere), `spent`:
+        the seconds the poller held it already."""
         if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded(backlog):
             return None  # the common case, decided on bytes and a few counters
         fields = {name: value for name, value in headers if name in _READ}
@@ -150,7 +156,7 @@ class EarlyRefusal:
             return None
         priority, request_id = _text(fields, b"x-priority"), _text(fields, _REQUEST_ID)
         head = Head(_path(url), priority, request_id, _text(fields, b"accept-encoding"))
-        return self.decide(head, _text(fields, b"host"), backlog)
+        return self.decide(head, _text(fields, b"host"), backlog, spent)
 
     def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
         """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
@@ -184,7 +190,7 @@ class EarlyRefusal:
         """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
         return length is None or (length.isdigit() and int(length) <= self._max_body)
 
-    def decide(self, head: Head, host: str | None, backlog: int | None = None) -> Refusal | None:
+    def decide(self, head: Head, host: str | None, backlog: int | None = None, spent: float = 0.0) -> Refusal | None:
         """The app's decision from the head, in the app's order (fronts/exchange.py `Exchange.admit`): the
         request's level from `X-Priority`, the sync backlog (`backlog`, None for none), the model, its default
         level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
@@ -202,7 +208,7 @@ class EarlyRefusal:
         try:
             priority = admission.priority(head.priority)
             if backlog is not None:
-                admission.shed(backlog, priority)
+                admission.shed(backlog, priority, spent)
             runtime = service.runtime(model, asked_version)
             if not runtime.ready:
                 return None

@@ -92,7 +92,10 @@ class RepositoryPoller:
         while not self._stop.wait(self.interval):
             if self.control.registry.closed:
                 return
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # a round that failed (the folder unreadable for a moment) must not end the watch
+                logger.exception("watching the model repository %s: a round of polling failed", self.root)
 
     def stop(self) -> None:
         self._stop.set()
@@ -116,7 +119,10 @@ class RepositoryPoller:
         """Poll until cancelled (at shutdown), from the state `abegin` took."""
         while True:
             await asyncio.sleep(self.interval)
-            await self.apoll()
+            try:
+                await self.apoll()
+            except Exception:  # as in `_run`: the task would end silently, and this process stop following
+                logger.exception("watching the model repository %s: a round of polling failed", self.root)
 
     # -- both ---------------------------------------------------------------------------------------------
     def _apply(self, name: str, change: str, do: Callable[[], object]) -> None:

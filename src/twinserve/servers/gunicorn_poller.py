@@ -8,10 +8,18 @@ looks at the bytes first (servers/gunicorn_early.py) and, for a whole request:
 
 - refuses it there if its model's queue refuses it (`EarlyRefusal`): gunicorn's answer, written from the poller;
 - holds the connection unread if the backlog is past what its priority level may add: its request waits in TCP,
-  costing no CPU, until the backlog lets its level in (the highest level first, then the longest held), or until
-  its level's share of `--max-queue-wait-ms` has passed, when it is refused (503 `queue_full`, `Retry-After`) if
-  the server is still crowded, else served. A closed-loop crowd therefore waits within that bound and is not
-  refused and re-sent in a loop; with `--max-queue-wait-ms 0` nothing is held.
+  costing no CPU, until the backlog lets its level in with the time it was held counted in its wait (the
+  highest level first, then the longest held), or until its level's share of `--max-queue-wait-ms` has passed,
+  when it is refused (503 `queue_full`, `Retry-After`) unless the backlog is within its count. A closed-loop
+  crowd therefore waits within that bound and is not refused and re-sent in a loop; with `--max-queue-wait-ms 0`
+  nothing is held.
+
+A request let in here (under the backlog's bound, released from holding, or held its whole wait and then let in;
+every request, where the poller decides) is marked `admitted`: its wait is over once a thread takes it up, so that
+thread does not refuse it for the backlog behind it, which only the requests behind it will wait for. (Refused
+so, a crowd's requests waited their turn and were then refused: at 1,000 connections every one of sync's refusals
+was made by a thread, after a second's wait.) The poller's decisions rest on the backlog's measured drain
+(core/admission.py).
 
 Everything else goes to a thread as before, its bytes untouched. A new connection accepted while crowded waits
 for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread. Where the app
@@ -81,7 +89,8 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         """Refuse or hold the request of a connection waiting in the poller (`waiting`: the deque it is in);
         whether it was. Otherwise a thread takes it, as in gthread."""
         if not self._crowded():
-            return False  # the common case: a few counter reads
+            conn.admitted = self._early is not None  # the common case, a few counter reads: under every bound
+            return False
         early, backlog = self._early, self._waiting  # read without the lock: the threads' own refusal does too
         assert early is not None
         peeked = peek_request(conn.sock, self.cfg)
@@ -104,6 +113,7 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
                 self._held.add(conn, level, time.monotonic() + self._admission().backlog.wait_for(level))
                 return True
         if refusal is None:
+            conn.admitted = True  # decided here: its thread does not weigh the backlog behind it
             return False
         self._answer(conn, waiting, peeked, refusal)
         return True
@@ -165,22 +175,34 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             for conn in held.drain():
                 self.enqueue_req(conn)
             return
-        for conn in held.expired(time.monotonic()):
-            self._expired(conn)
-        admits = self._admission().backlog_admits
-        while (conn := held.release(lambda level: admits(self._waiting, level))) is not None:
+        now = time.monotonic()
+        for conn, level in held.expired(now):
+            self._expired(conn, level)
+        admission = self._admission()
+
+        def admits(level: int, deadline: float) -> bool:  # the wait it spent held counts in its bound
+            spent = admission.backlog.wait_for(level) - (deadline - now)
+            return admission.backlog_admits(self._waiting, level, spent)
+
+        while (conn := held.release(admits)) is not None:
+            conn.admitted = True
             self.enqueue_req(conn)
 
-    def _expired(self, conn: Any) -> None:
-        """A connection held for its whole wait: refused if the server is still crowded, else served."""
+    def _expired(self, conn: Any, level: int) -> None:
+        """A connection held for its whole wait: served only if the backlog lets it in with that wait spent (it
+        is within the count, or empty), else refused."""
         early = self._early
         assert early is not None
         peeked = peek_request(conn.sock, self.cfg)
         if peeked == CLOSED:
             self._close(conn)
             return
-        refusal = None if peeked is None else early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting)
+        spent = self._admission().backlog.wait_for(level)
+        refusal = None
+        if peeked is not None:
+            refusal = early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting, spent)
         if peeked is None or refusal is None:
+            conn.admitted = peeked is not None
             self.enqueue_req(conn)
         else:
             self._answer(conn, None, peeked, refusal)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from gunicorn.workers import gthread, sync
 
+from twinserve.core.admission import Admission
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
@@ -82,9 +84,9 @@ def _closing_on_request(start_response: Any) -> Any:
 
 
 def _early_refusal(app: Any) -> EarlyRefusal | None:
-    """The refusal before the app that twinserve's Flask app publishes (fronts/early.py), when it is active."""
+    """The refusal before the app that twinserve's Flask app publishes (fronts/early.py)."""
     early = getattr(app, "extensions", {}).get(EARLY_REFUSAL_STATE)
-    return early if isinstance(early, EarlyRefusal) and early.active else None
+    return early if isinstance(early, EarlyRefusal) else None
 
 
 def _refused(refusal: Refusal, start_response: Any) -> Iterable[bytes]:
@@ -113,6 +115,8 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     connections does not land on one worker while the others idle.
     """
 
+    _drain: Admission | None = None
+
     def init_process(self) -> None:
         self._waiting = 0
         self._waiting_lock = threading.Lock()
@@ -122,7 +126,9 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        early = self._early = _early_refusal(self.wsgi)  # type: ignore[has-type]  # the poller's too
+        published = _early_refusal(self.wsgi)  # type: ignore[has-type]
+        self._drain = None if published is None else published.service.admission
+        early = self._early = published if published is not None and published.active else None  # the poller's too
         app: WsgiApp = self.wrap_wsgi(self.wsgi)  # type: ignore[has-type]
         local = self._local
 
@@ -145,7 +151,11 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     def handle(self, conn: Any) -> Any:
         with self._waiting_lock:
             self._waiting -= 1
-            self._local.backlog = self._waiting
+            # One the poller let in has waited its turn (gunicorn_poller.py): the backlog behind it is not its wait.
+            admitted, conn.admitted = getattr(conn, "admitted", False), False
+            self._local.backlog = 0 if admitted else self._waiting
+            if self._drain is not None:  # the backlog's wait is measured from the take-ups (core/admission.py)
+                self._drain.taken_up(time.monotonic(), self._waiting)
         # From when a thread takes the connection up: a new one's first bytes, a kept-alive one's next request.
         read_from_now(self._read_timeout, head=True)
         try:
