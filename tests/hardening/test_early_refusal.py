@@ -277,10 +277,13 @@ HOLD_FLAGS = ["--workers", "1", "--threads", "1", "--max-queue", "1", "--priorit
 def _one_thread_computing(server: Server, gate: Path) -> Iterator[tuple[list[socket.socket], threading.Thread]]:
     """Sync with one request thread: three kept-alive connections idle in the poller, and the thread computing
     the request for `gate` (its client's thread, which ends once it is released, is yielded beside them)."""
-    socks = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) for _ in range(3)]
+    socks: list[socket.socket] = []
     try:
-        for sock in socks:  # kept alive, and idle in the poller
-            assert _raw(sock, LIVE)[0].split()[1] == b"200"
+        # One at a time, each kept alive and idle in the poller: a connection opened and left silent would hold the
+        # one thread for gthread's 5 s wait for its first bytes, while the others' keep-alive (2 s) ran out.
+        for _ in range(3):
+            socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S))
+            assert _raw(socks[-1], LIVE)[0].split()[1] == b"200"
         url = f"{server.url}/v1/models/gate:predict"
         first = threading.Thread(target=lambda: httpx.post(url, content=_body(gate), timeout=TIMEOUT_S))
         first.start()
@@ -301,12 +304,10 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
     (servers/gunicorn_poller.py). Held within its wait, it is served once the backlog lets it in (200); held past
     it, it is refused from the poller (503 `queue_full`), while the one thread is still busy.
 
-    The thread computes `a`; `b` and `c`, sent on two kept-alive connections, wait for it (the backlog, 2, is
-    past 1); `d`, sent last on a third, meets that backlog. The poller takes readable connections in the order
-    their bytes arrived (epoll's ready list), so `d` is looked at after `b` and `c` are queued.
-
-    The short wait is a microsecond: once eight requests are answered (readiness probes count), the backlog's wait
-    is estimated from them, and a wait of a millisecond could let `d` in behind `a` instead of holding it."""
+    The thread computes `a`; `b`, sent on a kept-alive connection, waits for it in gthread's queue (one request
+    per thread waits there); `c` and `d`, sent on two more, are held. The poller takes readable connections in the
+    order their bytes arrived (epoll's ready list). Held past its wait (a microsecond), `c` has one request ahead
+    of it, within `--max-queue 1`, and is let in; `d` has two, and is refused."""
     gates = {name: tmp_path / name for name in "abcd"}
     with (
         Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", wait_ms) as server,
@@ -330,6 +331,36 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
 
 
 @pytest.mark.hardening
+def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_one(tmp_path: Path) -> None:
+    """Sync: gthread's own queue of requests waiting for a thread is first come, first served, so the poller keeps
+    it one request per thread long and holds the rest, one queue per level (servers/gunicorn_poller.py): a request
+    at level 1 sent after one at level 2 is computed first, though the backlog is far within `--max-queue` and no
+    request is refused (issue #16: under overload the highest level keeps its latency).
+
+    The thread computes `a`; `b` (level 2) waits in gthread's queue; `c` (level 2) and then `d` (level 1) are
+    held (the poller says so at debug level). Each gate is released in turn, and which request starts next is read
+    from the gates' files."""
+    gates = {name: tmp_path / name for name in "abcd"}
+    flags = ["--workers", "1", "--threads", "1", "--max-queue", "16", "--priority-levels", "2", "--log-level", "debug"]
+    with (
+        Server([GATE], "sync", *flags, "--max-queue-wait-ms", "60000") as server,
+        _one_thread_computing(server, gates["a"]) as (socks, first),
+    ):
+        for sock, name, level in zip(socks, "bcd", "221", strict=True):
+            sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
+        server.wait_for_output("held a request at priority 1 for a thread (2 held)", TIMEOUT_S)
+        started = ["a"]
+        for expected in "bdc":
+            gates[started[-1]].with_suffix(".release").touch()
+            wait_until(gates[expected].with_suffix(".started").exists, TIMEOUT_S, f"{expected} computing")
+            assert [n for n in "bcd" if gates[n].with_suffix(".started").exists()] == sorted([*started[1:], expected])
+            started.append(expected)
+        gates["c"].with_suffix(".release").touch()
+        first.join(TIMEOUT_S)
+        assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
+
+
+@pytest.mark.hardening
 def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_and_joins_no_backlog(
     tmp_path: Path,
 ) -> None:
@@ -343,7 +374,7 @@ def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_an
         Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "60000") as server,
         _one_thread_computing(server, gates["a"]) as (socks, first),
     ):
-        for sock, name in zip(socks, "bc", strict=False):  # both wait for the one thread: the backlog is 2
+        for sock, name in zip(socks, "bc", strict=False):  # both wait for the one thread: `b` queued, `c` held
             sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
         leaving = socks[2]
         leaving.shutdown(socket.SHUT_WR)  # the client is done: its end of file, after `b` and `c` (epoll's order)

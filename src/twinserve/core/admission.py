@@ -256,10 +256,6 @@ class Admission:
         holds = f"{backlog} requests are waiting for a request thread"
         self.backlog.check(backlog, 0, holds, priority, self._wait(backlog, spent))
 
-    def backlog_admits(self, backlog: int, priority: int, spent: float = 0.0) -> bool:
-        """Whether `shed` lets a request at `priority` wait behind `backlog` others."""
-        return self.backlog.admits(backlog, 0, priority, self._wait(backlog, spent))
-
     def _wait(self, backlog: int, spent: float) -> float | None:
         wait = self.backlog_wait(backlog)
         return None if wait is None else wait + spent

@@ -149,7 +149,7 @@ class EarlyRefusal:
         """The refusal of a request from its parsed head (`headers` with lower-cased names), else None; `backlog`:
         the requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere), `spent`:
         the seconds the poller held it already."""
-        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded(backlog):
+        if method != b"POST" or not url.startswith(_PREFIXES) or not (spent or self.crowded(backlog)):
             return None  # the common case, decided on bytes and a few counters
         fields = {name: value for name, value in headers if name in _READ}
         if b"transfer-encoding" in fields or b"expect" in fields or not self._small(fields.get(b"content-length")):
@@ -157,6 +157,12 @@ class EarlyRefusal:
         priority, request_id = _text(fields, b"x-priority"), _text(fields, _REQUEST_ID)
         head = Head(_path(url), priority, request_id, _text(fields, b"accept-encoding"))
         return self.decide(head, _text(fields, b"host"), backlog, spent)
+
+    @staticmethod
+    def inference(method: bytes, url: bytes) -> bool:
+        """Whether a request line is for an inference route (POST under /v1/models/ or /v2/models/): what may be
+        refused or held before the app. A probe, a scrape or a model's metadata never waits behind a crowd."""
+        return method == b"POST" and url.startswith(_PREFIXES)
 
     def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
         """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,

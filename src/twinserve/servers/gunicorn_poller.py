@@ -3,23 +3,23 @@
 gthread's poller learns that a connection has bytes to read (a kept-alive connection's next request, a new
 connection's first) and hands it to a request thread, which parses the request and only then can refuse it. Under
 a crowd that costs the threads what serving would, and a closed-loop client refused at once comes straight back.
-While the server is crowded (a model's batch queue or the request threads' backlog at its bound), the poller here
-looks at the bytes first (servers/gunicorn_early.py) and, for a whole request:
+While the server is crowded (gthread's queue of requests waiting for a thread as long as there are threads,
+a connection held, or a model's batch queue at its bound), the poller looks at the bytes first
+(servers/gunicorn_early.py) and, for a whole request:
 
 - refuses it there if its model's queue refuses it (`EarlyRefusal`): gunicorn's answer, written from the poller;
-- holds the connection unread if the backlog is past what its priority level may add: its request waits in TCP,
-  costing no CPU, until the backlog lets its level in with the time it was held counted in its wait (the
-  highest level first, then the longest held), or until its level's share of `--max-queue-wait-ms` has passed,
-  when it is refused (503 `queue_full`, `Retry-After`) unless the backlog is within its count. A closed-loop
-  crowd therefore waits within that bound and is not refused and re-sent in a loop; with `--max-queue-wait-ms 0`
-  nothing is held.
+- holds the connection unread if the threads' queue is full or a request at its priority level or a higher one
+  is held already: its request waits in TCP, costing no CPU, one first-come queue per level. The threads' queue
+  is kept that short (one request per thread) so that the order in which requests reach a thread is decided
+  here, by level: a held request is released, the highest level first, then the longest held, as soon as the
+  threads' queue has room. Held for its level's share of `--max-queue-wait-ms` and still not next, it is refused
+  (503 `queue_full`, `Retry-After`). A closed-loop crowd therefore waits within that bound and is not refused and
+  re-sent in a loop; with `--max-queue-wait-ms 0` nothing is held, and the backlog's count bound refuses here.
 
-A request let in here (under the backlog's bound, released from holding, or held its whole wait and then let in;
-every request, where the poller decides) is marked `admitted`: its wait is over once a thread takes it up, so that
-thread does not refuse it for the backlog behind it, which only the requests behind it will wait for. (Refused
-so, a crowd's requests waited their turn and were then refused: at 1,000 connections every one of sync's refusals
-was made by a thread, after a second's wait.) The poller's decisions rest on the backlog's measured drain
-(core/admission.py).
+A request let in here (passed on, or released) is marked `admitted`: its wait is over once a thread takes it up,
+so that thread does not refuse it for the backlog behind it, which only the requests behind it will wait for.
+(Refused so, a crowd's requests waited their turn and were then refused: at 1,000 connections every one of
+sync's refusals was made by a thread, after a second's wait.)
 
 Everything else goes to a thread as before, its bytes untouched. A new connection accepted while crowded waits
 for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread. Where the app
@@ -59,7 +59,17 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         return self._early.service.admission
 
     def _crowded(self) -> bool:
-        return self._early is not None and self._early.crowded(self._waiting)
+        early = self._early
+        if early is None:
+            return False
+        return self._waiting >= self._short or bool(self._held) or early.crowded(self._waiting)
+
+    @property
+    def _short(self) -> int:
+        """How many requests may wait for a thread in gthread's queue, first come first served, while the poller
+        holds the rest in priority order: one per thread, so a thread that finishes finds the next request there
+        while the poller wakes up to release another. Each one there is a wait no priority can jump."""
+        return int(self.cfg.threads)
 
     def accept(self, listener: Any) -> None:
         if not self._crowded():
@@ -111,6 +121,7 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
                 waiting.remove(conn)
                 self.poller.unregister(conn.sock)
                 self._held.add(conn, level, time.monotonic() + self._admission().backlog.wait_for(level))
+                self.log.debug("held a request at priority %d for a thread (%d held)", level, len(self._held))
                 return True
         if refusal is None:
             conn.admitted = True  # decided here: its thread does not weigh the backlog behind it
@@ -119,17 +130,20 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         return True
 
     def _held_level(self, peeked: Peeked, backlog: int) -> int | None:
-        """The priority level to hold the request at, if the backlog is past what that level may add; else None."""
+        """The priority level to hold an inference request at, if the threads' queue is full or a request at its
+        level or above is held already (it waits its turn); else None."""
+        if not EarlyRefusal.inference(peeked.method, peeked.url):
+            return None
         admission = self._admission()
         value = next((v for name, v in peeked.headers if name == b"x-priority"), None)
         try:
             level = admission.priority(None if value is None else value.decode("latin-1"))
         except TwinserveError:
             return None  # an invalid X-Priority: the front's 400
-        if admission.backlog_admits(backlog, level):
-            return None
         if self._held is None:
             self._held = Holding(admission.backlog.levels)
+        if backlog < self._short and not self._held.holds_up_to(level):
+            return None
         return level
 
     def _answer(self, conn: Any, waiting: deque[Any] | None, peeked: Peeked, refusal: Refusal) -> None:
@@ -166,8 +180,8 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         conn.close()
 
     def _release_held(self) -> None:
-        """Hand held connections to the threads while the backlog lets their level in; refuse (or hand over) those
-        held past their wait."""
+        """Hand held connections to the threads while their queue has room, the highest level first; then refuse
+        (or hand over) those held past their wait."""
         held = self._held
         if not held:
             return
@@ -175,32 +189,25 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             for conn in held.drain():
                 self.enqueue_req(conn)
             return
-        now = time.monotonic()
-        for conn, level in held.expired(now):
-            self._expired(conn, level)
-        admission = self._admission()
-
-        def admits(level: int, deadline: float) -> bool:  # the wait it spent held counts in its bound
-            spent = admission.backlog.wait_for(level) - (deadline - now)
-            return admission.backlog_admits(self._waiting, level, spent)
-
-        while (conn := held.release(admits)) is not None:
+        while self._waiting < self._short and (conn := held.release(_first)) is not None:
             conn.admitted = True
             self.enqueue_req(conn)
+        for conn, level in held.expired(time.monotonic()):
+            self._expired(conn, level)
 
     def _expired(self, conn: Any, level: int) -> None:
-        """A connection held for its whole wait: served only if the backlog lets it in with that wait spent (it
-        is within the count, or empty), else refused."""
-        early = self._early
-        assert early is not None
+        """A connection held for its whole wait: served if the requests ahead of it (waiting for a thread, held at
+        higher levels) are within its level's count, else refused; its wait is spent, so no more may be added."""
+        early, held = self._early, self._held
+        assert early is not None and held is not None
         peeked = peek_request(conn.sock, self.cfg)
         if peeked == CLOSED:
             self._close(conn)
             return
-        spent = self._admission().backlog.wait_for(level)
         refusal = None
         if peeked is not None:
-            refusal = early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting, spent)
+            ahead, spent = self._waiting + held.held_above(level), self._admission().backlog.wait_for(level)
+            refusal = early.refusal(peeked.method, peeked.url, peeked.headers, ahead, spent)
         if peeked is None or refusal is None:
             conn.admitted = peeked is not None
             self.enqueue_req(conn)
@@ -220,3 +227,8 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         if deadline is not None:  # wake up for the first held connection's deadline
             timeout = min(timeout, max(0.0, deadline - time.monotonic()))
         super().wait_for_and_dispatch_events(timeout)
+
+
+def _first(level: int, deadline: float) -> bool:
+    """`Holding.release`'s test once the threads' queue has room: the first held, whatever its level."""
+    return True

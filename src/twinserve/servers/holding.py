@@ -58,6 +58,14 @@ class Holding:
                 return queue.popleft()[1]
         return None
 
+    def holds_up_to(self, level: int) -> bool:
+        """Whether any connection is held at `level` or a higher one (a lower number)."""
+        return any(self._queues[:level])
+
+    def held_above(self, level: int) -> int:
+        """How many connections are held at levels higher than `level`: released before any at `level`."""
+        return sum(len(queue) for queue in self._queues[: level - 1])
+
     def expired(self, now: float) -> list[tuple[Any, int]]:
         """The connections whose deadline is past, taken out, each with its level."""
         out = []
