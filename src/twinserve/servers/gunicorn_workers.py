@@ -122,10 +122,13 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     _drain: Admission | None = None
 
     def init_process(self) -> None:
-        # The poller and every request thread contend for the GIL; a thread that blocked (a socket read or write)
-        # waits for the interval before the holder is asked to drop it, once per block. At CPython's 5 ms, a
-        # request through four busy threads and a busy poller spent tens of ms waiting so; at 1 ms, a high
-        # priority's P99 under a low crowd fell from 221-242 to 165-190 ms (two runs each, same capacity).
+        # The poller and every request thread contend for the GIL, and a thread that wants it back waits for the
+        # interval before the holder is asked to let go. The poller keeps the threads' queue one request per thread
+        # long (gunicorn_poller.py), so it must get the GIL soon to refill it and to release a held high priority.
+        # overload.py, sync, goodput over capacity at CPython's 5 ms (one run): (a) 89-90%, (b) 76%, (c) 68%; at
+        # 1 ms (two runs): (a) 98-105%, (b) 89-97%, (c) 78-97%; a high priority's P99 under a low crowd 165-190 ms
+        # where it read 221-242. The cost: about 7% more CPU at one connection (116% of a core, not 109%), at the
+        # same requests a second.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._waiting = 0
         self._waiting_lock = threading.Lock()
