@@ -105,7 +105,9 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     gthread queues every readable connection for its request threads without bound, so under overload requests
     wait longer and longer and clients time out instead of being told to retry. Here each request learns, when a
     thread takes it up, how many requests are still waiting for a thread behind it; the front answers 503 +
-    Retry-After when that exceeds `--max-queue`, the same bound the batch queue applies in the other architectures.
+    Retry-After when that exceeds `--max-queue`, the same bound the batch queue applies in the other architectures
+    (unless the poller already let it in, below). Each take-up also measures how fast the threads drain the
+    backlog, from which its wait is estimated (`Admission.taken_up`).
 
     gthread reads a request's body in the request thread, and cannot hand a thread a request whose body is
     already in; the read deadlines (gunicorn_reads.py) bound how long a slow client holds that thread instead.
@@ -113,8 +115,8 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     A predict request the backlog or its model's batch queue refuses is answered before Flask runs
     (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body. While
     the server is crowded, the poller looks at a request before any thread takes it up (gunicorn_poller.py): it
-    refuses what the model's queue refuses, and holds the connection unread while the backlog is past the
-    request's level, so a crowd waits in TCP instead of costing the threads refusals. A worker holding more
+    refuses what the model's queue refuses, and holds the connection unread while the threads' own queue is full,
+    releasing the highest priority first, so a crowd waits in TCP instead of costing the threads refusals. A worker holding more
     connections than another leaves new ones to it for a moment (gunicorn_balance.py), so that a burst of
     connections does not land on one worker while the others idle.
     """
