@@ -42,8 +42,7 @@ def test_held_past_the_deadline_are_taken_out_in_order() -> None:
     held.add("b", 2, deadline=2.0)
     held.add("c", 1, deadline=1.5)
     assert held.next_deadline() == 1.0
-    assert held.expired(now=1.6, limit=1) == [("c", 1)]  # the highest level first, each level in the order held
-    assert held.expired(now=1.6) == [("a", 2)]
+    assert held.expired(now=1.6) == [("c", 1), ("a", 2)]  # the highest level first, each level in the order held
     assert len(held) == 1 and held.next_deadline() == 2.0
     assert held.drain() == ["b"] and len(held) == 0 and held.next_deadline() is None
 

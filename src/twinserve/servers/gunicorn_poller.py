@@ -45,9 +45,6 @@ from twinserve.servers.holding import Holding
 
 __all__ = ["PollerAdmission"]
 
-#: Held connections past their wait answered in one pass of the poller, at most.
-EXPIRE_AT_ONCE = 16
-
 
 class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
     """The poller's part of `SheddingThreadWorker` (gunicorn_workers.py), which counts `_waiting` (requests handed
@@ -195,10 +192,7 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         while self._waiting < self._short and (conn := held.release(_first)) is not None:
             conn.admitted = True
             self.enqueue_req(conn)
-        # A few at a time: a crowd held at once expires at once, and answering hundreds of refusals in one pass
-        # would leave the threads' queue empty, and a held high priority unreleased, until the pass ends. The
-        # poller comes back at once for the rest (their deadline is past).
-        for conn, level in held.expired(time.monotonic(), EXPIRE_AT_ONCE):
+        for conn, level in held.expired(time.monotonic()):
             self._expired(conn, level)
 
     def _expired(self, conn: Any, level: int) -> None:

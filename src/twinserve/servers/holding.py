@@ -66,12 +66,11 @@ class Holding:
         """How many connections are held at levels higher than `level`: released before any at `level`."""
         return sum(len(queue) for queue in self._queues[: level - 1])
 
-    def expired(self, now: float, limit: int | None = None) -> list[tuple[Any, int]]:
-        """The connections whose deadline is past, taken out, each with its level: at most `limit` of them (the
-        highest levels first), the rest left for the next call."""
-        out: list[tuple[Any, int]] = []
+    def expired(self, now: float) -> list[tuple[Any, int]]:
+        """The connections whose deadline is past, taken out, each with its level."""
+        out = []
         for level, queue in enumerate(self._queues, start=1):
-            while queue and queue[0][0] <= now and (limit is None or len(out) < limit):
+            while queue and queue[0][0] <= now:
                 out.append((queue.popleft()[1], level))
         self._count -= len(out)
         return out
