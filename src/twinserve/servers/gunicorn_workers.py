@@ -116,9 +116,9 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
     (fronts/early.py): the front's own 503, built the way the front builds it; gunicorn discards its body. While
     the server is crowded, the poller looks at a request before any thread takes it up (gunicorn_poller.py): it
     refuses what the model's queue refuses, and holds the connection unread while the threads' own queue is full,
-    releasing the highest priority first, so a crowd waits in TCP instead of costing the threads refusals. A worker holding more
-    connections than another leaves new ones to it for a moment (gunicorn_balance.py), so that a burst of
-    connections does not land on one worker while the others idle.
+    releasing the highest priority first, so a crowd waits in TCP instead of costing the threads refusals. A
+    worker holding more connections than another leaves new ones to it for a moment (gunicorn_balance.py), so that
+    a burst of connections does not land on one worker while the others idle.
     """
 
     _drain: Admission | None = None
