@@ -69,7 +69,9 @@ def test_memory_is_reported_per_process_with_its_role(arch: str) -> None:
                 if name == "twinserve_process_resident_memory_bytes"
             }
             roles = sorted(role for role, _ in per_process.values())
-            if roles == expected or time.monotonic() > deadline:
+            # A process's gauge exists (at 0) from its first moment; it reads its RSS once sampled.
+            sampled = all(value > 0 for _, value in per_process.values())
+            if (roles == expected and sampled) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
     assert roles == expected

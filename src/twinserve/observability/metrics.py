@@ -232,8 +232,9 @@ def start_memory_sampler(role: str, interval: float = 1.0) -> None:
     import psutil
 
     process = psutil.Process()
-    per_process = metrics().memory.labels(role)
+    per_process = metrics().memory.labels(role)  # from here a scrape sees this process, at 0 until sampled
     total = metrics().memory_total
+    per_process.set(process.memory_info().rss)  # so sampled at once, not when the thread first runs
 
     def sample() -> None:
         reaped_at = float("-inf")
