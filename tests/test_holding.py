@@ -15,8 +15,8 @@ def test_held_connections_leave_the_highest_level_first_then_the_longest_held() 
     for conn, level in (("low-1", 3), ("mid", 2), ("low-2", 3), ("high", 1)):
         held.add(conn, level, deadline=100.0)
     assert len(held) == 4 and held.next_deadline() == 100.0
-    assert [held.release(lambda level, deadline: True) for _ in range(4)] == ["high", "mid", "low-1", "low-2"]
-    assert held.release(lambda level, deadline: True) is None and len(held) == 0
+    assert [held.release(lambda level: True) for _ in range(4)] == ["high", "mid", "low-1", "low-2"]
+    assert held.release(lambda level: True) is None and len(held) == 0
 
 
 def test_a_level_the_backlog_refuses_keeps_every_lower_level_held() -> None:
@@ -24,16 +24,15 @@ def test_a_level_the_backlog_refuses_keeps_every_lower_level_held() -> None:
     held.add("high", 1, deadline=10.0)
     held.add("low", 2, deadline=10.0)
     held.add("low-later", 2, deadline=12.0)
-    asked: list[tuple[int, float]] = []
+    asked: list[int] = []
 
-    def only_the_highest(level: int, deadline: float) -> bool:
-        asked.append((level, deadline))
+    def only_the_highest(level: int) -> bool:
+        asked.append(level)
         return level == 1
 
     assert held.release(only_the_highest) == "high"
     assert held.release(only_the_highest) is None  # level 2 is refused: it stays held
-    # Each level is asked about its longest held, with that one's deadline (what its spent wait leaves it).
-    assert asked == [(1, 10.0), (2, 10.0)] and len(held) == 2
+    assert asked == [1, 2] and len(held) == 2
 
 
 def test_held_past_the_deadline_are_taken_out_in_order() -> None:

@@ -229,6 +229,6 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         super().wait_for_and_dispatch_events(timeout)
 
 
-def _first(level: int, deadline: float) -> bool:
+def _first(level: int) -> bool:
     """`Holding.release`'s test once the threads' queue has room: the first held, whatever its level."""
     return True

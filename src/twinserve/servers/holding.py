@@ -46,13 +46,12 @@ class Holding:
         self._queues[level - 1].append((deadline, conn))  # one wait per level: each deque stays sorted
         self._count += 1
 
-    def release(self, admits: Callable[[int, float], bool]) -> Any | None:
-        """The longest-held connection of the highest level held, if `admits(level, deadline)` lets it in now (its
-        deadline: what the wait it has spent leaves it); else None. A level past its share means every lower level
-        is too, so no lower level is looked at."""
+    def release(self, admits: Callable[[int], bool]) -> Any | None:
+        """The longest-held connection of the highest level held, if `admits` lets that level in now; else None.
+        A level past its share means every lower level is too, so no lower level is looked at."""
         for level, queue in enumerate(self._queues, start=1):
             if queue:
-                if not admits(level, queue[0][0]):
+                if not admits(level):
                     return None
                 self._count -= 1
                 return queue.popleft()[1]
@@ -145,16 +144,10 @@ class ReadHolds:
             for conn, _ in holding.expired(now):
                 conn.release_hold()
             room = queue.room()  # a request let go counts in the queue only once read: no more than it takes now
-            admits = _by_level(queue)
-            while room > 0 and (conn := holding.release(admits)) is not None:
+            while room > 0 and (conn := holding.release(queue.admits)) is not None:
                 conn.release_hold()
                 room -= 1
             if not holding:
                 del self._held[queue]
         if self._held:
             self._timer = self.loop.call_later(TICK_S, self._tick)
-
-
-def _by_level(queue: Queue) -> Callable[[int, float], bool]:
-    """`Holding.release`'s test for a model's queue: by level alone (the queue's own bound counts the wait)."""
-    return lambda level, deadline: queue.admits(level)
