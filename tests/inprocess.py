@@ -10,9 +10,10 @@ No socket and no subprocess, so each request costs microseconds to milliseconds;
 does (gunicorn's and httptools' parsing limits, connection handling, signals, several server processes) stays
 with the real-socket suites (`tests/serving.py`).
 
-Two things the servers do are left out on purpose, because they outlive the app in a test process:
+Three things the servers do are left out on purpose, because they outlive the app in a test process:
 `start_memory_sampler` (a thread that never ends, and that reaps the live-gauge files of whatever metrics
-directory the environment names, racing tests that set one) and uvicorn's signal handlers (which `app_factory`
+directory the environment names, racing tests that set one), the heap's freeze once the models have loaded
+(core/heap.py: whatever the test process holds then would never be collected) and uvicorn's signal handlers (which `app_factory`
 installs only inside a running loop, so they are skipped here by construction). prometheus-client is used
 in-memory here (no PROMETHEUS_MULTIPROC_DIR): `/metrics` then renders this process's own registry, as
 `twinserve.observability.metrics._registry` documents for in-process use.
@@ -187,6 +188,7 @@ class AsyncClient:
         with (
             mock.patch.dict(os.environ, {CONFIG_ENV: config.model_dump_json()}),
             mock.patch.object(uvicorn, "start_memory_sampler"),
+            mock.patch.object(uvicorn, "settle"),
         ):
             self.app = uvicorn.app_factory()
         self.loop = asyncio.new_event_loop()

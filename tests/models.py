@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import multiprocessing
 import os
@@ -147,6 +148,22 @@ class WhereAmI(twinserve.Model):
         thread = threading.current_thread()
         process = multiprocessing.current_process().name
         return [{"process": process, "thread": thread.name, "main": thread is threading.main_thread()} for _ in batch]
+
+
+class HeapState(twinserve.Model):
+    """Reports the garbage collector's state in the process that ran predict: whether what `load` made is frozen
+    (out of every collection's walk: `gc.get_objects` lists the three generations, not the frozen objects), and the
+    youngest generation's threshold."""
+
+    name = "heap"
+
+    def load(self) -> None:
+        self.made_in_load: list[int] = []
+
+    def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
+        frozen = not any(obj is self.made_in_load for obj in gc.get_objects())
+        state = {"frozen": frozen, "young_threshold": gc.get_threshold()[0], "pid": os.getpid()}
+        return [state for _ in batch]
 
 
 class Chatty(twinserve.Model):

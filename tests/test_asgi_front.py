@@ -4,6 +4,8 @@ that a client has gone (the extension twinserve's httptools protocol publishes, 
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -126,6 +128,38 @@ def test_the_httptools_protocol_publishes_each_requests_disconnect(monkeypatch: 
     finally:
         httptools._config.cache_clear()
     assert seen == [False, ("http.disconnect", True)]
+
+
+def test_a_served_requests_objects_are_freed_without_the_garbage_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disconnect flag the scope carries must not hold the request's cycle, whose scope carries the flag: such a
+    reference cycle per request left every request's objects to the collector's full passes (core/heap.py)."""
+    monkeypatch.setenv(CONFIG_ENV, load_config().model_dump_json())
+    httptools._config.cache_clear()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert scope["extensions"][DISCONNECT_EXTENSION]["disconnected"]() is False
+        await receive()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def serve() -> weakref.ref[Any]:
+        config = uvicorn.Config(app, http=GuardedHttpToolsProtocol, lifespan="off", log_config=None)
+        protocol = GuardedHttpToolsProtocol(config, ServerState(), {})
+        protocol.connection_made(_Transport())  # type: ignore[arg-type]
+        protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+        cycle = weakref.ref(protocol.cycle)
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
+        protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")  # the next request's cycle
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
+        return cycle
+
+    gc.disable()
+    try:
+        cycle = asyncio.run(serve())
+        assert cycle() is None  # freed by reference counting alone
+    finally:
+        gc.enable()
+        httptools._config.cache_clear()
 
 
 class _Runtime:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.serving import Server, model_path, predict, wait_for_file
+from twinserve.core.heap import YOUNG_THRESHOLD
 
 #: What each server logs once it has begun a graceful shutdown.
 SHUTDOWN_STARTED = {"sync": "Handling signal: term", "async": "Shutting down", "hybrid": "Shutting down"}
@@ -45,6 +46,17 @@ def test_sigterm_lets_in_flight_requests_finish(arch: str, tmp_path: Path) -> No
         assert all(r.json() == {"predictions": ["released"]} for r in responses)
         assert server.process is not None
         assert server.process.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_serving_process_freezes_what_it_loaded(arch: str) -> None:
+    """core/heap.py: once its models have loaded, a serving process (sync: each gunicorn worker; async: the uvicorn
+    process; hybrid: each model worker) freezes what it holds, out of every later collection's walk, and collects
+    its youngest generation less often."""
+    with Server([model_path("HeapState")], arch, "--workers", "2", "--model-workers", "2") as server:
+        states = [predict(server, "heap", [1]).json()["predictions"][0] for _ in range(8)]
+    assert all(state["frozen"] for state in states), states
+    assert {state["young_threshold"] for state in states} == {YOUNG_THRESHOLD}
 
 
 @pytest.mark.parametrize("arch", ["sync", "async"])  # hybrid's model workers are processes: no --debug

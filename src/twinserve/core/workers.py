@@ -70,6 +70,7 @@ def _worker_main(
     import os
 
     from twinserve.core.device import Placement
+    from twinserve.core.heap import settle
     from twinserve.core.hooks import call_blocking, model_code
     from twinserve.core.threads import limit_threads
     from twinserve.model import ModelSpec, import_model
@@ -93,6 +94,7 @@ def _worker_main(
                 call_blocking(spec.load)
             placement.loaded()
         limit_threads(config, "process")
+        settle()  # the model loaded: the process serves from here (core/heap.py)
     except TwinserveError as exc:  # the server says why its pool could not start (a repository: that model's)
         wire.send(conn, WorkerFailed(exc.code, exc.message, exc.private))
         return

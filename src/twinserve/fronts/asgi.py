@@ -122,10 +122,14 @@ class _Target:
         self.handle, self.socket = handle, socket
 
 
-def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASGIApp:
+def create_asgi_app(
+    service: Service, sockets: OpenSockets | None = None, on_ready: Callable[[], None] | None = None
+) -> ASGIApp:
     """The ASGI app serving the shared route table over `service`; models load in its lifespan.
 
-    Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown.
+    Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown. `on_ready` is called once the
+    models have loaded, before the server is told the startup is complete (a serving process settles its heap:
+    core/heap.py).
     """
     if sockets is None:
         sockets = OpenSockets()
@@ -141,7 +145,7 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
         )
         for route in ROUTES
     )
-    app: ASGIApp = _AsgiFront(service, dispatcher)
+    app: ASGIApp = _AsgiFront(service, dispatcher, on_ready)
     if service.cors is not None:
         app = _Cors(app, service)
     # Outermost: a request naming a foreign host gets nothing else, not even a preflight's answer.
@@ -151,9 +155,12 @@ def create_asgi_app(service: Service, sockets: OpenSockets | None = None) -> ASG
 class _AsgiFront:
     """The lifespan (models load at startup, close at shutdown), then every request through the dispatcher."""
 
-    def __init__(self, service: Service, dispatcher: Dispatcher[_Target]) -> None:
+    def __init__(
+        self, service: Service, dispatcher: Dispatcher[_Target], on_ready: Callable[[], None] | None = None
+    ) -> None:
         self.service = service
         self.match = dispatcher.match
+        self._on_ready = on_ready
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -213,6 +220,8 @@ class _AsgiFront:
                 grpc = await start_grpc_server(service, service.config, _apredict)
             if "state" in scope:
                 scope["state"][EARLY_REFUSAL_STATE] = EarlyRefusal(service)
+            if self._on_ready is not None:
+                self._on_ready()
             await send({"type": "lifespan.startup.complete"})
             started = True
             await receive()  # lifespan.shutdown

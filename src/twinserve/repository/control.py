@@ -23,6 +23,8 @@ import sys
 import threading
 from typing import Any
 
+from twinserve.core.heap import collect_all
+from twinserve.core.memory import release_free_memory
 from twinserve.errors import ModelNotFound
 from twinserve.repository.registry import ModelRegistry, ServedVersion
 from twinserve.repository.traffic import TrafficPolicy
@@ -59,6 +61,11 @@ class ModelControl:
         return self._entries(name)
 
     def _retire(self, old: list[ServedVersion]) -> None:
+        if old:
+            self._close(old)
+            _free(old)
+
+    def _close(self, old: list[ServedVersion]) -> None:
         for entry in _stopping(old):
             assert entry.runtime is not None
             if not entry.runtime.occupancy.wait_empty(self._timeout):
@@ -83,6 +90,11 @@ class ModelControl:
         return self._entries(name)
 
     async def _aretire(self, old: list[ServedVersion]) -> None:
+        if old:
+            await self._aclose(old)
+            _free(old)
+
+    async def _aclose(self, old: list[ServedVersion]) -> None:
         for entry in _stopping(old):
             assert entry.runtime is not None
             if not await entry.runtime.occupancy.await_empty(self._timeout):
@@ -130,6 +142,14 @@ def _stopping(old: list[ServedVersion]) -> list[ServedVersion]:
         entry.runtime.occupancy.stop()
         entry.state = "UNLOADING"
     return old
+
+
+def _free(retired: list[ServedVersion]) -> None:
+    """Free what the closed versions held, now: their objects may hold reference cycles, frozen with the rest of
+    the process at its start (core/heap.py), and glibc keeps freed memory unless asked."""
+    retired.clear()  # the last reference to them here (each closing loop's variable went with its frame)
+    collect_all()
+    release_free_memory()
 
 
 def forget_module(entry: ServedVersion) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import logging
 import threading
@@ -33,7 +32,6 @@ from collections.abc import Callable
 from typing import Literal
 
 from twinserve.config import Config
-from twinserve.core.memory import release_free_memory
 from twinserve.errors import DeadlineExceeded, TwinserveError
 from twinserve.observability.metrics import metrics
 from twinserve.repository.control import ModelControl, forget_module
@@ -275,5 +273,3 @@ class Residency:
     def _evicted(self, name: str) -> None:
         logger.info("model %r unloaded to make room (--max-loaded-models %s)", name, self.limit)
         metrics().evictions.labels(name).inc()
-        gc.collect()  # a model's objects may hold cycles: free them now, not at some later collection
-        release_free_memory()

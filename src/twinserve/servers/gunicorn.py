@@ -11,6 +11,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from twinserve.config import Config
+from twinserve.core.heap import settle
 from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
@@ -118,6 +119,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         if self.connection_shares is not None:
             settings["pre_fork"] = lambda arbiter, worker: self.connection_shares.claim(worker)
         settings["worker_exit"] = _worker_exit
+        settings["post_worker_init"] = lambda worker: settle()  # its models loaded (core/heap.py)
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
             settings["control_socket_disable"] = True
         for key, value in settings.items():

@@ -18,6 +18,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from twinserve.config import Config
+from twinserve.core.heap import settle
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
 from twinserve.fronts.websocket import OpenSockets
@@ -39,7 +40,8 @@ def app_factory() -> ASGIApp:
     sockets = OpenSockets()
     _DrainSocketsFirst(sockets, config.graceful_timeout).install()
     logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
-    return create_asgi_app(Service(ModelRegistry.from_config(config), config, setup_tracing(config)), sockets)
+    service = Service(ModelRegistry.from_config(config), config, setup_tracing(config))
+    return create_asgi_app(service, sockets, on_ready=settle)
 
 
 def _refused_handshake_noise(record: logging.LogRecord) -> bool:
