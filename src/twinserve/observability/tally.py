@@ -5,9 +5,9 @@ A request refused from its head (fronts/early.py) costs a few microseconds of Py
 prometheus-client's multiprocess counters cost about as much again per `inc()` (a lock, a pid check and an mmap
 write each; a refusal is counted in four or five). Under a flood that is a tenth of what each refusal costs.
 `Tally` adds 1 to a dict entry instead, and writes the sums at most every `interval_s` (50 ms by default): the
-first event after a quiet interval at once, the rest when the interval ends (a timer), and everything on demand
-(`flush`, before `/metrics` renders, and when the process exits). A scrape of another process sees its counts at
-most an interval late. The same shape serves a log written in aggregate (observability/refusals.py): one line an
+first event after a quiet interval at once, the rest when the interval ends (the tally's writer thread), and
+everything on demand (`flush`, before `/metrics` renders, and when the process exits). A scrape of another process
+sees its counts at most an interval late. The same shape serves a log written in aggregate (observability/refusals.py): one line an
 interval, with the seconds it covers.
 """
 
@@ -44,7 +44,9 @@ class Tally(Generic[K]):
         self._counts: dict[K, int] = {}
         self._since = 0.0  # when the first of the held counts came
         self._next = 0.0  # when the counts may next be written (0: at once)
-        self._timer: threading.Timer | None = None
+        self._due = False  # counts are held for the interval's end
+        self._wake = threading.Event()
+        self._writer: threading.Thread | None = None
         # The last interval's counts are written when the process exits (a server worker stopping).
         atexit.register(_flush_at_exit, weakref.ref(self))
 
@@ -55,21 +57,41 @@ class Tally(Generic[K]):
                 self._since = now
             self._counts[key] = self._counts.get(key, 0) + n
             if now < self._next:
-                if self._timer is None:  # the interval's counts, written when it ends even if nothing follows
-                    self._timer = threading.Timer(self._next - now, self.flush)
-                    self._timer.daemon = True
-                    self._timer.start()
+                if not self._due:  # the interval's counts, written when it ends even if nothing follows
+                    self._due = True
+                    self._wake_writer()
                 return
         self.flush()
+
+    def _wake_writer(self) -> None:
+        """Have this tally's writer thread write the held counts when the interval ends. One thread for the
+        tally's life (started again in a forked child, where it does not run): a `threading.Timer` per interval
+        made its caller wait for a new thread to start, and under a contended GIL that took gthread's poller
+        8-10% of its time (py-spy, sync under 500 connections)."""
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._write_when_due, name="twinserve-tally", daemon=True)
+            self._writer.start()
+        self._wake.set()
+
+    def _write_when_due(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                delay = self._next - self._clock()
+            if delay > 0:
+                time.sleep(delay)
+            with self._lock:
+                due = self._due  # else a flush (a scrape, a count after the interval) wrote them meanwhile
+            if due:
+                self.flush()
 
     def flush(self) -> None:
         """Write what was counted since the last write (nothing if nothing was). Returns once every count taken
         before it is written, by this call or by one already writing (a scrape that flushes first reads them all)."""
         with self._writing:
             with self._lock:
-                if self._timer is not None and self._timer is not threading.current_thread():
-                    self._timer.cancel()
-                self._timer = None
+                self._due = False
                 counts, self._counts = self._counts, {}
                 now = self._clock()
                 self._next = now + self.interval_s
