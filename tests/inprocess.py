@@ -13,10 +13,10 @@ with the real-socket suites (`tests/serving.py`).
 Three things the servers do are left out on purpose, because they outlive the app in a test process:
 `start_memory_sampler` (a thread that never ends, and that reaps the live-gauge files of whatever metrics
 directory the environment names, racing tests that set one), the heap's freeze once the models have loaded
-(core/heap.py: whatever the test process holds then would never be collected) and uvicorn's signal handlers (which `app_factory`
-installs only inside a running loop, so they are skipped here by construction). prometheus-client is used
-in-memory here (no PROMETHEUS_MULTIPROC_DIR): `/metrics` then renders this process's own registry, as
-`twinserve.observability.metrics._registry` documents for in-process use.
+(core/heap.py: whatever the test process holds then would never be collected) and uvicorn's signal handlers
+(which `app_factory` installs only inside a running loop, so they are skipped here by construction).
+prometheus-client is used in-memory here (no PROMETHEUS_MULTIPROC_DIR): `/metrics` then renders this process's
+own registry, as `twinserve.observability.metrics._registry` documents for in-process use.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ write each; a refusal is counted in four or five). Under a flood that is a tenth
 `Tally` adds 1 to a dict entry instead, and writes the sums at most every `interval_s` (50 ms by default): the
 first event after a quiet interval at once, the rest when the interval ends (the tally's writer thread), and
 everything on demand (`flush`, before `/metrics` renders, and when the process exits). A scrape of another process
-sees its counts at most an interval late. The same shape serves a log written in aggregate (observability/refusals.py): one line an
-interval, with the seconds it covers.
+sees its counts at most an interval late. The same shape serves a log written in aggregate
+(observability/refusals.py): one line an interval, with the seconds it covers.
 """
 
 from __future__ import annotations
