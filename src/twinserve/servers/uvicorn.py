@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import Any
@@ -28,6 +29,7 @@ from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
+from twinserve.servers.uvicorn_listeners import balanced_listener
 
 __all__ = ["app_factory", "run"]
 
@@ -90,6 +92,19 @@ class _DrainSocketsFirst:
         task.add_done_callback(lambda _: forward(signum, None))
 
 
+def _listener(config: Config) -> socket.socket | None:
+    try:
+        sock = balanced_listener(config.host, config.port)
+    except OSError as exc:  # what uvicorn's own bind does: the address in use, say
+        logging.getLogger("uvicorn.error").error(exc)
+        sys.exit(STARTUP_FAILURE)
+    if sock is not None:
+        logging.getLogger("uvicorn.error").info(
+            "Uvicorn running on http://%s:%d, one socket per worker (SO_REUSEPORT)", config.host, sock.getsockname()[1]
+        )
+    return sock
+
+
 def _exit_cleanly(signum: int, frame: object) -> None:
     sys.exit(0)
 
@@ -121,8 +136,11 @@ def run(config: Config) -> None:
         proxy_headers=False,
     )
     # What `uvicorn.run` does, with the socket bound here first (as uvicorn binds it for several workers) so that
-    # the announcement says the port bound, the kernel's choice for --port 0.
-    sock = settings.bind_socket()
+    # the announcement says the port bound, the kernel's choice for --port 0. Several workers each listen on a
+    # socket of their own where the kernel spreads connections over them (servers/uvicorn_listeners.py).
+    sock = _listener(config) if settings.workers > 1 else None
+    if sock is None:
+        sock = settings.bind_socket()
     announce(config, sock.getsockname()[1])
     server = uvicorn.Server(settings)
     try:
