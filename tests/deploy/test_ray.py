@@ -30,12 +30,14 @@ from tests.errors import error_fields
 from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, poll, predict, scrape
 from twinserve.cli import main
 from twinserve.config import Config
+from twinserve.core.heap import YOUNG_THRESHOLD
 from twinserve.deploy.ray import Scaling, _replica_config, replica_capacity
 
 pytestmark = pytest.mark.ray
 
 MODEL = "twinserve.examples.tabular:Classifier"
 GATE = model_path("Gate")
+HEAP = model_path("HeapState")
 MEMORY = "twinserve_process_resident_memory_bytes"
 #: Both servers: one request computed at a time per process, and room for 3 queued instances (the tabular example's
 #: three examples fit in one request), so a flood of gated requests overflows them deterministically.
@@ -46,7 +48,7 @@ FLAGS = ("--max-batch-size", "1", "--model-workers", "1", "--max-queue", str(QUE
 class RayServer(ServerProcess):
     """`twinserve ray MODEL... --replicas 2` as a subprocess, bounded for a small machine."""
 
-    def __init__(self, *extra: str, models: tuple[str, ...] = (MODEL, GATE)) -> None:
+    def __init__(self, *extra: str, models: tuple[str, ...] = (MODEL, GATE, HEAP)) -> None:
         # Ray's session files and the replicas' metrics directories land here, where the test can check and remove
         # them (a short path: Ray's unix sockets live under it).
         self.tmp = Path(tempfile.mkdtemp(prefix="tsr-"))
@@ -124,7 +126,7 @@ def ray_server() -> Iterator[RayServer]:
 
 @pytest.fixture(scope="module")
 def async_server() -> Iterator[Server]:
-    with Server([MODEL, GATE], "async", *FLAGS) as server:
+    with Server([MODEL, GATE, HEAP], "async", *FLAGS) as server:
         yield server
 
 
@@ -164,6 +166,13 @@ def test_error_bodies_equal_async(
     assert on_ray.status_code == on_async.status_code == status
     assert on_ray.content == on_async.content
     assert on_ray.headers.get_list("x-request-id") == on_async.headers.get_list("x-request-id") == ["same-id-for-both"]
+
+
+def test_each_replica_freezes_what_it_loaded(ray_server: RayServer) -> None:
+    """core/heap.py: a replica's heap settles once its models have loaded, as a server process's does."""
+    states = [predict(ray_server, "heap", [1]).json()["predictions"][0] for _ in range(12)]
+    assert all(state["frozen"] for state in states), states
+    assert {state["young_threshold"] for state in states} == {YOUNG_THRESHOLD}
 
 
 def test_request_id_is_made_once(ray_server: RayServer) -> None:

@@ -12,8 +12,9 @@ before it serves: one full collection, then everything still alive is frozen (`g
 collection's walk. What serving creates is collected as before, and the youngest generation is collected per
 `YOUNG_THRESHOLD` allocations rather than CPython's 700: a request's objects are mostly still in flight at a
 collection, so a small threshold moved them to the older generations, each pass walking them again; measured in
-the same run, the collector's time fell from ~65 ms to ~10 ms a second. Not done in a process that merely builds
-an app (tests, Ray Serve's replicas): freezing is for processes that serve from then on.
+the same run, the collector's time fell from ~65 ms to ~10 ms a second. Ray Serve's replicas settle too. Not done
+in a process that merely builds an app (the tests' in-process apps): freezing is for processes that serve from then
+on.
 
 Frozen objects are never collected: a model unloaded while the server runs would leave its reference cycles
 behind. `collect_all` (after an unload) unfreezes, collects and freezes again.

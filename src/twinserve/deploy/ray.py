@@ -203,6 +203,7 @@ class TwinserveReplica:
     def __serve_build_asgi_app__(self) -> ASGIApp:
         """Called by Ray once per replica; Ray then runs the app's lifespan, which loads the models."""
         metrics_dir = _own_metrics_dir()
+        from twinserve.core.heap import settle
         from twinserve.fronts.asgi import create_asgi_app
         from twinserve.fronts.contract import Service
         from twinserve.observability.logging import configure_logging
@@ -215,7 +216,8 @@ class TwinserveReplica:
         start_memory_sampler("server")
         # The registry `twinserve serve` builds: MODEL arguments, or every model and version of a repository.
         service = Service(ModelRegistry.from_config(config), config, setup_tracing(config))
-        return _ReplicaApp(create_asgi_app(service), metrics_dir)
+        # A replica serves from its start to its end, in a process of its own: its heap settles as a server's does.
+        return _ReplicaApp(create_asgi_app(service, on_ready=settle), metrics_dir)
 
 
 def _replica_config(models: Sequence[str], config: Config) -> Config:
