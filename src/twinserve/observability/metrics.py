@@ -234,7 +234,11 @@ def start_memory_sampler(role: str, interval: float = 1.0) -> None:
     process = psutil.Process()
     per_process = metrics().memory.labels(role)  # from here a scrape sees this process, at 0 until sampled
     total = metrics().memory_total
-    per_process.set(process.memory_info().rss)  # so sampled at once, not when the thread first runs
+    # Both sampled at once, not when the thread first runs: a scrape that sees this process sees its RSS in the
+    # total too (a CI run read a total short of one process, its thread not yet run while the loop was busy).
+    rss = process.memory_info().rss
+    per_process.set(rss)
+    total.set(rss)
 
     def sample() -> None:
         reaped_at = float("-inf")
