@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.serving import Server, model_path, read_response
+from tests.serving import Server, model_path, poll, read_response
 from twinserve.servers.gunicorn_balance import ConnectionShares
 from twinserve.servers.uvicorn_listeners import balanced_listener
 
@@ -63,8 +63,22 @@ def test_a_burst_of_connections_lands_on_both_async_workers() -> None:
     # 1-15 in three runs (8-8, 8-8, 6-10 after).
     connections = 48
     with Server([model_path("BatchRecorder")], "async", "--workers", "2") as server:
+        # Ready means one worker answers; a worker listens once its models have loaded, and until then the kernel
+        # gives every connection to the others. So first both workers answer, on new connections.
+        workers: set[str] = set()
+
+        def both_answered() -> bool:
+            workers.add(_worker_on_a_new_connection(server))
+            return len(workers) == 2
+
+        assert poll(both_answered, timeout=120), workers
         seen = _burst(server, connections)
     assert len(seen) == 2 and max(seen.values()) <= 2 * 40, seen
+
+
+def _worker_on_a_new_connection(server: Server) -> str:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        return _worker_of(client)
 
 
 def _burst(server: Server, connections: int) -> Counter[str]:
