@@ -34,10 +34,17 @@ class ReusePortListener(socket.socket):
 
 def _bound(family: int, host: str, port: int) -> socket.socket:
     """A new `SO_REUSEPORT` socket bound to (host, port): one more listener of the group (uvicorn listens on it)."""
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    return _bind(socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP), host, port)
+
+
+def _bind(sock: socket.socket, host: str, port: int) -> socket.socket:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
@@ -48,12 +55,6 @@ def balanced_listener(host: str, port: int) -> ReusePortListener | None:
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = ReusePortListener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    listener = ReusePortListener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    _bind(listener, host, port)
+    return listener
