@@ -10,6 +10,7 @@ import concurrent.futures
 import contextlib
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,77 @@ def test_v2_rows_per_request(server: Server) -> None:
     response = httpx.post(server.url + "/v2/models/echo/infer", json=body, timeout=30)
     assert response.status_code == 413, response.text
     assert f"at most {MAX_INSTANCES} rows" in response.json()["error"]
+
+
+def _read_answer(sock: socket.socket, received: bytes = b"") -> tuple[int, bytes, bytes]:
+    """One whole answer (a `100 Continue` before it skipped): status, body, and what followed it."""
+    while True:
+        while b"\r\n\r\n" not in received:
+            chunk = sock.recv(65536)
+            assert chunk, f"the connection closed mid-answer: {received!r}"
+            received += chunk
+        head, _, rest = received.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if status == 100:
+            received = rest
+            continue
+        length = next(
+            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "the connection closed mid-body"
+            rest += chunk
+        return status, rest[:length], rest[length:]
+
+
+def _echo_head(body: bytes, *extra: str) -> bytes:
+    lines = ["POST /v1/models/echo:predict HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    return ("\r\n".join([*lines, f"Content-Length: {len(body)}", *extra]) + "\r\n\r\n").encode()
+
+
+def test_a_body_is_read_however_it_arrives(server: Server) -> None:
+    """Whole in one write (the async front then takes it from the server as it stands), its head first and the
+    body after a pause, a byte at a time, behind `Expect: 100-continue` (RFC 9110 section 10.1.1: the client may
+    send the body without waiting for the 100), and two requests pipelined in one write: each on one kept-alive
+    connection, each answered with its own instances, none of one request's body seen by the next."""
+    bodies = [json.dumps({"instances": [f"r{i}", i]}).encode() for i in range(6)]
+
+    def answers(body: bytes) -> list[Any]:
+        return [f"r{bodies.index(body)}", bodies.index(body)]
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(_echo_head(bodies[0]) + bodies[0])  # whole
+        status, answer, rest = _read_answer(sock)
+        assert (status, json.loads(answer)["predictions"], rest) == (200, answers(bodies[0]), b"")
+
+        sock.sendall(_echo_head(bodies[1]))  # the head, then the body once the app has begun to wait for it
+        time.sleep(0.3)
+        sock.sendall(bodies[1])
+        status, answer, rest = _read_answer(sock)
+        assert (status, json.loads(answer)["predictions"], rest) == (200, answers(bodies[1]), b"")
+
+        sock.sendall(_echo_head(bodies[2]))  # a byte at a time
+        for byte in bodies[2]:
+            sock.sendall(bytes([byte]))
+        status, answer, rest = _read_answer(sock)
+        assert (status, json.loads(answer)["predictions"], rest) == (200, answers(bodies[2]), b"")
+
+        sock.sendall(_echo_head(bodies[3], "Expect: 100-continue"))
+        sock.settimeout(1.0)
+        with contextlib.suppress(TimeoutError):
+            early = sock.recv(65536)
+            assert early.startswith(b"HTTP/1.1 100 "), early
+        sock.settimeout(30)
+        sock.sendall(bodies[3])
+        status, answer, rest = _read_answer(sock)
+        assert (status, json.loads(answer)["predictions"], rest) == (200, answers(bodies[3]), b"")
+
+        sock.sendall(_echo_head(bodies[4]) + bodies[4] + _echo_head(bodies[5]) + bodies[5])  # pipelined
+        status, answer, rest = _read_answer(sock)
+        assert (status, json.loads(answer)["predictions"]) == (200, answers(bodies[4]))
+        status, answer, rest = _read_answer(sock, rest)
+        assert (status, json.loads(answer)["predictions"], rest) == (200, answers(bodies[5]), b"")
 
 
 def _raw(server: Server, request: bytes) -> tuple[int, dict[str, str], bytes]:

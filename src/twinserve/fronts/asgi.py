@@ -38,7 +38,7 @@ from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
 from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
-from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, predict_unless_gone, unless_disconnected
+from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.fronts.exchange import Exchange
@@ -66,8 +66,14 @@ async def _read_body(request: Request, service: Service) -> bytes:
     uvicorn bounds no read: a body that has not arrived whole within `--read-timeout-s` gets 408 and its
     connection closed, instead of holding the request open forever (slowloris). The bound is on the whole body,
     not on each pause, so a byte every few seconds does not keep it open either; the sync architecture's
-    gunicorn workers apply the same deadline.
+    gunicorn workers apply the same deadline. A body that had all arrived when the app first ran (most) is taken
+    whole from the server (`arrived_body`): there is nothing left to wait for.
     """
+    arrived = arrived_body(request)
+    if arrived is not None:
+        if len(arrived) > service.max_body_bytes:
+            raise service.too_large()
+        return arrived
     chunks: list[bytes] = []
     size = 0
     timeout = service.config.read_timeout_s

@@ -18,12 +18,13 @@ from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected
 from twinserve.fronts.sse import client_left
 
-__all__ = ["DISCONNECT_EXTENSION", "disconnect_flag", "predict_unless_gone", "unless_disconnected"]
+__all__ = ["DISCONNECT_EXTENSION", "arrived_body", "disconnect_flag", "predict_unless_gone", "unless_disconnected"]
 
 T = TypeVar("T")
 
 #: The ASGI scope extension in which a server tells whether a request's client has gone:
-#: `scope["extensions"][DISCONNECT_EXTENSION] = {"disconnected": <a callable returning bool, no argument>}`.
+#: `scope["extensions"][DISCONNECT_EXTENSION] = {"disconnected": <a callable returning bool, no argument>,
+#: "body": <a callable returning the whole body if it has all arrived and none of it was read, else None>}`.
 #: twinserve's httptools protocol (servers/httptools.py) publishes it; without it a watcher task is the fallback.
 DISCONNECT_EXTENSION = "twinserve.disconnect"
 
@@ -38,6 +39,15 @@ def disconnect_flag(request: Request) -> Callable[[], bool] | None:
     extensions = request.scope.get("extensions")
     published = extensions.get(DISCONNECT_EXTENSION) if extensions else None
     return None if published is None else published["disconnected"]
+
+
+def arrived_body(request: Request) -> bytes | None:
+    """The request's whole body, if the server publishes it (`DISCONNECT_EXTENSION`) and it has all arrived
+    unread; None otherwise (read it through `receive`)."""
+    extensions = request.scope.get("extensions")
+    published = extensions.get(DISCONNECT_EXTENSION) if extensions else None
+    take = None if published is None else published.get("body")
+    return None if take is None else take()
 
 
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:

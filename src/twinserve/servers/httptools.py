@@ -74,6 +74,34 @@ def _disconnected(cycle: RequestResponseCycle) -> Callable[[], bool]:
     return disconnected
 
 
+def _arrived_body(cycle: RequestResponseCycle) -> Callable[[], bytes | None]:
+    """The request's whole body if it has all arrived and the app has not read any of it yet, taken as uvicorn's
+    `receive` would take it; else None (the app then reads it through `receive`, under its read deadline).
+
+    Most predict requests arrive whole in one read, before the app's task first runs: taking the body here spares
+    each of them an `asyncio.timeout` and starlette's body stream (measured: ~5% of the async front's CPU for a
+    small model). A body that waits on `Expect: 100-continue` is never taken here: `receive` answers the 100."""
+    ref = weakref.ref(cycle)
+
+    def arrived() -> bytes | None:
+        live = ref()
+        if (
+            live is None
+            or live.more_body
+            or live.disconnected
+            or live.response_complete
+            or live.waiting_for_100_continue
+            or not live.message_event.is_set()
+        ):
+            return None
+        live.flow.resume_reading()  # as `receive` does: a large body may have paused reading
+        live.message_event.clear()
+        body, live.body = bytes(live.body), bytearray()
+        return body
+
+    return arrived
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the request-line and header limits gunicorn enforces (414, 431), and a
     bound on how long a request's head may take to arrive; each request's scope says whether its client has gone
@@ -188,7 +216,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 cycle.keep_alive = False
             # The app's task, created above, first runs on the loop's next turn: the scope is complete by then.
             extensions = cast(dict[str, Any], self.scope).setdefault("extensions", {})
-            extensions[DISCONNECT_EXTENSION] = {"disconnected": _disconnected(cycle)}
+            extensions[DISCONNECT_EXTENSION] = {"disconnected": _disconnected(cycle), "body": _arrived_body(cycle)}
 
     def on_body(self, body: bytes) -> None:
         if not self._discarding:
