@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from tests.serving import wait_until
 from twinserve.observability.tally import Tally
@@ -78,3 +81,34 @@ def test_what_is_held_when_the_process_exits_is_written(tmp_path: Path) -> None:
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     assert out.read_text().splitlines() == ["[('a', 1)]", "[('a', 1), ('b', 1)]"]
+
+
+def test_amounts_added_at_one_time_are_summed_per_key() -> None:
+    written: list[dict[str, float]] = []
+    clock = Clock()
+    tally: Tally[str] = Tally(lambda c, _: written.append(c), interval_s=1000.0, clock=clock)
+    tally.add("first")
+    tally.add_all([("bucket", 1), ("sum", 0.25)])
+    tally.add_all([("bucket", 1), ("sum", 0.5), ("gauge", -1)])
+    tally.flush()
+    assert written == [{"first": 1}, {"bucket": 2, "sum": 0.75, "gauge": -1}]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_does_not_write_its_parents_held_counts() -> None:
+    """A model worker forked from a serving process would count the parent's held requests a second time."""
+    written: list[dict[str, float]] = []
+    tally: Tally[str] = Tally(lambda c, _: written.append(c), interval_s=1000.0)
+    tally.add("a")
+    tally.add("held")  # within the interval: held when the process forks
+    pid = os.fork()
+    if pid == 0:  # the child: its flush must write nothing of the parent's
+        before = len(written)
+        tally.flush()
+        tally.add("own")
+        tally.flush()
+        os._exit(0 if written[before:] == [{"own": 1}] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    tally.flush()
+    assert written == [{"a": 1}, {"held": 1}]  # the parent still writes its own

@@ -42,6 +42,7 @@ from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import RequestContext, current_request
 from twinserve.observability.metrics import metrics
+from twinserve.observability.sums import metric_sums
 from twinserve.observability.tracing import BatchTrace, RequestTrace
 
 __all__ = ["ModelRuntime", "load_runtimes"]
@@ -103,6 +104,7 @@ class ModelRuntime:
         )
         self.executor: Executor | None = None
         registry = metrics()
+        self._sums = metric_sums()
         self._metrics: dict[str, Any] = {
             "batch_size": registry.batch_size.labels(self.name),
             "inference": registry.inference_seconds.labels(self.name),
@@ -187,12 +189,11 @@ class ModelRuntime:
         self._loaded(start)
 
     def _observe_batch(self, size: int, waits: list[float], seconds: float, queued: int) -> None:
-        m = self._metrics
-        m["batch_size"].observe(size)
-        m["inference"].observe(seconds)
-        m["compute"].inc(seconds * len(waits))
-        for wait in waits:
-            m["queue_wait"].observe(wait)
+        m, sums = self._metrics, self._sums  # summed per interval, as each request's are (observability/sums.py)
+        sums.observe(m["batch_size"], size)
+        sums.observe(m["inference"], seconds)
+        sums.inc(m["compute"], seconds * len(waits))
+        sums.observe_all(m["queue_wait"], waits)
         m["queued"].set(queued)
 
     def _observe_isolation(self, requests: int, failed: int, reruns: int) -> None:

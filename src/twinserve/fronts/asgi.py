@@ -2,7 +2,8 @@
 
 Every request, HTTP or WebSocket, goes through one dispatcher compiled from the shared route table
 (fronts/dispatch.py) to a plain endpoint over the shared `Service`; the lifespan loads the models. No web
-framework runs per request: Starlette's `Request`, `Response` and `WebSocket` only read and write ASGI messages.
+framework runs per request: Starlette's `Request` and `WebSocket` only read ASGI messages, and a reply is sent
+as two ASGI messages (fronts/asgi_reply.py).
 FastAPI is not used: its per-request dependency and validation machinery duplicated what the codec already does
 in one pass, and its router was routed around on the hot path. `/docs` and `/openapi.json` come from the shared
 route table, built from each model's own schemas.
@@ -29,13 +30,13 @@ from typing import Any
 
 from starlette.datastructures import Headers as StarletteHeaders
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
+from twinserve.fronts.asgi_reply import AsgiReply
 from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
@@ -53,11 +54,8 @@ __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 logger = logging.getLogger("twinserve.asgi")
 
 
-def _respond(reply: Reply, request_id: str) -> Response:
-    headers = {REQUEST_ID_HEADER: request_id}
-    if reply.headers:
-        headers.update(reply.headers)
-    return Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type or None)
+def _respond(reply: Reply, request_id: str) -> AsgiReply:
+    return AsgiReply(reply, request_id)
 
 
 async def _read_body(request: Request, service: Service) -> bytes:
@@ -112,7 +110,9 @@ def _head(scope: Scope) -> dict[str, str]:
     return found
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+#: What a handler answers: a complete reply, or a stream (fronts/sse.py), each sent by calling it as ASGI.
+Answer = Callable[[Scope, Receive, Send], Awaitable[None]]
+Handler = Callable[[Request], Awaitable[Answer]]
 Endpoint = Callable[[Request, Exchange], Awaitable[Reply | StreamStart]]
 
 
@@ -490,7 +490,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape 
     """Wrap an endpoint in its exchange: request id in and out, every error rendered by the shared contract (with
     the V2 body on V2 routes), the request counted once (a stream's when it ends)."""
 
-    async def handle(request: Request) -> Response:
+    async def handle(request: Request) -> Answer:
         headers = request.headers
         exchange = service.open(
             name,
@@ -506,7 +506,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape 
             answer = await endpoint(request, exchange)
             if isinstance(answer, StreamStart):
                 service.first_chunk(exchange.context, answer.runtime.name)
-                return AsgiEventStream(exchange, answer)  # type: ignore[return-value]  # it closes the exchange
+                return AsgiEventStream(exchange, answer)  # it closes the exchange
             reply = exchange.reply(answer)
         except Exception as exc:
             reply = exchange.fail(exc)

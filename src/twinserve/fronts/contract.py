@@ -45,6 +45,7 @@ from twinserve.observability.metrics import (
     render,
 )
 from twinserve.observability.refusals import SHED_CODES, RefusalLog
+from twinserve.observability.sums import metric_sums
 from twinserve.observability.tally import Tally
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
@@ -164,6 +165,8 @@ class Service(OpenInferenceHandlers):
         #: False when any Host is served (bound to 0.0.0.0, or `--allowed-hosts '*'`): the fronts skip the check.
         self.checks_host = not self.hosts.any_host
         self.open_paths = _open_paths(config)
+        #: This process's metric writes, summed per interval (observability/sums.py).
+        self.sums = metric_sums()
         self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
         # A metric's children by label values, looked up once each (`labels()` costs a lock and a tuple per call).
         self._levels: dict[tuple[str, ...], Any] = {}
@@ -332,32 +335,34 @@ class Service(OpenInferenceHandlers):
         close_request()
         if context.trace is not None:
             context.trace.finish(_ROUTE_PATHS.get(endpoint), model, status, error_code)
+        # Summed per interval, not written per request (observability/sums.py); `/metrics` writes them first.
+        sums = self.sums
         key = (model, endpoint)
         children = self._children.get(key)
         if children is None:
             m = metrics()
             children = self._children[key] = (m.request_seconds.labels(model, endpoint), {})
         histogram, counters = children
-        histogram.observe(seconds)
+        sums.observe(histogram, seconds)
         if status >= 400:
-            metrics().failed_seconds.labels(model, endpoint).inc(seconds)
+            sums.inc(metrics().failed_seconds.labels(model, endpoint), seconds)
         counter = counters.get(status)
         if counter is None:
             counter = counters[status] = metrics().requests.labels(model, endpoint, str(status))
-        counter.inc()
+        sums.inc(counter)
         reason = REJECTION_REASONS.get(error_code) if error_code is not None else None
         refused = reason is not None
         if reason is not None:
-            metrics().rejected.labels(model, reason).inc()
+            sums.inc(metrics().rejected.labels(model, reason))
             if error_code in SHED_CODES:
                 self._refusals.refused(model, error_code)
         if model:
             outcome = "ok" if status < 300 else "refused" if refused else "error"
-            _labelled(self._levels, metrics().by_priority, model, str(context.priority), outcome).inc()
+            sums.inc(_labelled(self._levels, metrics().by_priority, model, str(context.priority), outcome))
             if version is not None:
-                _labelled(self._versions, metrics().by_version, model, version, outcome).inc()
+                sums.inc(_labelled(self._versions, metrics().by_version, model, version, outcome))
                 if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
-                    _labelled(self._version_seconds, metrics().version_seconds, model, version).observe(seconds)
+                    sums.observe(_labelled(self._version_seconds, metrics().version_seconds, model, version), seconds)
 
     def refused_early(
         self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str
@@ -369,9 +374,9 @@ class Service(OpenInferenceHandlers):
         flood refuses thousands a second, and a metric write each cost a tenth of the refusal."""
         self._early_tally.add((model, version, endpoint, priority, status, error_code))
 
-    def _count_early(self, counts: dict[EarlyKey, int], seconds: float) -> None:
+    def _count_early(self, counts: dict[EarlyKey, float], seconds: float) -> None:
         for key, n in counts.items():
-            self._refusals.refused(key[0], key[5], n)
+            self._refusals.refused(key[0], key[5], int(n))
             counters = self._early.get(key)
             if counters is None:
                 model, version, endpoint, priority, status, error_code = key

@@ -167,7 +167,7 @@ class Exchange:
         # gauge (docs/scale-out.md) would see a probe's or Prometheus's visit as load.
         self._counted = endpoint not in QUIET_ENDPOINTS
         if self._counted:
-            service.in_flight.inc()
+            service.sums.opened(service.in_flight)
 
     @property
     def request_id(self) -> str:
@@ -382,6 +382,6 @@ class Exchange:
             if runtime is not None:
                 runtime.occupancy.leave()
             if self._counted:
-                service.in_flight.dec()
+                service.sums.closed(service.in_flight)
             if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
                 release_free_memory()  # the refused body and what its decoding built are freed by now

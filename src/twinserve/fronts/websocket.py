@@ -32,7 +32,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
@@ -44,9 +43,10 @@ from twinserve.errors import (
     TooManyPending,
     TwinserveError,
 )
+from twinserve.fronts.asgi_reply import AsgiReply
 from twinserve.fronts.contract import Service
 from twinserve.fronts.exchange import Exchange, decode_off_loop
-from twinserve.fronts.routes import REQUEST_ID_HEADER, error_shape
+from twinserve.fronts.routes import error_shape
 from twinserve.protocol.websocket import MessageError, WebSocketCodec
 
 __all__ = [
@@ -277,10 +277,8 @@ async def deny_handshake(websocket: WebSocket, service: Service, error: Twinserv
     try:
         reply = exchange.fail(error)
         if _DENIAL_EXTENSION in websocket.scope.get("extensions", {}):
-            headers = {REQUEST_ID_HEADER: exchange.request_id, **(reply.headers or {})}
-            await websocket.send_denial_response(
-                Response(reply.body, status_code=reply.status, headers=headers, media_type=reply.content_type)
-            )
+            # What starlette's `send_denial_response` does with a `Response`: the reply as `websocket.http.*`.
+            await AsgiReply(reply, exchange.request_id)(websocket.scope, websocket.receive, websocket.send)
         else:
             await websocket.close(CLOSE_POLICY, error.message[:120])
     finally:

@@ -20,6 +20,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from twinserve.observability.sums import metric_sums
+
 __all__ = [
     "CONTENT_TYPE",
     "MULTIPROC_ENV",
@@ -272,6 +274,7 @@ def render() -> bytes:
     """The Prometheus text exposition of every process of this server."""
     from prometheus_client import generate_latest
 
+    metric_sums().flush()  # this process's writes held for the interval (observability/sums.py)
     output: bytes = generate_latest(_registry())
     return output
 
@@ -296,6 +299,7 @@ class InferenceTotals:
 def inference_totals(endpoints: Collection[str]) -> dict[str, InferenceTotals]:
     """Totals per model, from the same samples `/metrics` shows; `endpoints` are the inference endpoints."""
     totals: dict[str, InferenceTotals] = {}
+    metric_sums().flush()
     for family in _registry().collect():
         for sample in family.samples:
             model = sample.labels.get("model")

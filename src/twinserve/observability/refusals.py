@@ -39,9 +39,9 @@ class RefusalLog:
         self._tally.flush()
 
 
-def _log(counts: dict[tuple[str, str], int], seconds: float) -> None:
+def _log(counts: dict[tuple[str, str], float], seconds: float) -> None:
     ranked = sorted(counts.items(), key=lambda item: item[1], reverse=True)
-    detail = ", ".join(f"{model} {code} {n}" for (model, code), n in ranked)
+    detail = ", ".join(f"{model} {code} {n:.0f}" for (model, code), n in ranked)
     logger.warning(
         "refused %d request(s) in %.1f s (model reason count: %s); each is a debug-level request event",
         sum(counts.values()),

@@ -1,5 +1,5 @@
-"""Counts kept in plain integers and handed on at most once an interval: for events too frequent to count one
-metric write each.
+"""Counts (and other sums) kept in a plain dict and handed on at most once an interval: for events too frequent
+to count one metric write each.
 
 A request refused from its head (fronts/early.py) costs a few microseconds of Python besides its metrics, and
 prometheus-client's multiprocess counters cost about as much again per `inc()` (a lock, a pid check and an mmap
@@ -8,16 +8,19 @@ write each; a refusal is counted in four or five). Under a flood that is a tenth
 first event after a quiet interval at once, the rest when the interval ends (the tally's writer thread), and
 everything on demand (`flush`, before `/metrics` renders, and when the process exits). A scrape of another process
 sees its counts at most an interval late. The same shape serves a log written in aggregate
-(observability/refusals.py): one line an interval, with the seconds it covers.
+(observability/refusals.py): one line an interval, with the seconds it covers; and every served request's metrics
+(observability/sums.py).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
+import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 __all__ = ["FLUSH_INTERVAL_S", "Tally"]
@@ -27,12 +30,13 @@ FLUSH_INTERVAL_S = 0.05
 
 
 class Tally(Generic[K]):
-    """Counts per key, handed to `write(counts, seconds)` at most every `interval_s`, and on `flush()`; `seconds`
-    is the time from the first of those counts to the write. Thread-safe."""
+    """Sums per key (counts, or any amounts: seconds, a gauge's moves), handed to `write(sums, seconds)` at most
+    every `interval_s`, and on `flush()`; `seconds` is the time from the first of those sums to the write.
+    Thread-safe."""
 
     def __init__(
         self,
-        write: Callable[[dict[K, int], float], None],
+        write: Callable[[dict[K, float], float], None],
         interval_s: float = FLUSH_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -41,7 +45,7 @@ class Tally(Generic[K]):
         self._clock = clock
         self._lock = threading.Lock()
         self._writing = threading.Lock()  # one write at a time, and `flush` waits for one under way
-        self._counts: dict[K, int] = {}
+        self._counts: dict[K, float] = {}
         self._since = 0.0  # when the first of the held counts came
         self._next = 0.0  # when the counts may next be written (0: at once)
         self._due = False  # counts are held for the interval's end
@@ -49,13 +53,21 @@ class Tally(Generic[K]):
         self._writer: threading.Thread | None = None
         # The last interval's counts are written when the process exits (a server worker stopping).
         atexit.register(_flush_at_exit, weakref.ref(self))
+        # A forked child (a model worker) would write its parent's held counts again, from its own process.
+        os.register_at_fork(after_in_child=functools.partial(_forget_in_child, weakref.ref(self)))
 
-    def add(self, key: K, n: int = 1) -> None:
+    def add(self, key: K, n: float = 1) -> None:
+        self.add_all(((key, n),))
+
+    def add_all(self, amounts: Iterable[tuple[K, float]]) -> None:
+        """Add each `(key, n)` of `amounts`, at one time (a histogram's observation is a bucket and a sum)."""
         with self._lock:
             now = self._clock()
-            if not self._counts:
+            counts = self._counts
+            if not counts:
                 self._since = now
-            self._counts[key] = self._counts.get(key, 0) + n
+            for key, n in amounts:
+                counts[key] = counts.get(key, 0) + n
             if now < self._next:
                 if not self._due:  # the interval's counts, written when it ends even if nothing follows
                     self._due = True
@@ -98,6 +110,16 @@ class Tally(Generic[K]):
                 seconds = max(now - self._since, 0.0)
             if counts:  # outside `_lock`: counting goes on meanwhile
                 self._write(counts, seconds)
+
+
+def _forget_in_child(ref: weakref.ref[Tally[Any]]) -> None:
+    tally = ref()
+    if tally is not None:
+        tally._counts = {}
+        tally._due = False
+        tally._lock = threading.Lock()  # another thread of the parent may have held it at the fork
+        tally._writing = threading.Lock()
+        tally._wake = threading.Event()
 
 
 def _flush_at_exit(ref: weakref.ref[Tally[Any]]) -> None:
