@@ -8,8 +8,19 @@ processes, divided by the requests answered: the front, the codec, the batcher, 
 To compare two checkouts (before/after a change), name each one's `src/` with `--src`; each runs in its own
 subprocess, alternating, and the medians and their ratio are printed.
 
+Each request's scope carries what twinserve's own HTTP server publishes (its `twinserve.disconnect` extension: the
+body taken whole, the client's departure polled), so the path measured is the one `twinserve serve` takes;
+`--no-extension` measures the path under another ASGI server (a watcher task per request, the body streamed).
+
+CPU time on a shared 2-core machine varies by 15% or more from run to run, which hides a 5% change.
+`--instructions` counts instructions instead (valgrind's callgrind, about 60x slower): each checkout runs at
+`--requests` and at five times as many, and the difference over the extra requests is the instructions one
+request costs, the same to within about 1% from run to run. Metrics are written as `twinserve serve` writes them
+(prometheus-client's multiprocess files).
+
     python benchmarks/request_cpu.py [--arch async|hybrid] [--src OLD/src --src NEW/src] [--requests 3000]
         [--rounds 5] [--model tests/models.py:Echo --body '{"instances": [1]}']   # the front's cost, a trivial model
+    python benchmarks/request_cpu.py --instructions --requests 640 --src OLD/src --src NEW/src --model ...
 """
 
 from __future__ import annotations
@@ -18,10 +29,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
-from collections.abc import MutableMapping
+import tempfile
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from cputime import tree_cpu_seconds
@@ -31,12 +44,13 @@ BODY = json.dumps(
 ).encode()
 
 
-async def _measure(requests: int, concurrency: int, model: str, body: bytes, arch: str) -> float:
+async def _measure(requests: int, concurrency: int, model: str, body: bytes, arch: str, extension: bool) -> float:
     """Microseconds of CPU per answered request, in this process."""
     from twinserve.config import load_config
     from twinserve.core.runtime import load_runtimes
     from twinserve.fronts.asgi import create_asgi_app
     from twinserve.fronts.contract import Service
+    from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 
     config = load_config(arch=arch, access_log=False, models=[model])
     runtimes = load_runtimes(config)
@@ -82,6 +96,16 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes, arc
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
         }
+        if extension:  # as servers/httptools.py publishes it: the body arrived whole, the client stays
+
+            def take_body() -> bytes | None:
+                nonlocal sent
+                if sent:
+                    return None
+                sent = True
+                return body
+
+            scope["extensions"] = {DISCONNECT_EXTENSION: {"disconnected": lambda: False, "body": take_body}}
         await app(scope, receive, send)
         return status
 
@@ -124,37 +148,73 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", default="twinserve.examples.tabular:Classifier", help="import string")
     parser.add_argument("--body", default=BODY.decode(), help="the request body (JSON)")
+    parser.add_argument("--no-extension", action="store_true", help="no twinserve.disconnect in the scope")
+    parser.add_argument("--instructions", action="store_true", help="count instructions (valgrind) instead")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         import uvloop
 
-        print(uvloop.run(_measure(args.requests, args.concurrency, args.model, args.body.encode(), args.arch)))
+        body, extension = args.body.encode(), not args.no_extension
+        print(uvloop.run(_measure(args.requests, args.concurrency, args.model, body, args.arch, extension)))
         return
     sources = args.src or [os.path.join(os.path.dirname(__file__), "..", "src")]
+    measure = _instructions if args.instructions else _cpu
+    unit = "instructions" if args.instructions else "us CPU"
     figures: dict[str, list[float]] = {src: [] for src in sources}
     batches: dict[str, list[str]] = {src: [] for src in sources}
     for _ in range(args.rounds):
         for src in sources:  # alternating, so drift on a noisy machine hits every checkout alike
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", "--arch", args.arch, "--requests", str(args.requests),
-                 "--concurrency", str(args.concurrency), "--model", args.model, "--body", args.body],
-                env={**os.environ, "PYTHONPATH": os.path.abspath(src)},
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            lines = done.stdout.strip().splitlines()
-            figures[src].append(float(lines[-1]))
-            batch = next((line.split()[1] for line in lines if line.startswith("batch ")), "?")
+            figure, batch = measure(args, src)
+            figures[src].append(figure)
             batches[src].append(batch)
-            print(f"  {src}: {figures[src][-1]:.0f} us, mean batch {batch}", flush=True)
+            print(f"  {src}: {figure:.0f} {unit}, mean batch {batch}", flush=True)
     base = statistics.median(figures[sources[0]])
     for src, values in figures.items():
         median = statistics.median(values)
         shown = ", ".join(f"{v:.0f}" for v in values)
         print(
-            f"{src}: median {median:.0f} us CPU/request ({shown}); ratio to the first {median / base:.3f}; "
+            f"{src}: median {median:.0f} {unit}/request ({shown}); ratio to the first {median / base:.3f}; "
             f"mean batch sizes {', '.join(batches[src])}"
         )
+
+
+def _child(args: argparse.Namespace, src: str, requests: int, prefix: Sequence[str] = (), **env: str) -> str:
+    command = [*prefix, sys.executable, __file__, "--child", "--arch", args.arch, "--requests", str(requests),
+               "--concurrency", str(args.concurrency), "--model", args.model, "--body", args.body]  # fmt: skip
+    if args.no_extension:
+        command.append("--no-extension")
+    done = subprocess.run(
+        command, env={**os.environ, "PYTHONPATH": os.path.abspath(src), **env}, capture_output=True, text=True
+    )
+    if done.returncode:
+        sys.exit(f"{src}: the measurement failed:\n{done.stdout}{done.stderr}")
+    return done.stdout + done.stderr
+
+
+def _batch(output: str) -> str:
+    return next((line.split()[1] for line in output.splitlines() if line.startswith("batch ")), "?")
+
+
+def _cpu(args: argparse.Namespace, src: str) -> tuple[float, str]:
+    output = _child(args, src, args.requests)
+    return float(output.strip().splitlines()[-1]), _batch(output)
+
+
+def _instructions(args: argparse.Namespace, src: str) -> tuple[float, str]:
+    """Instructions per request: the count at 6x the requests less the count at 1x, over the extra requests
+    (start-up, the model's load and the warm-up cancel out)."""
+    counts = []
+    answered = [n // args.concurrency * args.concurrency for n in (args.requests, 6 * args.requests)]
+    for requests in answered:
+        with tempfile.TemporaryDirectory() as metrics_dir:  # multiprocess metrics, as the server writes them
+            output = _child(args, src, requests, ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"],
+                            PROMETHEUS_MULTIPROC_DIR=metrics_dir)  # fmt: skip
+        found = re.search(r"Collected : (\d+)", output)
+        if found is None:
+            sys.exit(f"no instruction count from valgrind (is it installed?):\n{output[-2000:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / (answered[1] - answered[0]), _batch(output)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from twinserve.observability.metrics import LATENCY_BUCKETS
-from twinserve.observability.sums import MetricSums
+from twinserve.observability.sums import MetricSums, Writes
 
 # On a bound (counted in that bucket: `le` is "less or equal"), between bounds, past the last finite one (+Inf),
 # zero, and one value many times.
@@ -30,22 +30,26 @@ def test_summed_writes_render_as_the_same_writes_made_one_by_one() -> None:
     sums = MetricSums(interval_s=1000.0)  # everything after the first write is held until the flush
     for value in VALUES:
         h1.labels("m").observe(value)
-        sums.observe(h2.labels("m"), value)
+        writes = Writes()
+        writes.observe(h2.labels("m"), value)
+        sums.add(writes)
+    writes = Writes()
     for wait in VALUES[:4]:
         h1.labels("batch").observe(wait)
-    sums.observe_all(h2.labels("batch"), VALUES[:4])
+    writes.observe_all(h2.labels("batch"), VALUES[:4])
     for code in ("200", "200", "503", "200"):
         c1.labels("m", code).inc()
-        sums.inc(c2.labels("m", code))
+        writes.inc(c2.labels("m", code))
     c1.labels("m", "200").inc(0.25)
-    sums.inc(c2.labels("m", "200"), 0.25)
+    writes.inc(c2.labels("m", "200"), 0.25)
     for step in (1, 1, -1, 1, -1):  # a gauge's ups and downs
         g1.inc(step)
-        sums.inc(g2, step)
+        writes.inc(g2, step)
+    sums.add(writes)
     assert _exposition(direct) != _exposition(summed)  # held until the flush (the first write went at once)
     sums.flush()
     assert _exposition(direct) == _exposition(summed)
-    assert "t_seconds_bucket{le=\"0.0005\",model=\"m\"} 2.0" in _exposition(summed)  # 0 and 0.0005 (on the bound)
+    assert 't_seconds_bucket{le="0.0005",model="m"} 2.0' in _exposition(summed)  # 0 and 0.0005 (on the bound)
     assert "t_in_flight 1.0" in _exposition(summed)
 
 
@@ -53,9 +57,10 @@ def test_a_gauge_that_went_up_and_down_in_one_interval_is_not_written() -> None:
     registry = CollectorRegistry()
     gauge = Gauge("t_up_down", "t", registry=registry)
     sums = MetricSums(interval_s=1000.0)
-    sums.inc(gauge, 2)  # the first: written at once
-    sums.inc(gauge, 1)
-    sums.inc(gauge, -1)
+    for step in (2, 1, -1):  # the first: written at once
+        writes = Writes()
+        writes.inc(gauge, step)
+        sums.add(writes)
     sums.flush()
     assert gauge._value.get() == 2
 
@@ -65,12 +70,18 @@ def test_everything_is_written_when_the_last_request_in_flight_ends() -> None:
     registry = CollectorRegistry()
     requests, gauge = Counter("t_answered", "t", registry=registry), Gauge("t_open", "t", registry=registry)
     sums = MetricSums(interval_s=1000.0)
-    sums.inc(requests)  # the first: written at once; what follows is held for the interval
+
+    def answered() -> Writes:
+        writes = Writes()
+        writes.inc(requests)
+        return writes
+
+    sums.add(answered())  # the first: written at once; what follows is held for the interval
     sums.opened(gauge)
     sums.opened(gauge)
-    sums.inc(requests)
-    sums.closed(gauge)
+    sums.ended(answered(), gauge)
     assert (requests._value.get(), gauge._value.get()) == (1, 0)  # another request is still in flight: held
-    sums.inc(requests)
-    sums.closed(gauge)
+    sums.ended(None, None)  # a request not counted in flight (a probe) does not end the others
+    assert (requests._value.get(), gauge._value.get()) == (1, 0)
+    sums.ended(answered(), gauge)
     assert (requests._value.get(), gauge._value.get()) == (3, 0)  # the last one ended: all written

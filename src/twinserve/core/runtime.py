@@ -42,7 +42,7 @@ from twinserve.errors import DeadlineExceeded, QueueFull, TwinserveError
 from twinserve.model import Hook, ModelSpec, import_model
 from twinserve.observability.context import RequestContext, current_request
 from twinserve.observability.metrics import metrics
-from twinserve.observability.sums import metric_sums
+from twinserve.observability.sums import Writes, metric_sums
 from twinserve.observability.tracing import BatchTrace, RequestTrace
 
 __all__ = ["ModelRuntime", "load_runtimes"]
@@ -189,11 +189,12 @@ class ModelRuntime:
         self._loaded(start)
 
     def _observe_batch(self, size: int, waits: list[float], seconds: float, queued: int) -> None:
-        m, sums = self._metrics, self._sums  # summed per interval, as each request's are (observability/sums.py)
-        sums.observe(m["batch_size"], size)
-        sums.observe(m["inference"], seconds)
-        sums.inc(m["compute"], seconds * len(waits))
-        sums.observe_all(m["queue_wait"], waits)
+        m, writes = self._metrics, Writes()  # summed per interval, as each request's are (observability/sums.py)
+        writes.observe(m["batch_size"], size)
+        writes.observe(m["inference"], seconds)
+        writes.inc(m["compute"], seconds * len(waits))
+        writes.observe_all(m["queue_wait"], waits)
+        self._sums.add(writes)
         m["queued"].set(queued)
 
     def _observe_isolation(self, requests: int, failed: int, reruns: int) -> None:

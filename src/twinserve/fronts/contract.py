@@ -45,7 +45,7 @@ from twinserve.observability.metrics import (
     render,
 )
 from twinserve.observability.refusals import SHED_CODES, RefusalLog
-from twinserve.observability.sums import metric_sums
+from twinserve.observability.sums import Writes, metric_sums
 from twinserve.observability.tally import Tally
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
@@ -306,9 +306,10 @@ class Service(OpenInferenceHandlers):
         status: int,
         error_code: str | None,
         version: str | None = None,
-    ) -> None:
-        """Count and log one answered request (the same call from every front); `version`: the model version that
-        answered it (None: none was admitted)."""
+    ) -> Writes:
+        """Log one answered request (the same call from every front) and return its metric writes, for the caller
+        to hand to `sums` (`MetricSums.ended`); `version`: the model version that answered it (None: none was
+        admitted)."""
         seconds = time.perf_counter() - context.started
         if model not in self.runtimes and not self.registry.knows(model):
             model = ""  # never a label value a client can invent
@@ -336,33 +337,34 @@ class Service(OpenInferenceHandlers):
         if context.trace is not None:
             context.trace.finish(_ROUTE_PATHS.get(endpoint), model, status, error_code)
         # Summed per interval, not written per request (observability/sums.py); `/metrics` writes them first.
-        sums = self.sums
+        writes = Writes()
         key = (model, endpoint)
         children = self._children.get(key)
         if children is None:
             m = metrics()
             children = self._children[key] = (m.request_seconds.labels(model, endpoint), {})
         histogram, counters = children
-        sums.observe(histogram, seconds)
+        writes.observe(histogram, seconds)
         if status >= 400:
-            sums.inc(metrics().failed_seconds.labels(model, endpoint), seconds)
+            writes.inc(metrics().failed_seconds.labels(model, endpoint), seconds)
         counter = counters.get(status)
         if counter is None:
             counter = counters[status] = metrics().requests.labels(model, endpoint, str(status))
-        sums.inc(counter)
+        writes.inc(counter)
         reason = REJECTION_REASONS.get(error_code) if error_code is not None else None
         refused = reason is not None
         if reason is not None:
-            sums.inc(metrics().rejected.labels(model, reason))
+            writes.inc(metrics().rejected.labels(model, reason))
             if error_code in SHED_CODES:
                 self._refusals.refused(model, error_code)
         if model:
             outcome = "ok" if status < 300 else "refused" if refused else "error"
-            sums.inc(_labelled(self._levels, metrics().by_priority, model, str(context.priority), outcome))
+            writes.inc(_labelled(self._levels, metrics().by_priority, model, str(context.priority), outcome))
             if version is not None:
-                sums.inc(_labelled(self._versions, metrics().by_version, model, version, outcome))
+                writes.inc(_labelled(self._versions, metrics().by_version, model, version, outcome))
                 if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
-                    sums.observe(_labelled(self._version_seconds, metrics().version_seconds, model, version), seconds)
+                    writes.observe(_labelled(self._version_seconds, metrics().version_seconds, model, version), seconds)
+        return writes
 
     def refused_early(
         self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str

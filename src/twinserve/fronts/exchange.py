@@ -375,13 +375,13 @@ class Exchange:
         if self._threaded and self.status == 200:
             service.admission.served(time.perf_counter() - self.context.started)
         runtime = self.runtime
+        writes = None
         try:
             version = runtime.spec.version if runtime is not None else None
-            service.finish(self.context, self.endpoint, self.model, self.status, self.error_code, version)
+            writes = service.finish(self.context, self.endpoint, self.model, self.status, self.error_code, version)
         finally:
             if runtime is not None:
                 runtime.occupancy.leave()
-            if self._counted:
-                service.sums.closed(service.in_flight)
+            service.sums.ended(writes, service.in_flight if self._counted else None)
             if self._body_bytes >= TRIM_AFTER_BYTES and self.error_code is not None:
                 release_free_memory()  # the refused body and what its decoding built are freed by now

@@ -22,9 +22,29 @@ from typing import Any
 
 from twinserve.observability.tally import FLUSH_INTERVAL_S, Tally
 
-__all__ = ["MetricSums", "metric_sums"]
+__all__ = ["MetricSums", "Writes", "metric_sums"]
 
 _AMOUNT, _SUM = -1, -2  # a counter's or gauge's amount, a histogram's sum; a bucket is its index
+
+
+class Writes(list[tuple[tuple[Any, int], float]]):
+    """Metric writes gathered to be summed at one time (`MetricSums.add`): a request's, or a batch's."""
+
+    def inc(self, child: Any, amount: float = 1.0) -> None:
+        """A counter's `inc(amount)`, or a gauge's (a negative amount moves it down)."""
+        self.append(((child, _AMOUNT), amount))
+
+    def observe(self, child: Any, value: float) -> None:
+        """A histogram's `observe(value)`."""
+        bucket = bisect.bisect_left(child._upper_bounds, value)  # the first bound >= value, as `observe` finds it
+        self.append(((child, bucket), 1))
+        self.append(((child, _SUM), value))
+
+    def observe_all(self, child: Any, values: list[float]) -> None:
+        """A histogram's `observe` of each of `values` (a batch's queue waits)."""
+        bounds = child._upper_bounds
+        self.extend(((child, bisect.bisect_left(bounds, value)), 1) for value in values)
+        self.append(((child, _SUM), sum(values)))
 
 
 class MetricSums:
@@ -34,44 +54,35 @@ class MetricSums:
     def __init__(self, interval_s: float = FLUSH_INTERVAL_S) -> None:
         self._tally: Tally[tuple[Any, int]] = Tally(_write, interval_s)
         self._lock = threading.Lock()
-        self._open = 0  # requests between `opened` and `closed`
+        self._open = 0  # requests between `opened` and `ended`
+
+    def add(self, writes: Writes) -> None:
+        self._tally.add_all(writes)
 
     def opened(self, gauge: Any) -> None:
         """A request began: `gauge` (the in-flight requests) goes up."""
         with self._lock:
             self._open += 1
-        self.inc(gauge)
+        self._tally.add((gauge, _AMOUNT), 1)
 
-    def closed(self, gauge: Any) -> None:
-        """A request ended, its other metrics written here already: `gauge` goes down, and when it was the
-        process's last request in flight, every sum is written at once. So a client that waits for its answer
-        and then reads the metrics or statistics of any process sees its request counted (the common case:
-        requests one after another), and only a process that always has work in flight writes per interval."""
-        self.inc(gauge, -1)
+    def ended(self, writes: Writes | None, gauge: Any | None) -> None:
+        """A request's last `writes` (None: none); `gauge`: the in-flight gauge `opened` moved up for it (None:
+        it was not counted there), moved down. When it was the process's last request in flight, every sum is
+        written at once: so a client that waits for its answer and then reads the metrics or statistics of any
+        process sees its request counted (the common case: requests one after another), and only a process
+        that always has work in flight writes per interval."""
+        if gauge is None:
+            if writes:
+                self._tally.add_all(writes)
+            return
+        writes = writes if writes is not None else Writes()
+        writes.inc(gauge, -1)
+        self._tally.add_all(writes)
         with self._lock:
             self._open -= 1
             idle = self._open == 0
         if idle:
             self.flush()
-
-    def inc(self, child: Any, amount: float = 1.0) -> None:
-        """A counter's `inc(amount)`, or a gauge's (a negative amount moves it down)."""
-        self._tally.add((child, _AMOUNT), amount)
-
-    def observe(self, child: Any, value: float) -> None:
-        """A histogram's `observe(value)`."""
-        bucket = bisect.bisect_left(child._upper_bounds, value)  # the first bound >= value, as `observe` finds it
-        self._tally.add_all((((child, bucket), 1), ((child, _SUM), value)))
-
-    def observe_all(self, child: Any, values: list[float]) -> None:
-        """A histogram's `observe` of each of `values` (a batch's queue waits), at one time."""
-        bounds, total = child._upper_bounds, 0.0
-        amounts: list[tuple[tuple[Any, int], float]] = []
-        for value in values:
-            amounts.append(((child, bisect.bisect_left(bounds, value)), 1))
-            total += value
-        amounts.append(((child, _SUM), total))
-        self._tally.add_all(amounts)
 
     def flush(self) -> None:
         """Write every sum held (before this process renders its metrics or reads them back)."""
