@@ -91,23 +91,25 @@ async def _read_body(request: Request, service: Service) -> bytes:
     return b"".join(chunks)
 
 
-def _content_length(request: Request) -> int | None:
-    return _length(request.headers.get("content-length"))
-
-
 def _length(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
 def _head(scope: Scope) -> dict[str, str]:
     """The request's headers by (lower-case) name, the first of a repeated one as starlette's `Headers.get` gives:
-    one pass over the list for the hot path's eight look-ups, where each `Headers.get` scans it again."""
-    found: dict[str, str] = {}
-    for name, value in scope["headers"]:
-        key = name.decode("latin-1")
-        if key not in found:
-            found[key] = value.decode("latin-1")
+    one pass over the list for the hot path's dozen look-ups, where each `Headers.get` scans it again; made once
+    per request (kept in the scope)."""
+    found: dict[str, str] | None = scope.get(_HEAD)
+    if found is None:
+        found = scope[_HEAD] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1")
+            if key not in found:
+                found[key] = value.decode("latin-1")
     return found
+
+
+_HEAD = "twinserve.head"
 
 
 #: What a handler answers: a complete reply, or a stream (fronts/sse.py), each sent by calling it as ASGI.
@@ -263,16 +265,17 @@ def _route_path(scope: Scope) -> str:
 
 
 _TIMEOUT, _PRIORITY, _HEADER_LENGTH = TIMEOUT_HEADER.lower(), PRIORITY_HEADER.lower(), HEADER_LENGTH.lower()
+_REQUEST_ID = REQUEST_ID_HEADER.lower()
 
 
 def _endpoints(service: Service) -> dict[str, Endpoint]:
     """Each route's endpoint, by route name."""
 
-    async def infer(request: Request, exchange: Exchange) -> Reply:
-        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
-        params, headers = request.path_params, _head(request.scope)
+    async def admitted(request: Request, exchange: Exchange, headers: dict[str, str]) -> ModelRuntime:
+        """The request's model, once it is ready, and the request admitted from its head (`Exchange.admit`)."""
+        params = request.path_params
         await exchange.await_model(params["model"], params.get("version"), headers.get(_TIMEOUT))
-        runtime = exchange.admit(
+        return exchange.admit(
             params["model"],
             params.get("version"),
             content_type=headers.get("content-type"),
@@ -284,24 +287,17 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             priority_header=headers.get(_PRIORITY),
             headers=headers,  # a traffic split's sticky key (its name looked up in lower case)
         )
+
+    async def infer(request: Request, exchange: Exchange) -> Reply:
+        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
+        headers = _head(request.scope)
+        runtime = await admitted(request, exchange, headers)
         header_length = headers.get(_HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
         instances = await exchange.adecode(await _read_body(request, service), header_length)
         return exchange.encode(await predict_unless_gone(request, runtime, instances, exchange.deadline))
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:
-        headers = request.headers
-        await exchange.await_model(request.path_params["model"], None, headers.get(TIMEOUT_HEADER))
-        runtime = exchange.admit(
-            request.path_params["model"],
-            content_type=headers.get("content-type"),
-            content_length=_content_length(request),
-            content_encoding=headers.get("content-encoding"),
-            origin=headers.get("origin"),
-            host=headers.get("host"),
-            timeout_header=headers.get(TIMEOUT_HEADER),
-            priority_header=headers.get(PRIORITY_HEADER),
-            headers=headers,
-        )
+        runtime = await admitted(request, exchange, _head(request.scope))
         instances = await exchange.adecode(await _read_body(request, service))
         steps = await runtime.astream(instances, exchange.deadline)
         try:
@@ -491,13 +487,13 @@ def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape 
     the V2 body on V2 routes), the request counted once (a stream's when it ends)."""
 
     async def handle(request: Request) -> Answer:
-        headers = request.headers
+        headers = _head(request.scope)
         exchange = service.open(
             name,
             request.method,
             request.scope["path"],
             headers,
-            headers.get(REQUEST_ID_HEADER),
+            headers.get(_REQUEST_ID),
             model=request.path_params.get("model", ""),
             shape=shape,
         )

@@ -26,6 +26,7 @@ from twinserve.observability.tracing import Headers
 __all__ = ["API_KEY_HEADER", "Authenticator", "KeyRing", "authenticator", "credentials_from", "key_id"]
 
 API_KEY_HEADER = "X-API-Key"
+_API_KEY = API_KEY_HEADER.lower()  # looked up in lower case: a plain dict of the request's headers holds them so
 #: RFC 6750: a challenge on every 401, with `invalid_token` when a key was presented and refused.
 _CHALLENGE = 'Bearer realm="twinserve"'
 _INVALID = 'Bearer realm="twinserve", error="invalid_token"'
@@ -51,7 +52,7 @@ def credentials_from(headers: Headers) -> str | None:
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-    key = headers.get(API_KEY_HEADER)
+    key = headers.get(_API_KEY)
     return key.strip() if key is not None and key.strip() else None
 
 
