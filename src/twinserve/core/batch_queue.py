@@ -159,10 +159,15 @@ class BatchQueue(Generic[W]):
     def put(self, request: Pending[W], now: float | None = None) -> None:
         """Admit a request: QueueFull (503) past its level's share of the queue bound, DeadlineUnmeetable (504)
         when the work queued ahead of it would outlast its deadline."""
-        lane = self._lane(request.priority)
+        lane, size, bound = self._lane(request.priority), request.size, self.bound
         queued = self.queued_instances
-        wait = self.expected_wait(request.size, lane + 1)
-        self.bound.check(queued, request.size, f"the queue holds {queued} instances", lane + 1, wait)
+        # The wait ahead matters to a request with a deadline, and to one past its level's share of the count
+        # bound (else the count alone admits it): estimated only then, the refusal's message only when refused.
+        wait = None
+        if request.deadline is not None or queued + size > bound.limit_for(lane + 1):
+            wait = self.expected_wait(size, lane + 1)
+        if not bound.admits(queued, size, lane + 1, wait):
+            bound.check(queued, size, f"the queue holds {queued} instances", lane + 1, wait)
         if request.deadline is not None:
             now = time.monotonic() if now is None else now
             if wait is not None and now + wait > request.deadline:
@@ -172,8 +177,8 @@ class BatchQueue(Generic[W]):
                     "or retry later"
                 )
         self._lanes[lane].append(request)
-        self._sizes[lane] += request.size
-        self.queued_instances += request.size
+        self._sizes[lane] += size
+        self.queued_instances += size
 
     def expected_wait(self, size: int, priority: int = 1) -> float | None:
         """Seconds until a new request of `size` instances at `priority` would have been computed, from the work

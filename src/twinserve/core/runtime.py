@@ -289,6 +289,8 @@ class ModelRuntime:
         if batcher is None or self.cache is not None:
             return None
         queue = batcher.queue
+        if not queue.crowded:  # every level may put one more: no refusal, no wait to estimate, no message
+            return None
         queued = queue.queued_instances
         return queue.bound.refusal(
             queued, 1, f"the queue holds {queued} instances", priority, queue.expected_wait(1, priority)

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Mapping
 from functools import cached_property
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NamedTuple
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission
@@ -107,12 +107,16 @@ def _open_paths(config: Config) -> frozenset[str]:
     return frozenset(route.path for route in ROUTES if route.name in names)
 
 
-def _labelled(cache: dict[tuple[str, ...], Any], family: Any, *labels: str) -> Any:
-    """`family.labels(*labels)`, kept in `cache` after the first time."""
-    child = cache.get(labels)
-    if child is None:
-        child = cache[labels] = family.labels(*labels)
-    return child
+#: An answered request's kind, as its metrics tell it: model, endpoint, status, error code, priority, version.
+_CountKey = tuple[str, str, int, str | None, int, str | None]
+
+
+class _Counted(NamedTuple):
+    """The metric children one kind of answered request is counted in."""
+
+    counters: tuple[Any, ...]  # each counts it once
+    histograms: tuple[Any, ...]  # each observes its seconds
+    failed: Any | None  # counts its seconds as failed (an error status)
 
 
 def request_id_from(header: str | None) -> str:
@@ -167,11 +171,8 @@ class Service(OpenInferenceHandlers):
         self.open_paths = _open_paths(config)
         #: This process's metric writes, summed per interval (observability/sums.py).
         self.sums = metric_sums()
-        self._children: dict[tuple[str, str], tuple[Any, dict[int, Any]]] = {}
-        # A metric's children by label values, looked up once each (`labels()` costs a lock and a tuple per call).
-        self._levels: dict[tuple[str, ...], Any] = {}
-        self._versions: dict[tuple[str, ...], Any] = {}
-        self._version_seconds: dict[tuple[str, ...], Any] = {}
+        #: Per kind of answered request, the metric children it is counted in (`_count_as`).
+        self._counted: dict[_CountKey, _Counted] = {}
         self._refusals = RefusalLog()
         self._early: dict[EarlyKey, tuple[Any, ...]] = {}
         self._early_tally: Tally[EarlyKey] = Tally(self._count_early)
@@ -337,34 +338,39 @@ class Service(OpenInferenceHandlers):
         if context.trace is not None:
             context.trace.finish(_ROUTE_PATHS.get(endpoint), model, status, error_code)
         # Summed per interval, not written per request (observability/sums.py); `/metrics` writes them first.
+        key = (model, endpoint, status, error_code, context.priority, version)
+        counted = self._counted.get(key) or self._count_as(key)
         writes = Writes()
-        key = (model, endpoint)
-        children = self._children.get(key)
-        if children is None:
-            m = metrics()
-            children = self._children[key] = (m.request_seconds.labels(model, endpoint), {})
-        histogram, counters = children
-        writes.observe(histogram, seconds)
-        if status >= 400:
-            writes.inc(metrics().failed_seconds.labels(model, endpoint), seconds)
-        counter = counters.get(status)
-        if counter is None:
-            counter = counters[status] = metrics().requests.labels(model, endpoint, str(status))
-        writes.inc(counter)
-        reason = REJECTION_REASONS.get(error_code) if error_code is not None else None
-        refused = reason is not None
-        if reason is not None:
-            writes.inc(metrics().rejected.labels(model, reason))
-            if error_code in SHED_CODES:
-                self._refusals.refused(model, error_code)
-        if model:
-            outcome = "ok" if status < 300 else "refused" if refused else "error"
-            writes.inc(_labelled(self._levels, metrics().by_priority, model, str(context.priority), outcome))
-            if version is not None:
-                writes.inc(_labelled(self._versions, metrics().by_version, model, version, outcome))
-                if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
-                    writes.observe(_labelled(self._version_seconds, metrics().version_seconds, model, version), seconds)
+        for counter in counted.counters:
+            writes.inc(counter)
+        for histogram in counted.histograms:
+            writes.observe(histogram, seconds)
+        if counted.failed is not None:
+            writes.inc(counted.failed, seconds)
+        if error_code in SHED_CODES:
+            self._refusals.refused(model, error_code)
         return writes
+
+    def _count_as(self, key: _CountKey) -> _Counted:
+        """The metric children a request answered as `key` says is counted in, found once per kind of answer
+        (`labels()` costs a lock and a tuple per call)."""
+        model, endpoint, status, error_code, priority, version = key
+        m = metrics()
+        counters = [m.requests.labels(model, endpoint, str(status))]
+        histograms = [m.request_seconds.labels(model, endpoint)]
+        reason = REJECTION_REASONS.get(error_code) if error_code is not None else None
+        if reason is not None:
+            counters.append(m.rejected.labels(model, reason))
+        if model:
+            outcome = "ok" if status < 300 else "refused" if reason is not None else "error"
+            counters.append(m.by_priority.labels(model, str(priority), outcome))
+            if version is not None:
+                counters.append(m.by_version.labels(model, version, outcome))
+                if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
+                    histograms.append(m.version_seconds.labels(model, version))
+        failed = m.failed_seconds.labels(model, endpoint) if status >= 400 else None
+        counted = self._counted[key] = _Counted(tuple(counters), tuple(histograms), failed)
+        return counted
 
     def refused_early(
         self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str
