@@ -23,7 +23,7 @@ class Occupancy:
     def __init__(self) -> None:
         self._inside = 0
         self._open = True
-        self._changed = threading.Condition()
+        self._changed = threading.Condition(threading.Lock())  # not re-entered: a plain lock is cheaper
 
     @property
     def inside(self) -> int:

@@ -467,10 +467,9 @@ class Service(OpenInferenceHandlers):
             raise UnsupportedMediaType(
                 f"Content-Type must be {JSON}, got {media_type or 'none'!r} from the cross-site origin {origin!r}"
             )
-        if not lenient:
-            accepted, expected = (_V2_TYPE, f"{JSON} or {BINARY}") if endpoint == "infer" else (_JSON_TYPE, JSON)
-            if not accepted.match(media_type):
-                raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
+        if not lenient and not (_V2_TYPE if endpoint == "infer" else _JSON_TYPE).match(media_type):
+            expected = f"{JSON} or {BINARY}" if endpoint == "infer" else JSON
+            raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
         if content_length is not None and content_length > self.max_body_bytes:
             raise self.too_large()
         if not runtime.ready:
