@@ -23,7 +23,7 @@ class Clock:
 
 
 def test_the_first_count_is_written_at_once_and_the_rest_of_the_interval_in_one_sum() -> None:
-    clock, written = Clock(), list[tuple[dict[str, int], float]]()
+    clock, written = Clock(), list[tuple[dict[str, float], float]]()
     tally: Tally[str] = Tally(lambda c, s: written.append((c, s)), interval_s=1000.0, clock=clock)  # no timer here
     tally.add("a")
     assert written == [({"a": 1}, 0.0)]  # after a quiet interval: at once
@@ -39,7 +39,7 @@ def test_the_first_count_is_written_at_once_and_the_rest_of_the_interval_in_one_
 
 
 def test_counts_held_within_the_interval_are_written_when_it_ends_with_nothing_after_them() -> None:
-    written: list[dict[str, int]] = []
+    written: list[dict[str, float]] = []
     tally: Tally[str] = Tally(lambda c, _: written.append(c), interval_s=0.05)
     tally.add("x")
     tally.add("x")
@@ -49,10 +49,10 @@ def test_counts_held_within_the_interval_are_written_when_it_ends_with_nothing_a
 
 
 def test_no_count_is_lost_between_threads() -> None:
-    totals: dict[int, int] = {}
+    totals: dict[int, float] = {}
     lock = threading.Lock()
 
-    def write(counts: dict[int, int], _: float) -> None:
+    def write(counts: dict[int, float], _: float) -> None:
         with lock:
             for key, n in counts.items():
                 totals[key] = totals.get(key, 0) + n

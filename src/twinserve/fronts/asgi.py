@@ -54,10 +54,6 @@ __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 logger = logging.getLogger("twinserve.asgi")
 
 
-def _respond(reply: Reply, request_id: str) -> AsgiReply:
-    return AsgiReply(reply, request_id)
-
-
 async def _read_body(request: Request, service: Service) -> bytes:
     """The request body, refusing (413) as soon as it grows past the limit, chunked or not.
 
@@ -206,7 +202,7 @@ class _AsgiFront:
         )
         reply = exchange.fail(_refusal(exchange, request) or error)
         exchange.close()
-        await _respond(reply, exchange.request_id)(scope, receive, send)
+        await AsgiReply(reply, exchange.request_id)(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI's lifespan protocol; a failure is reported with its traceback (the server logs it and exits). The
@@ -417,7 +413,7 @@ class _TrustedHosts:
         )
         reply = exchange.fail(error)
         exchange.close()
-        await _respond(reply, exchange.request_id)(scope, receive, send)
+        await AsgiReply(reply, exchange.request_id)(scope, receive, send)
 
 
 def _merged(headers: Iterable[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -463,7 +459,7 @@ class _Cors:
             except TwinserveError as exc:
                 reply = exchange.fail(exc)
             exchange.close()
-            await _respond(reply, exchange.request_id)(scope, receive, send)
+            await AsgiReply(reply, exchange.request_id)(scope, receive, send)
             return
         assert service.cors is not None
         extra = [
@@ -507,7 +503,7 @@ def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape 
         except Exception as exc:
             reply = exchange.fail(exc)
         exchange.close()
-        return _respond(compress_reply(reply, headers.get("accept-encoding")), exchange.request_id)
+        return AsgiReply(compress_reply(reply, headers.get("accept-encoding")), exchange.request_id)
 
     handle.__name__ = endpoint.__name__
     return handle
