@@ -14,8 +14,8 @@ body taken whole, the client's departure polled), so the path measured is the on
 
 CPU time on a shared 2-core machine varies by 15% or more from run to run, which hides a 5% change.
 `--instructions` counts instructions instead (valgrind's callgrind, about 60x slower): each checkout runs at
-`--requests` and at five times as many, and the difference over the extra requests is the instructions one
-request costs, the same to within about 1% from run to run. Metrics are written as `twinserve serve` writes them
+`--requests` and at six times as many, and the difference over the extra requests is the instructions one
+request costs, the same to within about 2% from run to run. Metrics are written as `twinserve serve` writes them
 (prometheus-client's multiprocess files).
 
     python benchmarks/request_cpu.py [--arch async|hybrid] [--src OLD/src --src NEW/src] [--requests 3000]
