@@ -8,8 +8,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-
 from tests.serving import wait_until
 from twinserve.observability.tally import Tally
 
@@ -94,7 +92,6 @@ def test_amounts_added_at_one_time_are_summed_per_key() -> None:
     assert written == [{"first": 1}, {"bucket": 2, "sum": 0.75, "gauge": -1}]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_forked_child_does_not_write_its_parents_held_counts() -> None:
     """A model worker forked from a serving process would count the parent's held requests a second time."""
     written: list[dict[str, float]] = []

@@ -161,12 +161,11 @@ class BatchQueue(Generic[W]):
         when the work queued ahead of it would outlast its deadline."""
         lane, size, bound = self._lane(request.priority), request.size, self.bound
         queued = self.queued_instances
-        # The wait ahead matters to a request with a deadline, and to one past its level's share of the count
-        # bound (else the count alone admits it): estimated only then, the refusal's message only when refused.
-        wait = None
-        if request.deadline is not None or queued + size > bound.limit_for(lane + 1):
-            wait = self.expected_wait(size, lane + 1)
-        if not bound.admits(queued, size, lane + 1, wait):
+        # Within its level's share of the count bound a request is admitted whatever the wait ahead; past it, the
+        # wait decides. So the wait is estimated only then or for a deadline, and the bound checked only then.
+        over = queued + size > bound.limit_for(lane + 1)
+        wait = self.expected_wait(size, lane + 1) if over or request.deadline is not None else None
+        if over:
             bound.check(queued, size, f"the queue holds {queued} instances", lane + 1, wait)
         if request.deadline is not None:
             now = time.monotonic() if now is None else now
