@@ -120,3 +120,28 @@ def test_console_format_and_access_log_switch() -> None:
     assert not line.lstrip().startswith("{")
     assert "request_id" in line and "console-1" in line
     assert "twinserve.access" not in output
+
+
+def test_the_stamp_matches_structlogs_own_processors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_Stamp` stands for `add_log_level` + `TimeStamper(fmt="iso", utc=True)` + the pid: the same keys and values
+    (the time always with six digits of microseconds, where `isoformat` drops them on a whole second)."""
+    import datetime
+    import os
+    import time
+
+    import structlog
+
+    from twinserve.observability.logging import _Stamp
+
+    stamp = _Stamp()
+    for method in ("debug", "info", "warn", "warning", "exception", "critical"):
+        ours = stamp(None, method, {"event": "x"})
+        theirs = structlog.processors.add_log_level(None, method, {"event": "x"})
+        assert ours["level"] == theirs["level"]
+        assert ours["pid"] == os.getpid()
+    for ns in (1_764_800_000_000_000_000, 1_764_800_000_123_456_789, 1_764_800_001_000_999_999):
+        monkeypatch.setattr(time, "time_ns", lambda ns=ns: ns)
+        when = datetime.datetime.fromtimestamp(ns // 10**9, tz=datetime.UTC).replace(microsecond=ns // 1000 % 10**6)
+        rendered = stamp(None, "info", {})["timestamp"]
+        assert rendered == when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert datetime.datetime.fromisoformat(rendered) == when
