@@ -16,10 +16,11 @@ CPU time on a shared 2-core machine varies by 15% or more from run to run, which
 `--instructions` counts instructions instead (valgrind's callgrind, about 60x slower): each checkout runs at
 `--requests` and at six times as many, and the difference over the extra requests is the instructions one
 request costs, the same to within about 2% from run to run. Metrics are written as `twinserve serve` writes them
-(prometheus-client's multiprocess files).
+(prometheus-client's multiprocess files). The request log is off unless `--access-log` (serve's default: one JSON
+line per request, here written to /dev/null).
 
     python benchmarks/request_cpu.py [--arch async|hybrid] [--src OLD/src --src NEW/src] [--requests 3000]
-        [--rounds 5] [--model tests/models.py:Echo --body '{"instances": [1]}']   # the front's cost, a trivial model
+        [--rounds 5] [--access-log] [--model tests/models.py:Echo --body '{"instances": [1]}']   # the front's cost
     python benchmarks/request_cpu.py --instructions --requests 640 --src OLD/src --src NEW/src --model ...
 """
 
@@ -44,7 +45,9 @@ BODY = json.dumps(
 ).encode()
 
 
-async def _measure(requests: int, concurrency: int, model: str, body: bytes, arch: str, extension: bool) -> float:
+async def _measure(
+    requests: int, concurrency: int, model: str, body: bytes, arch: str, extension: bool, access_log: bool
+) -> float:
     """Microseconds of CPU per answered request, in this process."""
     from twinserve.config import load_config
     from twinserve.core.runtime import load_runtimes
@@ -52,7 +55,12 @@ async def _measure(requests: int, concurrency: int, model: str, body: bytes, arc
     from twinserve.fronts.contract import Service
     from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 
-    config = load_config(arch=arch, access_log=False, models=[model])
+    if access_log:  # serve's pipeline, one JSON line per request, written where no one reads it
+        from twinserve.observability.logging import configure_logging
+
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's life)
+        configure_logging("info", "json")
+    config = load_config(arch=arch, access_log=access_log, models=[model])
     runtimes = load_runtimes(config)
     name = next(iter(runtimes))
     path = f"/v1/models/{name}:predict"
@@ -150,13 +158,15 @@ def main() -> None:
     parser.add_argument("--body", default=BODY.decode(), help="the request body (JSON)")
     parser.add_argument("--no-extension", action="store_true", help="no twinserve.disconnect in the scope")
     parser.add_argument("--instructions", action="store_true", help="count instructions (valgrind) instead")
+    parser.add_argument("--access-log", action="store_true", help="log each request as serve does (to /dev/null)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         import uvloop
 
         body, extension = args.body.encode(), not args.no_extension
-        print(uvloop.run(_measure(args.requests, args.concurrency, args.model, body, args.arch, extension)))
+        measured = _measure(args.requests, args.concurrency, args.model, body, args.arch, extension, args.access_log)
+        print(uvloop.run(measured))
         return
     sources = args.src or [os.path.join(os.path.dirname(__file__), "..", "src")]
     measure = _instructions if args.instructions else _cpu
@@ -184,6 +194,8 @@ def _child(args: argparse.Namespace, src: str, requests: int, prefix: Sequence[s
                "--concurrency", str(args.concurrency), "--model", args.model, "--body", args.body]  # fmt: skip
     if args.no_extension:
         command.append("--no-extension")
+    if args.access_log:
+        command.append("--access-log")
     done = subprocess.run(
         command, env={**os.environ, "PYTHONPATH": os.path.abspath(src), **env}, capture_output=True, text=True
     )

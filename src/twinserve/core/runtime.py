@@ -396,6 +396,8 @@ class ModelRuntime:
     async def _apreprocess(self, pre: Hook, instances: list[Any]) -> list[Any]:
         with model_code(self.name, "preprocess"):
             if pre.is_async:
+                if len(instances) == 1:  # the usual request: awaited here, without gather's task and future
+                    return [await pre.fn(instances[0])]
                 # Independent I/O per instance: overlap it.
                 return list(await asyncio.gather(*(pre.fn(i) for i in instances)))
             processed: list[Any] = await self._offload(lambda: [pre.fn(i) for i in instances])
