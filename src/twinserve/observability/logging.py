@@ -75,11 +75,7 @@ def configure_logging(level: str, fmt: LogFormat = "auto") -> None:
     """Route structlog and every stdlib logger through one renderer on stderr, at `level`."""
     console = for_console(fmt)
     shared: list[Processor] = [_Stamp()]
-    render: list[Processor] = (
-        [structlog.dev.ConsoleRenderer()]
-        if console
-        else [_json]
-    )
+    render: list[Processor] = [structlog.dev.ConsoleRenderer()] if console else [_json]
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[*shared, *render],
