@@ -17,6 +17,7 @@ from typing import Any
 from common import Server, example_request, require_wrk, wrk
 
 from twinserve.config import load_config
+from twinserve.core.device import resolve_device
 from twinserve.model import ModelSpec, import_model
 
 
@@ -24,6 +25,7 @@ def ceiling(target: str, batch_size: int, seconds: float = 3.0) -> float:
     """Instances per second when `predict` is called directly on full batches (one thread, this process)."""
     model = import_model(target)()
     model.config = load_config()
+    model.device = resolve_device(model.config.device)  # as the server gives it before load
     spec = ModelSpec(model)
     if spec.load is not None:
         spec.load.fn()
