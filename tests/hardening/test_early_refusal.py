@@ -386,6 +386,31 @@ def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_an
         assert statuses == [b"200", b"200"]
 
 
+@pytest.mark.hardening
+def test_a_connection_its_client_closes_is_closed_by_the_poller_though_the_server_is_not_crowded(
+    tmp_path: Path,
+) -> None:
+    """Sync: a kept-alive connection whose client closes it is closed from gthread's poller even while nothing
+    waits for a thread (servers/gunicorn_poller.py). Handed to the one thread, busy with `a`, it would wait in the
+    backlog until `a` ended, and `b`, sent meanwhile within `--max-queue 1`, would be refused for it: 503, with
+    no request ahead (a CI run saw this: clients that had their answers closed their connections just before the
+    next request came)."""
+    gates = {name: tmp_path / name for name in "ab"}
+    with (
+        Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "0") as server,
+        _one_thread_computing(server, gates["a"]) as (socks, first),
+    ):
+        leaving = socks[0]
+        leaving.shutdown(socket.SHUT_WR)  # the client is done
+        assert leaving.recv(1) == b""  # closed by the server while the one thread still computes `a`
+        socks[1].sendall(_post("/v1/models/gate:predict", _body(gates["b"])))
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        first.join(TIMEOUT_S)
+        status, _, body = _raw(socks[1], b"")
+        assert status.split()[1] == b"200" and json.loads(body) == {"predictions": ["released"]}
+
+
 #: Async and hybrid, the Gate model one request at a time with a queue of one, one priority level.
 HELD_FLAGS = ["--workers", "1", "--model-workers", "1", "--max-batch-size", "1", "--max-queue", "1"]
 HELD_FLAGS += ["--priority-levels", "1"]

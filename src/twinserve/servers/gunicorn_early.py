@@ -80,6 +80,14 @@ class _Collected:
         self.complete += 1
 
 
+def closed_by_client(sock: socket.socket) -> bool:
+    """Whether the client has closed `sock` with nothing unread (one byte peeked, not taken)."""
+    try:
+        return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):  # nothing to read yet, a reset, or TLS (no flags): a thread finds out
+        return False
+
+
 def peek_request(sock: socket.socket, cfg: Any) -> Peeked | Literal["closed"] | None:
     """The whole `POST` request at the start of `sock`'s unread bytes, read without taking them; `CLOSED` when the
     client has closed the connection with nothing unread; None where there is no whole request, or where it is not

@@ -21,9 +21,11 @@ so that thread does not refuse it for the backlog behind it, which only the requ
 (Refused so, a crowd's requests waited their turn and were then refused: at 1,000 connections every one of
 sync's refusals was made by a thread, after a second's wait.)
 
-Everything else goes to a thread as before, its bytes untouched. A new connection accepted while crowded waits
-for its first bytes in the poller (as gthread's deferred connections do) instead of in a thread. Where the app
-must see every request first (API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds.
+A connection whose client has closed it is closed here, crowded or not: it is not a request, and handed to a
+thread it would count in the backlog that the requests after it are weighed against. Everything else goes to a
+thread as before, its bytes untouched. A new connection accepted while crowded waits for its first bytes in the
+poller (as gthread's deferred connections do) instead of in a thread. Where the app must see every request first
+(API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from gunicorn.workers import gthread
 from twinserve.core.admission import Admission
 from twinserve.errors import TwinserveError
 from twinserve.fronts.early import EarlyRefusal, Refusal
-from twinserve.servers.gunicorn_early import CLOSED, Peeked, front_answer, peek_request, render
+from twinserve.servers.gunicorn_early import CLOSED, Peeked, closed_by_client, front_answer, peek_request, render
 from twinserve.servers.holding import Holding
 
 __all__ = ["PollerAdmission"]
@@ -99,6 +101,11 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         """Refuse or hold the request of a connection waiting in the poller (`waiting`: the deque it is in);
         whether it was. Otherwise a thread takes it, as in gthread."""
         if not self._crowded():
+            if closed_by_client(conn.sock):
+                # Not a request: handed to a thread it would count in the backlog until one took it up, and a
+                # request arriving meanwhile would be weighed against it (one peek, a system call, per request).
+                self._drop(conn, waiting)
+                return True
             conn.admitted = self._early is not None  # the common case, a few counter reads: under every bound
             return False
         early, backlog = self._early, self._waiting  # read without the lock: the threads' own refusal does too
@@ -107,9 +114,7 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         if peeked is None:
             return False
         if peeked == CLOSED:  # a thread would only learn that: it is not a request, so it joins no backlog
-            waiting.remove(conn)
-            self.poller.unregister(conn.sock)
-            self._close(conn)
+            self._drop(conn, waiting)
             return True
         # Holding (--max-queue-wait-ms > 0): the backlog holds a request, so only its model's queue refuses here.
         holding = bool(self._admission().backlog.max_wait)
@@ -128,6 +133,12 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             return False
         self._answer(conn, waiting, peeked, refusal)
         return True
+
+    def _drop(self, conn: Any, waiting: deque[Any]) -> None:
+        """Close a connection its client has closed, from the poller's `waiting` deque."""
+        waiting.remove(conn)
+        self.poller.unregister(conn.sock)
+        self._close(conn)
 
     def _held_level(self, peeked: Peeked, backlog: int) -> int | None:
         """The priority level to hold an inference request at, if the threads' queue is full or a request at its
