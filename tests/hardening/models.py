@@ -26,10 +26,11 @@ class Sleepy(twinserve.Model):
 
 class Ledger(twinserve.Model):
     """Signs each instance `{"ledger": dir, "id": name}` in as begun (a file named `name` in `dir`), then takes
-    PREDICT_SECONDS: the tests then know exactly which requests the server had begun computing."""
+    PREDICT_SECONDS, or the longest `"seconds"` its instances ask for: the tests then know exactly which requests
+    the server had begun computing."""
 
-    def predict(self, batch: list[dict[str, str]]) -> list[str]:
+    def predict(self, batch: list[dict[str, Any]]) -> list[str]:
         for item in batch:
             (Path(item["ledger"]) / item["id"]).touch()
-        time.sleep(PREDICT_SECONDS)
+        time.sleep(max(float(item.get("seconds", PREDICT_SECONDS)) for item in batch))
         return [item["id"] for item in batch]

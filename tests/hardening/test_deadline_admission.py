@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,10 +35,17 @@ FLAGS = (
 )
 DEADLINE_MS = 150
 CROWD = 16
+#: A batch's time in the priority test: two requests per 0.3 s, far slower than 36 threads send them.
+CROWDED_SECONDS = 0.3
 
 
-def _predict(server: Server, ledger: Path, name: str, headers: dict[str, str]) -> httpx.Response:
-    body = {"instances": [{"ledger": str(ledger), "id": name}]}
+def _predict(
+    server: Server, ledger: Path, name: str, headers: dict[str, str], seconds: float | None = None
+) -> httpx.Response:
+    instance: dict[str, Any] = {"ledger": str(ledger), "id": name}
+    if seconds is not None:
+        instance["seconds"] = seconds
+    body = {"instances": [instance]}
     return httpx.post(f"{server.url}/v1/models/ledger:predict", json=body, headers=headers, timeout=30)
 
 
@@ -65,13 +73,18 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_once_and_never_computed(
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_lowest_priority_is_refused_first_when_the_queue_fills(arch: str, tmp_path: Path) -> None:
     """`--max-queue 6` over 3 levels: level 3 may fill 2 places, level 2 four, level 1 all six. A crowd of each
-    level at once: level 3 is refused most, level 1 least."""
+    level at once: level 3 is refused most, level 1 least. Each batch takes CROWDED_SECONDS, so the queue fills
+    however slowly the test's own 36 threads send (at 50 ms a batch, a loaded CI machine once sent them no
+    faster than the model served them, and none was refused)."""
     flags = (*FLAGS, "--max-queue", "6", "--priority-levels", "3")
     with Server([LEDGER], arch, *flags) as server:
         with ThreadPoolExecutor(36) as pool:
             jobs = [(level, i) for i in range(12) for level in (1, 2, 3)]
             answers = list(
-                pool.map(lambda j: _predict(server, tmp_path, f"p{j[0]}-{j[1]}", {"X-Priority": str(j[0])}), jobs)
+                pool.map(
+                    lambda j: _predict(server, tmp_path, f"p{j[0]}-{j[1]}", {"X-Priority": str(j[0])}, CROWDED_SECONDS),
+                    jobs,
+                )
             )
         served = {level: 0 for level in (1, 2, 3)}
         for (level, _), answer in zip(jobs, answers, strict=True):
