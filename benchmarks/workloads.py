@@ -32,7 +32,7 @@ import httpx
 from batching import ceiling
 from common import ROOT, require_wrk, wrk
 from cputime import tree_cpu_seconds
-from peers import example_body, tree_rss_mb
+from peers import TUNED, example_body, tree_rss_mb
 
 from twinserve.lab.servers import ServerProcess, free_port
 
@@ -41,19 +41,11 @@ WORKLOADS: dict[str, tuple[str, int]] = {  # MODEL, connections
     "minilm": ("twinserve.examples.embed:MiniLM", 64),
     "io": (f"{ROOT / 'benchmarks' / 'wait_then_forest.py'}:WaitThenForest", 256),
 }
+#: peers.py's tuned async and hybrid settings, and sync with as many server processes as async.
 SETTINGS: dict[str, dict[str, list[str]]] = {
-    "forest": {
-        "sync": ["--workers", "2"],
-        "async": ["--workers", "2"],
-        "hybrid": ["--workers", "1", "--model-workers", "2"],
-    },
-    "minilm": {
-        "sync": ["--workers", "1"],
-        "async": ["--workers", "1"],
-        "hybrid": ["--workers", "1", "--model-workers", "1"],
-    },
+    workload: {"sync": TUNED[key]["async"], **TUNED[key]}
+    for workload, key in (("forest", "tabular"), ("minilm", "minilm"), ("io", "tabular"))
 }
-SETTINGS["io"] = SETTINGS["forest"]
 WAIT_S = 0.05
 CEILING_BATCH = 32
 
