@@ -1,12 +1,18 @@
 """Connections held unread (servers/holding.py): `Holding`'s order, levels and deadlines, and `ReadHolds` letting
-an event loop's paused connections go as their model's queue takes requests again. The servers holding real
+an event loop's paused connections go as their model's queue takes requests again; the order in which the sync
+poller handles a crowded pass's events (servers/gunicorn_poller.py `in_turn`). The servers holding real
 connections are tests/hardening/test_early_refusal.py's."""
 
 from __future__ import annotations
 
 import asyncio
+import selectors
 from dataclasses import dataclass, field
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
 
+from twinserve.servers.gunicorn_poller import OTHERS_PER_PASS, in_turn
 from twinserve.servers.holding import TICK_S, Holding, ReadHolds
 
 
@@ -44,6 +50,50 @@ def test_held_past_the_deadline_are_taken_out_in_order() -> None:
     assert held.expired(now=1.6) == [("c", 1), ("a", 2)]  # the highest level first, each level in the order held
     assert len(held) == 1 and held.next_deadline() == 2.0
     assert held.drain() == ["b"] and len(held) == 0 and held.next_deadline() is None
+
+
+def test_one_let_in_at_its_wait_is_next_at_its_level_and_behind_every_higher_level() -> None:
+    held = Holding(levels=3)
+    held.add("low", 3, deadline=10.0)
+    held.add("high", 1, deadline=10.0)
+    assert held.ahead_of(3) == 1  # the high one goes first
+    held.admit("low-let-in", 3)
+    assert held.ahead_of(3) == 2 and held.ahead_of(1) == 0 and len(held) == 3
+    assert held.expired(now=20.0) == [("high", 1), ("low", 3)]  # one let in has no deadline left
+    held.add("high-2", 1, deadline=30.0)
+    held.add("low-2", 3, deadline=30.0)
+    assert [held.release(lambda level: True) for _ in range(3)] == ["high-2", "low-let-in", "low-2"]
+    held.admit("gone", 2)
+    assert held.remove("gone") and not held.remove("gone") and len(held) == 0
+
+
+def test_held_past_their_wait_are_taken_out_no_more_than_asked_at_once() -> None:
+    held = Holding(levels=2)
+    for conn, level in (("a", 2), ("b", 2), ("c", 1)):
+        held.add(conn, level, deadline=1.0)
+    held.admit("let-in", 2)
+    assert held.expired(now=5.0, limit=2) == [("c", 1), ("a", 2)]
+    assert held.next_deadline() == 1.0  # past already: the poller looks again at once
+    assert held.expired(now=5.0, limit=2) == [("b", 2)] and held.drain() == ["let-in"]
+
+
+def _event(data: Any) -> tuple[selectors.SelectorKey, int]:
+    return selectors.SelectorKey(fileobj=None, fd=0, events=selectors.EVENT_READ, data=data), selectors.EVENT_READ
+
+
+def test_a_crowded_poller_pass_takes_finished_requests_and_the_highest_level_first_and_bounds_the_rest() -> None:
+    def readable(conn: Any, fileobj: Any) -> None: ...
+
+    def method_queue(fileobj: Any) -> None: ...
+
+    lows = [SimpleNamespace(name=f"low-{i}", level=3) for i in range(OTHERS_PER_PASS + 5)]
+    high, unseen = SimpleNamespace(name="high", level=1), SimpleNamespace(name="new")  # no request seen yet
+    conns = [*lows[:3], high, unseen, *lows[3:]]
+    events = [_event(partial(readable, conn)) for conn in conns] + [_event(method_queue)]
+    turn = in_turn(events, default=2)
+    names = [key.data.args[0].name if isinstance(key.data, partial) else "finished" for key, _ in turn]
+    # the threads' finished requests, the high level, then the rest in their order, at most OTHERS_PER_PASS of them
+    assert names == ["finished", "high", "new", *[low.name for low in lows[: OTHERS_PER_PASS - 1]]]
 
 
 @dataclass(eq=False)

@@ -36,6 +36,7 @@ class Holding:
 
     def __init__(self, levels: int) -> None:
         self._queues: list[deque[tuple[float, Any]]] = [deque() for _ in range(levels)]
+        self._admitted: list[deque[Any]] = [deque() for _ in range(levels)]
         self._count = 0
 
     def __len__(self) -> int:
@@ -46,30 +47,40 @@ class Holding:
         self._queues[level - 1].append((deadline, conn))  # one wait per level: each deque stays sorted
         self._count += 1
 
+    def admit(self, conn: Any, level: int) -> None:
+        """Hold `conn`, whose wait is spent and whose request is let in, until its turn: before the connections
+        held at its level, after every higher level's; it has no deadline left."""
+        self._admitted[level - 1].append(conn)
+        self._count += 1
+
     def release(self, admits: Callable[[int], bool]) -> Any | None:
-        """The longest-held connection of the highest level held, if `admits` lets that level in now; else None.
-        A level past its share means every lower level is too, so no lower level is looked at."""
-        for level, queue in enumerate(self._queues, start=1):
-            if queue:
+        """The next connection of the highest level held, if `admits` lets that level in now; else None: one let
+        in at its deadline (`admit`) first, then the longest held. A level past its share means every lower level
+        is too, so no lower level is looked at."""
+        for level, (queue, admitted) in enumerate(zip(self._queues, self._admitted, strict=True), start=1):
+            if queue or admitted:
                 if not admits(level):
                     return None
                 self._count -= 1
-                return queue.popleft()[1]
+                return admitted.popleft() if admitted else queue.popleft()[1]
         return None
 
     def holds_up_to(self, level: int) -> bool:
         """Whether any connection is held at `level` or a higher one (a lower number)."""
-        return any(self._queues[:level])
+        return any(self._queues[:level]) or any(self._admitted[:level])
 
-    def held_above(self, level: int) -> int:
-        """How many connections are held at levels higher than `level`: released before any at `level`."""
-        return sum(len(queue) for queue in self._queues[: level - 1])
+    def ahead_of(self, level: int) -> int:
+        """How many held connections go before one let in at `level` now (`admit`): every one held at a higher
+        level, and those let in at its level before it."""
+        higher = zip(self._queues[: level - 1], self._admitted[: level - 1], strict=True)
+        return sum(len(queue) + len(admitted) for queue, admitted in higher) + len(self._admitted[level - 1])
 
-    def expired(self, now: float) -> list[tuple[Any, int]]:
-        """The connections whose deadline is past, taken out, each with its level."""
-        out = []
+    def expired(self, now: float, limit: int | None = None) -> list[tuple[Any, int]]:
+        """The connections whose deadline is past (the first `limit` of them, by level), taken out, each with its
+        level."""
+        out: list[tuple[Any, int]] = []
         for level, queue in enumerate(self._queues, start=1):
-            while queue and queue[0][0] <= now:
+            while queue and queue[0][0] <= now and (limit is None or len(out) < limit):
                 out.append((queue.popleft()[1], level))
         self._count -= len(out)
         return out
@@ -82,6 +93,11 @@ class Holding:
                     queue.remove(entry)
                     self._count -= 1
                     return True
+        for admitted in self._admitted:
+            if conn in admitted:
+                admitted.remove(conn)
+                self._count -= 1
+                return True
         return False
 
     def next_deadline(self) -> float | None:
@@ -90,8 +106,11 @@ class Holding:
     def drain(self) -> list[Any]:
         """Every held connection, taken out (the worker is stopping)."""
         out = [conn for queue in self._queues for _, conn in queue]
+        out += [conn for admitted in self._admitted for conn in admitted]
         for queue in self._queues:
             queue.clear()
+        for admitted in self._admitted:
+            admitted.clear()
         self._count = 0
         return out
 
