@@ -78,7 +78,7 @@ def test_held_past_their_wait_are_taken_out_no_more_than_asked_at_once() -> None
 
 
 def _event(data: Any) -> tuple[selectors.SelectorKey, int]:
-    return selectors.SelectorKey(fileobj=None, fd=0, events=selectors.EVENT_READ, data=data), selectors.EVENT_READ
+    return selectors.SelectorKey(fileobj=0, fd=0, events=selectors.EVENT_READ, data=data), selectors.EVENT_READ
 
 
 def test_a_crowded_poller_pass_takes_finished_requests_and_the_highest_level_first_and_bounds_the_rest() -> None:
