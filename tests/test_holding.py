@@ -12,7 +12,7 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
-from twinserve.servers.gunicorn_poller import OTHERS_PER_PASS, in_turn
+from twinserve.servers.gunicorn_poller import PER_PASS, in_turn
 from twinserve.servers.holding import TICK_S, Holding, ReadHolds
 
 
@@ -81,19 +81,23 @@ def _event(data: Any) -> tuple[selectors.SelectorKey, int]:
     return selectors.SelectorKey(fileobj=0, fd=0, events=selectors.EVENT_READ, data=data), selectors.EVENT_READ
 
 
-def test_a_crowded_poller_pass_takes_finished_requests_and_the_highest_level_first_and_bounds_the_rest() -> None:
+def test_a_crowded_poller_pass_takes_finished_requests_first_then_a_bounded_number_of_connections_by_level() -> None:
     def readable(conn: Any, fileobj: Any) -> None: ...
 
     def method_queue(fileobj: Any) -> None: ...
 
-    lows = [SimpleNamespace(name=f"low-{i}", level=3) for i in range(OTHERS_PER_PASS + 5)]
+    def names(conns: list[SimpleNamespace]) -> list[str]:
+        events = [_event(partial(readable, conn)) for conn in conns] + [_event(method_queue)]
+        turn = in_turn(events, default=2)
+        return [key.data.args[0].name if isinstance(key.data, partial) else "finished" for key, _ in turn]
+
+    lows = [SimpleNamespace(name=f"low-{i}", level=3) for i in range(PER_PASS + 5)]
     high, unseen = SimpleNamespace(name="high", level=1), SimpleNamespace(name="new")  # no request seen yet
-    conns = [*lows[:3], high, unseen, *lows[3:]]
-    events = [_event(partial(readable, conn)) for conn in conns] + [_event(method_queue)]
-    turn = in_turn(events, default=2)
-    names = [key.data.args[0].name if isinstance(key.data, partial) else "finished" for key, _ in turn]
-    # the threads' finished requests, the high level, then the rest in their order, at most OTHERS_PER_PASS of them
-    assert names == ["finished", "high", "new", *[low.name for low in lows[: OTHERS_PER_PASS - 1]]]
+    # the threads' finished requests, then by level (each level in its order), PER_PASS connections in all
+    first_lows = [c.name for c in lows][: PER_PASS - 2]
+    assert names([*lows[:3], high, unseen, *lows[3:]]) == ["finished", "high", "new", *first_lows]
+    highs = [SimpleNamespace(name=f"high-{i}", level=1) for i in range(PER_PASS + 5)]
+    assert names([*lows, *highs]) == ["finished", *[c.name for c in highs][:PER_PASS]]  # a crowd at one level too
 
 
 @dataclass(eq=False)

@@ -20,9 +20,9 @@ a connection held, or a model's batch queue at its bound), the poller looks at t
 
 The poller itself is the crowd's bottleneck: each connection it looks at, holds or answers is system calls, and
 after each it waits for the interpreter from the request threads. So while crowded one pass of the poller handles
-the threads' finished requests first (a free thread, for the highest level held), then connections whose last
-request was at the highest level, then a bounded number of others and of held connections past their wait; the
-rest wait for the next pass, unread (`in_turn`). Handled in arrival order, a pass took up to 400 ms over a crowd's
+the threads' finished requests first (a free thread, for the highest level held), then a bounded number of
+connections, those whose last request was at the highest level first, and of held connections past their wait;
+the rest wait for the next pass, unread (`in_turn`). Handled in arrival order, a pass took up to 400 ms over a crowd's
 200 readable connections, and a high priority waited behind all of them twice: for its request to be seen, and
 for its connection to be watched again after its answer.
 
@@ -55,11 +55,11 @@ from twinserve.fronts.early import EarlyRefusal, Refusal
 from twinserve.servers.gunicorn_early import CLOSED, Peeked, closed_by_client, front_answer, peek_request, render
 from twinserve.servers.holding import Holding
 
-__all__ = ["OTHERS_PER_PASS", "PollerAdmission", "in_turn"]
+__all__ = ["PER_PASS", "PollerAdmission", "in_turn"]
 
-#: While crowded, how many readable connections below the highest level, and how many held ones past their wait,
-#: the poller handles in one pass (`in_turn`, `PollerAdmission._expire_held`).
-OTHERS_PER_PASS = 16
+#: While crowded, how many readable connections, and how many held ones past their wait, the poller handles in one
+#: pass (`in_turn`, `PollerAdmission._expire_held`).
+PER_PASS = 16
 
 
 class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
@@ -220,11 +220,11 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             self.enqueue_req(conn)
 
     def _expire_held(self) -> None:
-        """Refuse (or hand over) connections held past their wait, at most `OTHERS_PER_PASS` in one pass: each
+        """Refuse (or hand over) connections held past their wait, at most `PER_PASS` in one pass: each
         is system calls, and a crowd's connections expire by the hundred while a thread's finished request and a
         high priority's next one wait for the poller (`in_turn`). The rest are next, the poller not waiting."""
         if self._held:
-            for conn, level in self._held.expired(time.monotonic(), OTHERS_PER_PASS):
+            for conn, level in self._held.expired(time.monotonic(), PER_PASS):
                 self._expired(conn, level)
 
     def _expired(self, conn: Any, level: int) -> None:
@@ -275,17 +275,12 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
 
 def in_turn(events: list[tuple[Any, int]], default: int) -> list[tuple[Any, int]]:
     """The poller's events of one pass, in turn: the threads' finished requests (the method queue: a thread is free,
-    and a held request can go to it) and the listeners, then connections whose last request was at the highest
-    level, then at most `OTHERS_PER_PASS` others (`default`: the level of a connection not seen yet); the rest
-    stay readable for the next pass.
-
-    Each event costs the poller system calls, and each call gives up the interpreter, to get it back from the
-    request threads only after up to the switch interval: under a crowd of 500 closed-loop connections one pass
-    took up to 400 ms over 200 of them, and a high priority's request, and its thread's answer, waited behind the
-    whole pass."""
+    and a held request can go to it) and the listeners, then at most `PER_PASS` connections, by the level of the
+    last request each sent (`default` for one not seen yet), the highest first; the rest stay readable for the next
+    pass (see the module's docstring)."""
     ranked = sorted(events, key=partial(_rank, default=default))
-    first = sum(1 for event in ranked if _rank(event, default) <= 1)
-    return ranked[: first + OTHERS_PER_PASS]
+    always = sum(1 for event in ranked if _rank(event, default) == 0)
+    return ranked[: always + PER_PASS]
 
 
 def _rank(event: tuple[Any, int], default: int) -> int:
