@@ -57,13 +57,13 @@ def test_one_let_in_at_its_wait_is_next_at_its_level_and_behind_every_higher_lev
     held.add("low", 3, deadline=10.0)
     held.add("high", 1, deadline=10.0)
     assert held.ahead_of(3) == 1  # the high one goes first
-    held.admit("low-let-in", 3)
+    held.admit("low-let-in", 3, deadline=50.0)
     assert held.ahead_of(3) == 2 and held.ahead_of(1) == 0 and len(held) == 3
-    assert held.expired(now=20.0) == [("high", 1), ("low", 3)]  # one let in has no deadline left
+    assert held.expired(now=20.0) == [("high", 1), ("low", 3)]  # one let in is not weighed again
     held.add("high-2", 1, deadline=30.0)
     held.add("low-2", 3, deadline=30.0)
     assert [held.release(lambda level: True) for _ in range(3)] == ["high-2", "low-let-in", "low-2"]
-    held.admit("gone", 2)
+    held.admit("gone", 2, deadline=50.0)
     assert held.remove("gone") and not held.remove("gone") and len(held) == 0
 
 
@@ -71,10 +71,14 @@ def test_held_past_their_wait_are_taken_out_no_more_than_asked_at_once() -> None
     held = Holding(levels=2)
     for conn, level in (("a", 2), ("b", 2), ("c", 1)):
         held.add(conn, level, deadline=1.0)
-    held.admit("let-in", 2)
+    held.admit("let-in", 2, deadline=9.0)
+    held.admit("let-in-later", 2, deadline=12.0)
     assert held.expired(now=5.0, limit=2) == [("c", 1), ("a", 2)]
     assert held.next_deadline() == 1.0  # past already: the poller looks again at once
-    assert held.expired(now=5.0, limit=2) == [("b", 2)] and held.drain() == ["let-in"]
+    assert held.expired(now=5.0, limit=2) == [("b", 2)] and held.next_deadline() == 9.0
+    # one let in whose turn the higher levels kept from it past its deadline goes anyway
+    assert held.overdue(now=5.0, limit=2) == [] and held.overdue(now=12.0, limit=1) == ["let-in"]
+    assert held.drain() == ["let-in-later"] and len(held) == 0
 
 
 def _event(data: Any) -> tuple[selectors.SelectorKey, int]:

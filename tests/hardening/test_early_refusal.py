@@ -361,6 +361,35 @@ def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_
 
 
 @pytest.mark.hardening
+def test_a_low_priority_request_let_in_at_its_wait_is_computed_after_a_higher_level_held(tmp_path: Path) -> None:
+    """Sync: a request held for its level's whole wait and then let in (the requests ahead of it are within its
+    level's count) is next at its level, behind every higher level held; it does not go into gthread's
+    first-come queue for the threads ahead of them (servers/gunicorn_poller.py `_expired`).
+
+    The thread computes `a`; `b` (level 10) waits in gthread's queue; `c` (level 10, a wait of 3 s: a tenth of
+    `--max-queue-wait-ms`) and `d` (level 1, 30 s) are held. Once `c` is let in at its wait (the poller says so at
+    debug level), each gate is released in turn: `d` is computed before `c`, and every request is answered 200."""
+    gates = {name: tmp_path / name for name in "abcd"}
+    flags = ["--workers", "1", "--threads", "1", "--max-queue", "40", "--priority-levels", "10"]
+    with (
+        Server([GATE], "sync", *flags, "--max-queue-wait-ms", "30000", "--log-level", "debug") as server,
+        _one_thread_computing(server, gates["a"]) as (socks, first),
+    ):
+        for sock, name, level in zip(socks, "bcd", ("10", "10", "1"), strict=True):
+            sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
+        server.wait_for_output("let in a request held at priority 10 at its wait, behind higher levels", TIMEOUT_S)
+        started = ["a"]
+        for expected in "bdc":
+            gates[started[-1]].with_suffix(".release").touch()
+            wait_until(gates[expected].with_suffix(".started").exists, TIMEOUT_S, f"{expected} computing")
+            assert [n for n in "bcd" if gates[n].with_suffix(".started").exists()] == sorted([*started[1:], expected])
+            started.append(expected)
+        gates["c"].with_suffix(".release").touch()
+        first.join(TIMEOUT_S)
+        assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
+
+
+@pytest.mark.hardening
 def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_and_joins_no_backlog(
     tmp_path: Path,
 ) -> None:

@@ -14,17 +14,17 @@ a connection held, or a model's batch queue at its bound), the poller looks at t
   here, by level: a held request is released, the highest level first, then the longest held, as soon as the
   threads' queue has room. Held for its level's share of `--max-queue-wait-ms` and still not next, it is refused
   (503 `queue_full`, `Retry-After`) if more requests are ahead of it than its level's count, else it is next at
-  its level, behind every higher level held. A closed-loop crowd therefore waits within that bound and is not
-  refused and re-sent in a loop; with `--max-queue-wait-ms 0` nothing is held, and the backlog's count bound
-  refuses here.
+  its level, behind every higher level held (for another such wait at most, then it joins the threads' queue). A
+  closed-loop crowd therefore waits within that bound and is not refused and re-sent in a loop; with
+  `--max-queue-wait-ms 0` nothing is held, and the backlog's count bound refuses here.
 
 The poller itself is the crowd's bottleneck: each connection it looks at, holds or answers is system calls, and
 after each it waits for the interpreter from the request threads. So while crowded one pass of the poller handles
 the threads' finished requests first (a free thread, for the highest level held), then a bounded number of
 connections, those whose last request was at the highest level first, and of held connections past their wait;
-the rest wait for the next pass, unread (`in_turn`). Handled in arrival order, a pass took up to 400 ms over a crowd's
-200 readable connections, and a high priority waited behind all of them twice: for its request to be seen, and
-for its connection to be watched again after its answer.
+the rest wait for the next pass, unread (`in_turn`). Handled in arrival order, a pass took up to 400 ms over a
+crowd's 200 readable connections, and a high priority waited behind all of them twice: for its request to be
+seen, and for its connection to be watched again after its answer.
 
 A request let in here (passed on, or released) is marked `admitted`: its wait is over once a thread takes it up,
 so that thread does not refuse it for the backlog behind it, which only the requests behind it will wait for.
@@ -220,33 +220,38 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             self.enqueue_req(conn)
 
     def _expire_held(self) -> None:
-        """Refuse (or hand over) connections held past their wait, at most `PER_PASS` in one pass: each
-        is system calls, and a crowd's connections expire by the hundred while a thread's finished request and a
-        high priority's next one wait for the poller (`in_turn`). The rest are next, the poller not waiting."""
-        if self._held:
-            for conn, level in self._held.expired(time.monotonic(), PER_PASS):
+        """Refuse (or let in) connections held past their wait, at most `PER_PASS` in one pass: each is system
+        calls, and a crowd's connections expire by the hundred while a thread's finished request and a high
+        priority's next one wait for the poller (`in_turn`). The rest are next, the poller not waiting. One let in
+        that higher levels kept from a thread for another wait of its level goes to the threads' queue anyway."""
+        held = self._held
+        if held:
+            now = time.monotonic()
+            for conn in held.overdue(now, PER_PASS):
+                conn.admitted = True
+                self.enqueue_req(conn)
+            for conn, level in held.expired(now, PER_PASS):
                 self._expired(conn, level)
 
     def _expired(self, conn: Any, level: int) -> None:
-        """A connection held for its whole wait: served if the requests ahead of it (waiting for a thread, held at
-        higher levels) are within its level's count, else refused; its wait is spent, so no more may be added.
-        Served, it goes to the threads now if their queue has room and no higher level is held, else it is next
-        at its level (`Holding.admit`): handed over past their queue's length it would go ahead of the higher
-        levels held, in their first-come queue."""
+        """A connection held for its whole wait: refused if more requests are ahead of it (waiting for a thread,
+        held at higher levels, let in before it at its own) than its level's count, else let in; its wait is spent,
+        so no more may be added. Let in, it goes to the threads now if their queue has room and no higher level is
+        held, else it is next at its level (`Holding.admit`): handed over past their queue's length it would go
+        ahead of the higher levels held, in their first-come queue."""
         early, held = self._early, self._held
         assert early is not None and held is not None
         peeked, conn.peeked = conn.peeked, None  # a client that closed meanwhile is closed after the answer
-        refusal = None
-        if peeked is not None:
-            ahead, spent = self._waiting + held.ahead_of(level), self._admission().backlog.wait_for(level)
-            refusal = early.refusal(peeked.method, peeked.url, peeked.headers, ahead, spent)
-        if peeked is not None and refusal is None and (self._waiting >= self._short or held.holds_up_to(level - 1)):
-            held.admit(conn, level)
-        elif peeked is None or refusal is None:
-            conn.admitted = peeked is not None
-            self.enqueue_req(conn)
-        else:
+        wait = self._admission().backlog.wait_for(level)
+        refusal = early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting + held.ahead_of(level), wait)
+        if refusal is not None:
             self._answer(conn, None, peeked, refusal)
+        elif self._waiting >= self._short or held.holds_up_to(level - 1):
+            held.admit(conn, level, time.monotonic() + wait)
+            self.log.debug("let in a request held at priority %d at its wait, behind higher levels", level)
+        else:
+            conn.admitted = True
+            self.enqueue_req(conn)
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         super().finish_request(conn, fs)

@@ -36,7 +36,7 @@ class Holding:
 
     def __init__(self, levels: int) -> None:
         self._queues: list[deque[tuple[float, Any]]] = [deque() for _ in range(levels)]
-        self._admitted: list[deque[Any]] = [deque() for _ in range(levels)]
+        self._admitted: list[deque[tuple[float, Any]]] = [deque() for _ in range(levels)]
         self._count = 0
 
     def __len__(self) -> int:
@@ -47,10 +47,11 @@ class Holding:
         self._queues[level - 1].append((deadline, conn))  # one wait per level: each deque stays sorted
         self._count += 1
 
-    def admit(self, conn: Any, level: int) -> None:
+    def admit(self, conn: Any, level: int, deadline: float) -> None:
         """Hold `conn`, whose wait is spent and whose request is let in, until its turn: before the connections
-        held at its level, after every higher level's; it has no deadline left."""
-        self._admitted[level - 1].append(conn)
+        held at its level, after every higher level's; or until `deadline` (`overdue`), should the higher levels
+        keep every turn."""
+        self._admitted[level - 1].append((deadline, conn))
         self._count += 1
 
     def release(self, admits: Callable[[int], bool]) -> Any | None:
@@ -62,7 +63,7 @@ class Holding:
                 if not admits(level):
                     return None
                 self._count -= 1
-                return admitted.popleft() if admitted else queue.popleft()[1]
+                return (admitted or queue).popleft()[1]
         return None
 
     def holds_up_to(self, level: int) -> bool:
@@ -85,32 +86,34 @@ class Holding:
         self._count -= len(out)
         return out
 
+    def overdue(self, now: float, limit: int) -> list[Any]:
+        """The connections let in (`admit`) whose deadline is past, at most `limit`, taken out."""
+        out: list[Any] = []
+        for admitted in self._admitted:
+            while admitted and admitted[0][0] <= now and len(out) < limit:
+                out.append(admitted.popleft()[1])
+        self._count -= len(out)
+        return out
+
     def remove(self, conn: Any) -> bool:
         """Take `conn` out, wherever it is held; whether it was."""
-        for queue in self._queues:
+        for queue in (*self._queues, *self._admitted):
             for entry in queue:
                 if entry[1] is conn:
                     queue.remove(entry)
                     self._count -= 1
                     return True
-        for admitted in self._admitted:
-            if conn in admitted:
-                admitted.remove(conn)
-                self._count -= 1
-                return True
         return False
 
     def next_deadline(self) -> float | None:
-        return min((queue[0][0] for queue in self._queues if queue), default=None)
+        return min((queue[0][0] for queue in (*self._queues, *self._admitted) if queue), default=None)
 
     def drain(self) -> list[Any]:
         """Every held connection, taken out (the worker is stopping)."""
         out = [conn for queue in self._queues for _, conn in queue]
-        out += [conn for admitted in self._admitted for conn in admitted]
-        for queue in self._queues:
+        out += [conn for admitted in self._admitted for _, conn in admitted]
+        for queue in (*self._queues, *self._admitted):
             queue.clear()
-        for admitted in self._admitted:
-            admitted.clear()
         self._count = 0
         return out
 
