@@ -330,6 +330,31 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
             assert not gates["d"].with_suffix(".started").exists()  # never computed
 
 
+def _computed_b_then_d_then_c(
+    server: Server,
+    gates: dict[str, Path],
+    socks: list[socket.socket],
+    first: threading.Thread,
+    levels: tuple[str, str, str],
+    said: str,
+) -> None:
+    """With `a` computing in the one thread: send `b`, `c` and `d` at `levels` on the three kept-alive `socks`,
+    wait for the poller to say `said` (debug level), then release each gate in turn: `b`, then `d`, then `c`
+    start, in that order, and every request is answered 200."""
+    for sock, name, level in zip(socks, "bcd", levels, strict=True):
+        sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
+    server.wait_for_output(said, TIMEOUT_S)
+    started = ["a"]
+    for expected in "bdc":
+        gates[started[-1]].with_suffix(".release").touch()
+        wait_until(gates[expected].with_suffix(".started").exists, TIMEOUT_S, f"{expected} computing")
+        assert [n for n in "bcd" if gates[n].with_suffix(".started").exists()] == sorted([*started[1:], expected])
+        started.append(expected)
+    gates["c"].with_suffix(".release").touch()
+    first.join(TIMEOUT_S)
+    assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
+
+
 @pytest.mark.hardening
 def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_one(tmp_path: Path) -> None:
     """Sync: gthread's own queue of requests waiting for a thread is first come, first served, so the poller keeps
@@ -346,18 +371,7 @@ def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_
         Server([GATE], "sync", *flags, "--max-queue-wait-ms", "60000") as server,
         _one_thread_computing(server, gates["a"]) as (socks, first),
     ):
-        for sock, name, level in zip(socks, "bcd", "221", strict=True):
-            sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
-        server.wait_for_output("held a request at priority 1 for a thread (2 held)", TIMEOUT_S)
-        started = ["a"]
-        for expected in "bdc":
-            gates[started[-1]].with_suffix(".release").touch()
-            wait_until(gates[expected].with_suffix(".started").exists, TIMEOUT_S, f"{expected} computing")
-            assert [n for n in "bcd" if gates[n].with_suffix(".started").exists()] == sorted([*started[1:], expected])
-            started.append(expected)
-        gates["c"].with_suffix(".release").touch()
-        first.join(TIMEOUT_S)
-        assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
+        _computed_b_then_d_then_c(server, gates, socks, first, ("2", "2", "1"), "priority 1 for a thread (2 held)")
 
 
 @pytest.mark.hardening
@@ -375,18 +389,7 @@ def test_a_low_priority_request_let_in_at_its_wait_is_computed_after_a_higher_le
         Server([GATE], "sync", *flags, "--max-queue-wait-ms", "30000", "--log-level", "debug") as server,
         _one_thread_computing(server, gates["a"]) as (socks, first),
     ):
-        for sock, name, level in zip(socks, "bcd", ("10", "10", "1"), strict=True):
-            sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
-        server.wait_for_output("let in a request held at priority 10 at its wait, behind higher levels", TIMEOUT_S)
-        started = ["a"]
-        for expected in "bdc":
-            gates[started[-1]].with_suffix(".release").touch()
-            wait_until(gates[expected].with_suffix(".started").exists, TIMEOUT_S, f"{expected} computing")
-            assert [n for n in "bcd" if gates[n].with_suffix(".started").exists()] == sorted([*started[1:], expected])
-            started.append(expected)
-        gates["c"].with_suffix(".release").touch()
-        first.join(TIMEOUT_S)
-        assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
+        _computed_b_then_d_then_c(server, gates, socks, first, ("10", "10", "1"), "priority 10 at its wait")
 
 
 @pytest.mark.hardening
