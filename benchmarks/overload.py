@@ -99,9 +99,12 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
             answers = result.ok + refused
             used = tree_cpu_seconds(server.pid) - cpu
             share = ""
+            cpu_us: float | None
             if per_refusal and refused >= 0.05 * answers:  # a few refusals' CPU is lost in the 200s' noise
                 cpu_us = (used - result.ok * cpu_per_200) / refused * 1e6
                 share = f"a refusal costs {cpu_us / (cpu_per_200 * 1e6):.0%} of a 200's CPU; "
+                if cpu_us < 0:  # the 200s cost less under the crowd than at 16 connections: no CPU left to charge
+                    cpu_us, share = None, "a refusal's CPU is below this run's noise; "
             else:
                 cpu_us = used / max(1, answers) * 1e6
             p99 = _p99(result)
