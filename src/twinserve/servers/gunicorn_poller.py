@@ -44,6 +44,7 @@ import errno
 import selectors
 import time
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -61,6 +62,9 @@ __all__ = ["PER_PASS", "PollerAdmission", "in_turn"]
 #: pass (`in_turn`, `PollerAdmission._expire_held`).
 PER_PASS = 16
 
+#: A pass's events, as the selector gives them: (key, mask).
+Events = list[tuple[Any, int]]
+
 
 class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
     """The poller's part of `SheddingThreadWorker` (gunicorn_workers.py), which counts `_waiting` (requests handed
@@ -69,6 +73,10 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
     _waiting: int
     _early: EarlyRefusal | None = None
     _held: Holding | None = None
+    #: The last pass's events left for a later one (`in_turn`).
+    _deferred: Sequence[tuple[Any, int]] = ()
+    #: Passes taken in turn so far (`in_turn`'s stamp).
+    _passes = 0
 
     def _admission(self) -> Admission:
         assert self._early is not None
@@ -258,6 +266,15 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         self._release_held()  # a thread is free
 
     def murder_keepalived(self, force: bool = False) -> None:
+        deferred, self._deferred = self._deferred, ()
+        if deferred and not force:
+            # A connection left for a later pass has a request unread: its keep-alive (or first-byte) timeout is
+            # for idle ones, and closing it would lose the request and reset the connection. Its turn is now.
+            now = time.monotonic()
+            for key, _ in deferred:
+                timeout = key.data.args[0].timeout  # a connection's: only those are left for later
+                if timeout is not None and timeout <= now:
+                    key.data(key.fileobj)
         super().murder_keepalived(force)
         self._release_held()  # after every wake-up of the poller
         self._expire_held()
@@ -273,26 +290,42 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
                 raise
             return
         if len(events) > 1 and self._early is not None:  # crowded, or about to be within this pass
-            events = in_turn(events, self._admission().priority(None))
+            self._passes += 1
+            events, self._deferred = in_turn(events, self._admission().priority(None), self._passes)
         for key, _ in events:
             key.data(key.fileobj)
 
 
-def in_turn(events: list[tuple[Any, int]], default: int) -> list[tuple[Any, int]]:
-    """The poller's events of one pass, in turn: the threads' finished requests (the method queue: a thread is free,
-    and a held request can go to it) and the listeners, then at most `PER_PASS` connections, by the level of the
-    last request each sent (`default` for one not seen yet), the highest first; the rest stay readable for the next
-    pass (see the module's docstring)."""
+def in_turn(events: Events, default: int, turn: int) -> tuple[Events, Events]:
+    """The poller's events of one pass in turn, and those left for a later pass (their connections stay readable).
+    This pass: the threads' finished requests (the method queue: a thread is free, and a held request can go to
+    it) and the listeners, then at most `PER_PASS` connections, by the level of the last request each sent
+    (`default` for one not seen yet), the highest first, and within a level the longest since its last turn first;
+    each taken is stamped with `turn`, this pass's number (see the module's docstring).
+
+    Not epoll's order within a level: a level-triggered descriptor keeps its place in the ready list, so a
+    closed-loop client answered in one pass is ready again at the head of the next, and the same few connections
+    would take every turn while the rest waited out their keep-alive."""
     ranked = sorted(events, key=partial(_rank, default=default))
-    always = sum(1 for event in ranked if _rank(event, default) == 0)
-    return ranked[: always + PER_PASS]
+    now = sum(1 for event in ranked if _connection(event) is None) + PER_PASS
+    for event in ranked[:now]:
+        conn = _connection(event)
+        if conn is not None:
+            conn.turn = turn
+    return ranked[:now], ranked[now:]
 
 
-def _rank(event: tuple[Any, int], default: int) -> int:
-    """0 for the method queue and the listeners, else the level of the connection's last request seen."""
+def _connection(event: tuple[Any, int]) -> Any | None:
+    """The connection an event is for; None for the method queue and the listeners."""
     data = event[0].data
-    conn = data.args[0] if isinstance(data, partial) and data.args else None
-    return 0 if conn is None else getattr(conn, "level", default)
+    return data.args[0] if isinstance(data, partial) and data.args else None
+
+
+def _rank(event: tuple[Any, int], default: int) -> tuple[int, int]:
+    """(0, 0) for the method queue and the listeners, else the level of the connection's last request seen and the
+    pass that last took it."""
+    conn = _connection(event)
+    return (0, 0) if conn is None else (getattr(conn, "level", default), getattr(conn, "turn", 0))
 
 
 def _first(level: int) -> bool:
