@@ -21,8 +21,9 @@ a connection held, or a model's batch queue at its bound), the poller looks at t
 The poller itself is the crowd's bottleneck: each connection it looks at, holds or answers is system calls, and
 after each it waits for the interpreter from the request threads. So while crowded one pass of the poller handles
 the threads' finished requests first (a free thread, for the highest level held), then a bounded number of
-connections, those whose last request was at the highest level first, and of held connections past their wait;
-the rest wait for the next pass, unread (`in_turn`). Handled in arrival order, a pass took up to 400 ms over a
+connections, those whose last request was at the highest level first (within a level, the longest since its
+last turn), and of held connections past their wait; the rest wait for the next pass, unread (`in_turn`), and
+are not closed as idle meanwhile. Handled in arrival order, a pass took up to 400 ms over a
 crowd's 200 readable connections, and a high priority waited behind all of them twice: for its request to be
 seen, and for its connection to be watched again after its answer.
 
