@@ -272,10 +272,10 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             # A connection left for a later pass has a request unread: its keep-alive (or first-byte) timeout is
             # for idle ones, and closing it would lose the request and reset the connection. Its turn is now.
             now = time.monotonic()
-            for key, _ in deferred:
-                timeout = key.data.args[0].timeout  # a connection's: only those are left for later
-                if timeout is not None and timeout <= now:
-                    key.data(key.fileobj)
+            for event in deferred:
+                conn = _connection(event)
+                if conn is not None and conn.timeout is not None and conn.timeout <= now:
+                    event[0].data(event[0].fileobj)
         super().murder_keepalived(force)
         self._release_held()  # after every wake-up of the poller
         self._expire_held()
