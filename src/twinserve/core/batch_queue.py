@@ -4,7 +4,10 @@ a decision out; it never sleeps, locks or touches a future, so its decisions are
 A batch is flushed when it is full (`max_batch_size` instances), when its oldest request has waited `max_delay`
 seconds, and only while fewer than `max_in_flight` batches are computing; with `max_delay=0` requests go out as
 soon as a slot is free and batches form by themselves while the model is busy. A request's instances stay
-together, in order. Expired and cancelled requests are taken out before compute.
+together, in order. Expired and cancelled requests are taken out before compute: each request as it is taken
+into a batch, and the whole queue when a queued deadline is due or `SWEEP_S` has passed since the last look, so
+that the requests of clients gone free their place in the bound soon, without a look at every queued request on
+every `take` (a queue a crowd keeps full holds hundreds, and `take` runs on every arrival).
 
 Priorities (Triton's convention: 1 is the highest): each level has its own lane, batches are filled from the
 highest lane first (first come, first served within a lane), and each level has its own share of the queue
@@ -30,7 +33,7 @@ from twinserve.errors import DeadlineUnmeetable
 from twinserve.observability.context import RequestContext, current_request
 from twinserve.observability.tracing import BatchTrace
 
-__all__ = ["Batch", "BatchQueue", "Pending"]
+__all__ = ["SWEEP_S", "Batch", "BatchQueue", "Pending"]
 
 W = TypeVar("W")  # the driver's waiter: an asyncio.Future or a concurrent.futures.Future
 
@@ -38,6 +41,8 @@ W = TypeVar("W")  # the driver's waiter: an asyncio.Future or a concurrent.futur
 _WARM_BATCHES = 3
 #: Weight of the newest batch in the moving average of batch durations.
 _SMOOTHING = 0.2
+#: Longest time between two looks over the whole queue for requests whose client has gone (see the module's doc).
+SWEEP_S = 0.025
 
 
 @dataclass(eq=False)
@@ -143,6 +148,9 @@ class BatchQueue(Generic[W]):
         #: Moving average of a batch's compute seconds (None before the first is measured).
         self.batch_seconds: float | None = None
         self._measured = 0
+        #: The earliest deadline queued, or earlier (one whose request has left since): a look is due by then.
+        self._earliest_deadline = math.inf
+        self._swept_at = -math.inf
 
     @property
     def crowded(self) -> bool:
@@ -178,6 +186,8 @@ class BatchQueue(Generic[W]):
         self._lanes[lane].append(request)
         self._sizes[lane] += size
         self.queued_instances += size
+        if request.deadline is not None and request.deadline < self._earliest_deadline:
+            self._earliest_deadline = request.deadline
 
     def expected_wait(self, size: int, priority: int = 1) -> float | None:
         """Seconds until a new request of `size` instances at `priority` would have been computed, from the work
@@ -197,8 +207,9 @@ class BatchQueue(Generic[W]):
         return min(oldest) + self.max_delay if oldest else None
 
     def next_deadline(self) -> float | None:
-        deadlines = [r.deadline for lane in self._lanes for r in lane if r.deadline is not None]
-        return min(deadlines) if deadlines else None
+        """The earliest deadline queued (or earlier: a driver woken by one whose request has left finds nothing
+        to do, and the look it triggers brings this up to date)."""
+        return None if self._earliest_deadline == math.inf else self._earliest_deadline
 
     def wake_at(self) -> float | None:
         """When a driver must call `take` again if no request arrives and no batch finishes before then."""
@@ -212,18 +223,19 @@ class BatchQueue(Generic[W]):
         """The next batch to compute now, if any, filled from the highest priority first; expired and cancelled
         requests come out with it. Returns None when nothing is to be done yet (wait until `wake_at`)."""
         outcome: Batch[W] = Batch()
-        self._drop_dead(now, outcome)
+        if now >= self._earliest_deadline or now - self._swept_at >= SWEEP_S:
+            self._drop_dead(now, outcome)
         flush_at = self.next_flush_at()
         due = flush_at is not None and (self.queued_instances >= self.max_batch_size or now >= flush_at)
         if due and self.in_flight < self.max_in_flight:
-            self._fill(outcome)
+            self._fill(outcome, now)
         if outcome.requests:
             self.in_flight += 1
         if outcome.requests or outcome.expired or outcome.dropped:
             return outcome
         return None
 
-    def _fill(self, outcome: Batch[W]) -> None:
+    def _fill(self, outcome: Batch[W], now: float) -> None:
         size = 0
         for index, lane in enumerate(self._lanes):
             while lane:
@@ -234,6 +246,12 @@ class BatchQueue(Generic[W]):
                 lane.popleft()
                 self._sizes[index] -= head.size
                 self.queued_instances -= head.size
+                if head.abandoned():  # gone since the last look over the queue: never computed
+                    outcome.dropped.append(head)
+                    continue
+                if head.deadline is not None and head.deadline <= now:
+                    outcome.expired.append(head)
+                    continue
                 outcome.requests.append(head)
                 size += head.size
                 if size >= self.max_batch_size:
@@ -254,20 +272,26 @@ class BatchQueue(Generic[W]):
             lane.clear()
         self._sizes = [0] * len(self._lanes)
         self.queued_instances = 0
+        self._earliest_deadline = math.inf
         return requests
 
     def _drop_dead(self, now: float, outcome: Batch[W]) -> None:
+        """Take every abandoned or expired request out of the queue (the look over it `take` makes when due)."""
+        self._swept_at, earliest = now, math.inf
         for index, lane in enumerate(self._lanes):
-            if not any(r.abandoned() or (r.deadline is not None and r.deadline <= now) for r in lane):
-                continue
             alive: deque[Pending[W]] = deque()
             for request in lane:
+                deadline = request.deadline
                 if request.abandoned():
                     outcome.dropped.append(request)
-                elif request.deadline is not None and request.deadline <= now:
+                elif deadline is not None and deadline <= now:
                     outcome.expired.append(request)
                 else:
                     alive.append(request)
-            self._lanes[index] = alive
-            self._sizes[index] = sum(r.size for r in alive)
+                    if deadline is not None and deadline < earliest:
+                        earliest = deadline
+            if len(alive) < len(lane):
+                self._lanes[index] = alive
+                self._sizes[index] = sum(r.size for r in alive)
         self.queued_instances = sum(self._sizes)
+        self._earliest_deadline = earliest

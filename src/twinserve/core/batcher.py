@@ -154,8 +154,11 @@ class AsyncBatcher:
                 self._wake.clear()
                 wake_at = self.queue.wake_at()
                 timeout = None if wake_at is None else max(0.0, wake_at - now)
+                # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes as the event is set
+                # (it returns the event's result), and `close` then waits for the whole timeout.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
                 continue
             self.stats.expired += len(batch.expired)
             self.stats.cancelled += len(batch.dropped)

@@ -217,8 +217,9 @@ class Residency:
                 if remaining <= 0:
                     raise self._late(name)
                 changed = self._changed_event()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining, _LOOK_S))
+                with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancellation
+                    async with asyncio.timeout(min(remaining, _LOOK_S)):
+                        await changed.wait()
         finally:
             self._waiting[name] -= 1
         self._used_now(name)
