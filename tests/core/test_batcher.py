@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from twinserve.core.batch_queue import SWEEP_S
-from twinserve.core.batcher import AsyncBatcher, BatchQueue, Pending, ThreadBatcher
+from twinserve.core.batcher import ANSWER_CHUNK, AsyncBatcher, BatchQueue, Pending, ThreadBatcher
 from twinserve.errors import ClientDisconnected, DeadlineExceeded, ModelFailed, OutputMismatch, QueueFull
 
 pytestmark = pytest.mark.timeout(60)
@@ -209,6 +209,42 @@ def test_async_driver_batches_concurrent_requests_and_splits_results() -> None:
     assert results == [[i * 10, (i + 100) * 10] for i in range(12)]
     assert max(seen) > 2  # batches formed while the model was busy
     assert sum(seen) == 24
+
+
+def test_async_driver_hands_a_batch_back_a_chunk_per_turn_of_the_loop() -> None:
+    """The loop turns between chunks of a batch's answers, so it reads the connections that sent meanwhile (a
+    high priority among them) after a few answers, not after the whole batch's."""
+
+    async def main() -> list[int]:
+        turns = 0
+
+        def tick() -> None:
+            nonlocal turns
+            turns += 1
+            loop.call_soon(tick)
+
+        loop = asyncio.get_running_loop()
+        loop.call_soon(tick)
+
+        async def echo(batch: list[Any]) -> list[Any]:
+            return batch
+
+        size = 2 * ANSWER_CHUNK + 3
+        batcher = AsyncBatcher(BatchQueue(size, 60.0, 100, 1), echo)
+        batcher.start()
+
+        async def one(i: int) -> int:
+            assert await batcher.submit([i], None) == [i]
+            return turns
+
+        answered_at = await asyncio.gather(*(one(i) for i in range(size)))  # one full batch
+        await batcher.close()
+        return answered_at
+
+    answered_at = run_async(main())
+    chunks = [answered_at[i : i + ANSWER_CHUNK] for i in range(0, len(answered_at), ANSWER_CHUNK)]
+    assert all(len(set(chunk)) == 1 for chunk in chunks)  # a chunk's answers in one turn, in the batch's order
+    assert [chunk[0] for chunk in chunks] == sorted({chunk[0] for chunk in chunks})  # each chunk a later turn
 
 
 def test_async_driver_fails_only_the_failing_batch() -> None:
