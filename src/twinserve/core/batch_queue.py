@@ -246,11 +246,9 @@ class BatchQueue(Generic[W]):
                 lane.popleft()
                 self._sizes[index] -= head.size
                 self.queued_instances -= head.size
-                if head.abandoned():  # gone since the last look over the queue: never computed
-                    outcome.dropped.append(head)
-                    continue
-                if head.deadline is not None and head.deadline <= now:
-                    outcome.expired.append(head)
+                fate = _dead_end(head, now, outcome)
+                if fate is not None:  # gone since the last look over the queue: never computed
+                    fate.append(head)
                     continue
                 outcome.requests.append(head)
                 size += head.size
@@ -281,17 +279,25 @@ class BatchQueue(Generic[W]):
         for index, lane in enumerate(self._lanes):
             alive: deque[Pending[W]] = deque()
             for request in lane:
-                deadline = request.deadline
-                if request.abandoned():
-                    outcome.dropped.append(request)
-                elif deadline is not None and deadline <= now:
-                    outcome.expired.append(request)
-                else:
-                    alive.append(request)
-                    if deadline is not None and deadline < earliest:
-                        earliest = deadline
+                fate = _dead_end(request, now, outcome)
+                if fate is not None:
+                    fate.append(request)
+                    continue
+                alive.append(request)
+                if request.deadline is not None and request.deadline < earliest:
+                    earliest = request.deadline
             if len(alive) < len(lane):
                 self._lanes[index] = alive
                 self._sizes[index] = sum(r.size for r in alive)
         self.queued_instances = sum(self._sizes)
         self._earliest_deadline = earliest
+
+
+def _dead_end(request: Pending[W], now: float, outcome: Batch[W]) -> list[Pending[W]] | None:
+    """Where a request nobody waits for any more goes instead of a batch: `outcome.dropped` (its client has gone),
+    `outcome.expired` (its deadline has passed); None while it is awaited."""
+    if request.abandoned():
+        return outcome.dropped
+    if request.deadline is not None and request.deadline <= now:
+        return outcome.expired
+    return None
