@@ -330,57 +330,75 @@ def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its
             assert not gates["d"].with_suffix(".started").exists()  # never computed
 
 
-def _computed_b_then_d_then_c(
+def _computed_in_order(
     server: Server,
     gates: dict[str, Path],
     socks: list[socket.socket],
     first: threading.Thread,
     levels: tuple[str, str, str],
     said: str,
+    order: str,
 ) -> None:
     """With `a` computing in the one thread: send `b`, `c` and `d` at `levels` on the three kept-alive `socks`,
-    wait for the poller to say `said` (debug level), then release each gate in turn: `b`, then `d`, then `c`
-    start, in that order, and every request is answered 200."""
+    wait for the poller to say `said` (debug level), then release each gate in turn: `b`, `c` and `d` start in
+    `order`, and every request is answered 200."""
     for sock, name, level in zip(socks, "bcd", levels, strict=True):
         sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
     server.wait_for_output(said, TIMEOUT_S)
     started = ["a"]
-    for expected in "bdc":
+    for expected in order:
         gates[started[-1]].with_suffix(".release").touch()
         wait_until(gates[expected].with_suffix(".started").exists, TIMEOUT_S, f"{expected} computing")
         assert [n for n in "bcd" if gates[n].with_suffix(".started").exists()] == sorted([*started[1:], expected])
         started.append(expected)
-    gates["c"].with_suffix(".release").touch()
+    gates[order[-1]].with_suffix(".release").touch()
     first.join(TIMEOUT_S)
     assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
 
 
 @pytest.mark.hardening
 def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_one(tmp_path: Path) -> None:
-    """Sync: gthread's own queue of requests waiting for a thread is first come, first served, so the poller keeps
-    it one request per thread long and holds the rest, one queue per level (servers/gunicorn_poller.py): a request
-    at level 1 sent after one at level 2 is computed first, though the backlog is far within `--max-queue` and no
-    request is refused (issue #16: under overload the highest level keeps its latency).
+    """Sync: gthread's request threads take the highest level waiting next (servers/gunicorn_threads.py), so a
+    request at level 1 sent after one at level 2 is computed first, though the backlog is far within
+    `--max-queue` and no request is refused (issue #16: under overload the highest level keeps its latency). The
+    poller hands it to the threads at once: only requests at lower levels wait there.
 
-    The thread computes `a`; `b` (level 2) waits in gthread's queue; `c` (level 2) and then `d` (level 1) are
-    held (the poller says so at debug level). Each gate is released in turn, and which request starts next is read
-    from the gates' files."""
+    The thread computes `a`; `b` (level 2) waits for a thread; `c` (level 2) is held, a thread's worth of its level
+    waiting already; `d` (level 1) goes to the threads ahead of `b` (the poller says so at debug level). Each gate is
+    released in turn, and which request starts next is read from the gates' files: `d`, `b`, `c`."""
     gates = {name: tmp_path / name for name in "abcd"}
     flags = ["--workers", "1", "--threads", "1", "--max-queue", "16", "--priority-levels", "2", "--log-level", "debug"]
     with (
         Server([GATE], "sync", *flags, "--max-queue-wait-ms", "60000") as server,
         _one_thread_computing(server, gates["a"]) as (socks, first),
     ):
-        _computed_b_then_d_then_c(server, gates, socks, first, ("2", "2", "1"), "priority 1 for a thread (2 held)")
+        said = "a request at priority 1 goes to the threads ahead of 1 at lower levels"
+        _computed_in_order(server, gates, socks, first, ("2", "2", "1"), said, "dbc")
+
+
+@pytest.mark.hardening
+def test_held_requests_reach_the_thread_highest_level_first(tmp_path: Path) -> None:
+    """Sync: requests held in the poller, a thread's worth of their level or above waiting already, are handed to
+    the threads as they free up, the highest level first (servers/gunicorn_poller.py).
+
+    The thread computes `a`; `b` (level 1) waits for a thread; `c` (level 2) and then `d` (level 1) are held (the
+    poller says so at debug level). Each gate is released in turn: `b`, then `d`, then `c` start."""
+    gates = {name: tmp_path / name for name in "abcd"}
+    flags = ["--workers", "1", "--threads", "1", "--max-queue", "16", "--priority-levels", "2", "--log-level", "debug"]
+    with (
+        Server([GATE], "sync", *flags, "--max-queue-wait-ms", "60000") as server,
+        _one_thread_computing(server, gates["a"]) as (socks, first),
+    ):
+        _computed_in_order(server, gates, socks, first, ("1", "2", "1"), "priority 1 for a thread (2 held)", "bdc")
 
 
 @pytest.mark.hardening
 def test_a_low_priority_request_let_in_at_its_wait_is_computed_after_a_higher_level_held(tmp_path: Path) -> None:
     """Sync: a request held for its level's whole wait and then let in (the requests ahead of it are within its
-    level's count) is next at its level, behind every higher level held; it does not go into gthread's
-    first-come queue for the threads ahead of them (servers/gunicorn_poller.py `_expired`).
+    level's count) is next at its level, behind every higher level held; it does not go to the threads ahead of
+    them (servers/gunicorn_poller.py `_expired`).
 
-    The thread computes `a`; `b` (level 10) waits in gthread's queue; `c` (level 10, a wait of 3 s: a tenth of
+    The thread computes `a`; `b` (level 1) waits for a thread; `c` (level 10, a wait of 3 s: a tenth of
     `--max-queue-wait-ms`) and `d` (level 1, 30 s) are held. Once `c` is let in at its wait (the poller says so at
     debug level), each gate is released in turn: `d` is computed before `c`, and every request is answered 200."""
     gates = {name: tmp_path / name for name in "abcd"}
@@ -389,7 +407,7 @@ def test_a_low_priority_request_let_in_at_its_wait_is_computed_after_a_higher_le
         Server([GATE], "sync", *flags, "--max-queue-wait-ms", "30000", "--log-level", "debug") as server,
         _one_thread_computing(server, gates["a"]) as (socks, first),
     ):
-        _computed_b_then_d_then_c(server, gates, socks, first, ("10", "10", "1"), "priority 10 at its wait")
+        _computed_in_order(server, gates, socks, first, ("1", "10", "1"), "priority 10 at its wait", "bdc")
 
 
 @pytest.mark.hardening

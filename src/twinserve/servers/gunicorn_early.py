@@ -88,6 +88,15 @@ def closed_by_client(sock: socket.socket) -> bool:
         return False
 
 
+def has_bytes(sock: socket.socket) -> bool:
+    """Whether `sock` has bytes to read, or its client has closed it (one byte peeked, not taken)."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):  # nothing to read yet, a reset, or TLS (no flags)
+        return False
+    return True
+
+
 def peek_request(sock: socket.socket, cfg: Any) -> Peeked | Literal["closed"] | None:
     """The whole `POST` request at the start of `sock`'s unread bytes, read without taking them; `CLOSED` when the
     client has closed the connection with nothing unread; None where there is no whole request, or where it is not

@@ -8,11 +8,12 @@ a connection held, or a model's batch queue at its bound), the poller looks at t
 (servers/gunicorn_early.py) and, for a whole request:
 
 - refuses it there if its model's queue refuses it (`EarlyRefusal`): gunicorn's answer, written from the poller;
-- holds the connection unread if the threads' queue is full or a request at its priority level or a higher one
-  is held already: its request waits in TCP, costing no CPU, one first-come queue per level. The threads' queue
-  is kept that short (one request per thread) so that the order in which requests reach a thread is decided
-  here, by level: a held request is released, the highest level first, then the longest held, as soon as the
-  threads' queue has room. Held for its level's share of `--max-queue-wait-ms` and still not next, it is refused
+- holds the connection unread if a thread's worth of requests at its priority level or a higher one wait for
+  the threads already, or one at its level or a higher one is held: its request waits in TCP, costing no CPU, one
+  first-come queue per level. The threads take the highest level waiting next (servers/gunicorn_threads.py), so a
+  request at a higher level than all that wait goes to them at once; the rest of the order is decided here, by
+  level: a held request is released, the highest level first, then the longest held, as soon as the threads'
+  queue has room for its level. Held for its level's share of `--max-queue-wait-ms` and still not next, it is refused
   (503 `queue_full`, `Retry-After`) if more requests are ahead of it than its level's count, else it is next at
   its level, behind every higher level held (for another such wait at most, then it joins the threads' queue). A
   closed-loop crowd therefore waits within that bound and is not refused and re-sent in a loop; with
@@ -54,7 +55,16 @@ from gunicorn.workers import gthread
 from twinserve.core.admission import Admission
 from twinserve.errors import TwinserveError
 from twinserve.fronts.early import EarlyRefusal, Refusal
-from twinserve.servers.gunicorn_early import CLOSED, Peeked, closed_by_client, front_answer, peek_request, render
+from twinserve.servers.gunicorn_early import (
+    CLOSED,
+    Peeked,
+    closed_by_client,
+    front_answer,
+    has_bytes,
+    peek_request,
+    render,
+)
+from twinserve.servers.gunicorn_threads import LevelledThreadPool
 from twinserve.servers.holding import Holding
 
 __all__ = ["PER_PASS", "PollerAdmission", "in_turn"]
@@ -79,6 +89,23 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
     #: Passes taken in turn so far (`in_turn`'s stamp).
     _passes = 0
 
+    def get_thread_pool(self) -> LevelledThreadPool:
+        """gunicorn's hook for gthread's request threads: here they take the highest level waiting next."""
+        return LevelledThreadPool(int(self.cfg.threads), self._level_of)
+
+    def _level_of(self, conn: Any) -> int:
+        """The level a thread takes `conn` at: its request's, as the poller saw it (crowded: the last request seen
+        on the connection), else the default level."""
+        level = getattr(conn, "level", None)
+        if level is None:
+            level = self._admission().priority(None) if self._early is not None else 1
+        return int(level)
+
+    def _has_room(self, level: int) -> bool:
+        """Whether a request at `level` handed to the threads now is within a thread's worth of the next to be
+        taken up: the requests waiting at its level or a higher one are fewer than the threads."""
+        return bool(self.tpool.ahead_of(level) < self._short)
+
     def _admission(self) -> Admission:
         assert self._early is not None
         return self._early.service.admission
@@ -91,9 +118,9 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
 
     @property
     def _short(self) -> int:
-        """How many requests may wait for a thread in gthread's queue, first come first served, while the poller
-        holds the rest in priority order: one per thread, so a thread that finishes finds the next request there
-        while the poller wakes up to release another. Each one there is a wait no priority can jump."""
+        """How many requests at a level or above may wait for a thread, while the poller holds the rest in TCP:
+        one per thread, so a thread that finishes finds the next request there while the poller wakes up to
+        release another, and a request at that level waits for no more than a thread's worth of others."""
         return int(self.cfg.threads)
 
     def accept(self, listener: Any) -> None:
@@ -124,7 +151,14 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         """Refuse or hold the request of a connection waiting in the poller (`waiting`: the deque it is in);
         whether it was. Otherwise a thread takes it, as in gthread."""
         if not self._crowded():
-            if closed_by_client(conn.sock):
+            if self._early is None or not self.tpool.waits():  # a thread takes it at once: its level decides nothing
+                closed = closed_by_client(conn.sock)
+            else:  # it waits for a thread, and a request at a higher level may go ahead of it: learn its level
+                peeked = peek_request(conn.sock, self.cfg)
+                closed = peeked == CLOSED
+                if isinstance(peeked, Peeked):
+                    self._learn_level(conn, peeked)
+            if closed:
                 # Not a request: handed to a thread it would count in the backlog until one took it up, and a
                 # request arriving meanwhile would be weighed against it (one peek, a system call, per request).
                 self._drop(conn, waiting)
@@ -143,7 +177,7 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         holding = bool(self._admission().backlog.max_wait)
         refusal = early.refusal(peeked.method, peeked.url, peeked.headers, None if holding else backlog)
         if refusal is None and holding:
-            level = self._held_level(conn, peeked, backlog)
+            level = self._held_level(conn, peeked)
             if level is not None:
                 assert self._held is not None
                 waiting.remove(conn)
@@ -164,23 +198,34 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         self.poller.unregister(conn.sock)
         self._close(conn)
 
-    def _held_level(self, conn: Any, peeked: Peeked, backlog: int) -> int | None:
-        """The priority level to hold an inference request at, if the threads' queue is full or a request at its
-        level or above is held already (it waits its turn); else None."""
-        if not EarlyRefusal.inference(peeked.method, peeked.url):
+    def _held_level(self, conn: Any, peeked: Peeked) -> int | None:
+        """The priority level to hold an inference request at, if the threads' queue is full for its level or a
+        request at its level or above is held already (it waits its turn); else None."""
+        level = self._learn_level(conn, peeked)
+        if level is None:
             return None
-        admission = self._admission()
-        value = next((v for name, v in peeked.headers if name == b"x-priority"), None)
-        try:
-            level = admission.priority(None if value is None else value.decode("latin-1"))
-        except TwinserveError:
-            return None  # an invalid X-Priority: the front's 400
-        conn.level = level  # a client's next request on a connection is nearly always at the same level
         if self._held is None:
-            self._held = Holding(admission.backlog.levels)
-        if backlog < self._short and not self._held.holds_up_to(level):
+            self._held = Holding(self._admission().backlog.levels)
+        if self._has_room(level) and not self._held.holds_up_to(level):
+            jumped = len(self.tpool) - self.tpool.ahead_of(level)
+            if jumped:
+                said = "a request at priority %d goes to the threads ahead of %d at lower levels"
+                self.log.debug(said, level, jumped)
             return None
         return level
+
+    def _learn_level(self, conn: Any, peeked: Peeked) -> int | None:
+        """The priority level of an inference request, kept as its connection's `level` (a client's next request
+        on a connection is nearly always at the same level); None for any other request, or an invalid
+        `X-Priority` (the front's 400)."""
+        if self._early is None or not EarlyRefusal.inference(peeked.method, peeked.url):
+            return None
+        value = next((v for name, v in peeked.headers if name == b"x-priority"), None)
+        try:
+            conn.level = self._admission().priority(None if value is None else value.decode("latin-1"))
+        except TwinserveError:
+            return None
+        return int(conn.level)
 
     def _answer(self, conn: Any, waiting: deque[Any] | None, peeked: Peeked, refusal: Refusal) -> None:
         """Write the refusal of `peeked`, taking exactly its bytes from the socket; then keep the connection alive
@@ -224,7 +269,7 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             for conn in held.drain():
                 self.enqueue_req(conn)
             return
-        while self._waiting < self._short and (conn := held.release(_first)) is not None:
+        while (conn := held.release(self._has_room)) is not None:
             conn.admitted = True
             self.enqueue_req(conn)
 
@@ -252,10 +297,11 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         assert early is not None and held is not None
         peeked, conn.peeked = conn.peeked, None  # a client that closed meanwhile is closed after the answer
         wait = self._admission().backlog.wait_for(level)
-        refusal = early.refusal(peeked.method, peeked.url, peeked.headers, self._waiting + held.ahead_of(level), wait)
+        ahead = self.tpool.ahead_of(level) + held.ahead_of(level)
+        refusal = early.refusal(peeked.method, peeked.url, peeked.headers, ahead, wait)
         if refusal is not None:
             self._answer(conn, None, peeked, refusal)
-        elif self._waiting >= self._short or held.holds_up_to(level - 1):
+        elif not self._has_room(level) or held.holds_up_to(level - 1):
             held.admit(conn, level, time.monotonic() + wait)
             self.log.debug("let in a request held at priority %d at its wait, behind higher levels", level)
         else:
@@ -265,6 +311,23 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
     def finish_request(self, conn: Any, fs: Any) -> None:
         super().finish_request(conn, fs)
         self._release_held()  # a thread is free
+        self._next_now(conn)
+
+    def _next_now(self, conn: Any) -> None:
+        """While crowded, take a kept-alive connection's next request now if it is in already and its level would
+        go to a thread at once, instead of on the poller's next pass: a closed-loop client sends it as soon as it
+        has its answer, which is before the poller learns the thread is done, and a pass while crowded is up to
+        `PER_PASS` connections of system calls long. A high priority beside a low crowd so saves a pass a request;
+        a request that would be held waits for its pass as before, in its turn (`in_turn`)."""
+        if not self._crowded() or not self._has_room(self._level_of(conn)):
+            return
+        try:
+            key = self.poller.get_key(conn.sock)
+        except (KeyError, ValueError):  # closed, or not kept alive
+            return
+        readable = partial(self.on_client_socket_readable, conn)
+        if key.data.func == readable.func and has_bytes(conn.sock):
+            readable(conn.sock)
 
     def murder_keepalived(self, force: bool = False) -> None:
         deferred, self._deferred = self._deferred, ()
@@ -327,8 +390,3 @@ def _rank(event: tuple[Any, int], default: int) -> tuple[int, int]:
     pass that last took it."""
     conn = _connection(event)
     return (0, 0) if conn is None else (getattr(conn, "level", default), getattr(conn, "turn", 0))
-
-
-def _first(level: int) -> bool:
-    """`Holding.release`'s test once the threads' queue has room: the first held, whatever its level."""
-    return True

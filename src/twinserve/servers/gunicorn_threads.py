@@ -1,0 +1,104 @@
+"""gthread's request threads, taking requests by priority level instead of first come, first served.
+
+gthread hands each readable connection to a `concurrent.futures.ThreadPoolExecutor`, whose queue is first come,
+first served: a request at level 1 handed over behind a thread's worth of level-3 requests waited for all of them
+to be taken up first. Measured (sync, wrk: 8 connections at `X-Priority: 1` beside 500 at level 3), a high
+priority's time in that queue was 12 ms at the median and 36 ms at P99, and its time held in the poller before
+(waiting for the queue to have room, behind lows that had it) 17 / 65 ms.
+
+`LevelledThreadPool` is what gunicorn's `get_thread_pool` hook returns in its place: the same threads, the same
+futures, but each thread takes the waiting request of the highest level next (1 the highest), and the longest
+waiting within a level. `ahead_of(level)` says how many waiting requests a thread would take before one at
+`level`: the poller (gunicorn_poller.py) holds a request while that is a thread's worth, not while the whole queue
+is, so a high priority goes to the threads at once past a queue of lower levels, and is taken up next.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+__all__ = ["LevelledThreadPool"]
+
+
+class LevelledThreadPool(Executor):
+    """`workers` threads that run what is submitted, the lowest `level_of(first argument)` first, then in order of
+    submission. Like `ThreadPoolExecutor`, its threads are not daemons: the interpreter waits for what they run,
+    and `shutdown(wait=False)` lets them finish what is queued."""
+
+    def __init__(self, workers: int, level_of: Callable[[Any], int], name: str = "request") -> None:
+        self._level_of = level_of
+        self._queue: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._waiting: Counter[int] = Counter()  # per level
+        self._order = itertools.count()
+        self._ready = threading.Condition(threading.Lock())
+        self._stopping = False
+        self._idle = 0  # threads waiting for work
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}") for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def waits(self) -> bool:
+        """Whether a request submitted now would wait for a thread (none idle for it): only then may a later
+        one at a higher level go ahead of it, so only then does its level matter (read without the lock)."""
+        return len(self._queue) >= self._idle
+
+    def ahead_of(self, level: int) -> int:
+        """How many waiting requests a thread takes up before one submitted now at `level`: those at it or higher
+        (read without the lock, as a count the poller decides on; a few levels at most)."""
+        return sum(count for at, count in list(self._waiting.items()) if at <= level)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if kwargs:  # gthread passes none
+            fn = functools.partial(fn, **kwargs)
+        level = self._level_of(args[0]) if args else 0
+        future: Future[Any] = Future()
+        with self._ready:
+            if self._stopping:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            heapq.heappush(self._queue, (level, next(self._order), future, fn, args))
+            self._waiting[level] += 1
+            self._ready.notify()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._ready:
+            self._stopping = True
+            if cancel_futures:
+                for entry in self._queue:
+                    entry[2].cancel()
+            self._ready.notify_all()
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._stopping:
+                    self._idle += 1
+                    self._ready.wait()
+                    self._idle -= 1
+                if not self._queue:
+                    return  # stopping, and nothing left to run
+                level, _, future, fn, args = heapq.heappop(self._queue)
+                self._waiting[level] -= 1
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # the future carries it, as ThreadPoolExecutor's does
+                future.set_exception(exc)
+                del exc  # no reference cycle through the traceback
+            else:
+                future.set_result(result)
+                del result
