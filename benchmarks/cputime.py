@@ -4,10 +4,11 @@ inside an older checkout's interpreter import it too)."""
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 
-__all__ = ["tree_cpu_seconds"]
+__all__ = ["settle", "tree_cpu_seconds"]
 
 
 def tree_cpu_seconds(pid: int | None = None) -> float:
@@ -22,3 +23,18 @@ def tree_cpu_seconds(pid: int | None = None) -> float:
             continue
         total += times.user + times.system
     return total
+
+
+def settle(pid: int, quiet: float = 0.1, interval_s: float = 0.25, limit_s: float = 30.0) -> float:
+    """Wait until process tree `pid` uses under `quiet` of a core over `interval_s` (at most `limit_s`); the
+    seconds waited. A scenario's requests still in a server's sockets when its clients stop (a flood's) are worked
+    through after it, and would be in the next scenario's time."""
+    started = time.monotonic()
+    cpu = tree_cpu_seconds(pid)
+    while time.monotonic() - started < limit_s:
+        time.sleep(interval_s)
+        now = tree_cpu_seconds(pid)
+        if now - cpu < quiet * interval_s:
+            break
+        cpu = now
+    return time.monotonic() - started
