@@ -124,20 +124,27 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
         return int(self.cfg.threads)
 
     def accept(self, listener: Any) -> None:
+        """gthread accepts one connection per pass of its poller. While crowded, a pass takes up to `PER_PASS`
+        of those waiting: a client that opens connections as it needs them (a pool growing under load) had a new
+        one wait behind a crowd's hundreds in the kernel's queue, one a pass, seconds for a high priority's.
+        Each waits for its first bytes in the poller, not in a thread."""
         if not self._crowded():
             super().accept(listener)
             return
-        try:
-            client, address = listener.accept()
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
-                raise
-            return
-        self.nr_conns += 1
-        conn = gthread.TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
-        conn.timeout = time.monotonic() + self.cfg.keepalive
-        self.pending_conns.append(conn)
-        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
+        for _ in range(PER_PASS):
+            try:
+                client, address = listener.accept()
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                    raise
+                return
+            self.nr_conns += 1
+            conn = gthread.TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
+            conn.timeout = time.monotonic() + self.cfg.keepalive
+            self.pending_conns.append(conn)
+            self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
+            if self.nr_conns >= self.worker_connections:
+                return  # gthread stops watching the listener at its limit
 
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
         if not self._taken_in_poller(conn, self.keepalived_conns):
