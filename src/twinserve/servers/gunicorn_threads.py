@@ -29,8 +29,9 @@ __all__ = ["LevelledThreadPool"]
 
 class LevelledThreadPool(Executor):
     """`workers` threads that run what is submitted, the lowest `level_of(first argument)` first, then in order of
-    submission. Like `ThreadPoolExecutor`, its threads are not daemons: the interpreter waits for what they run,
-    and `shutdown(wait=False)` lets them finish what is queued."""
+    submission; `shutdown(wait=False)` lets them finish what is queued. Its threads are daemons: gthread waits for
+    its requests in flight (within `--graceful-timeout`) before it shuts the pool down, and a worker that fails
+    is not kept alive by threads idle on an empty queue (`ThreadPoolExecutor` wakes those at exit instead)."""
 
     def __init__(self, workers: int, level_of: Callable[[Any], int], name: str = "request") -> None:
         self._level_of = level_of
@@ -40,7 +41,7 @@ class LevelledThreadPool(Executor):
         self._ready = threading.Condition(threading.Lock())
         self._stopping = False
         self._idle = 0  # threads waiting for work
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}") for i in range(workers)]
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
         for thread in self._threads:
             thread.start()
 
@@ -98,7 +99,6 @@ class LevelledThreadPool(Executor):
                 result = fn(*args)
             except BaseException as exc:  # the future carries it, as ThreadPoolExecutor's does
                 future.set_exception(exc)
-                del exc  # no reference cycle through the traceback
             else:
                 future.set_result(result)
                 del result
