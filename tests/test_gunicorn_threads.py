@@ -20,7 +20,8 @@ TIMEOUT_S = 30.0
 def _pool() -> tuple[LevelledThreadPool, threading.Event, list[str]]:
     """A one-thread pool whose thread is held on a gate; `ran` lists what ran, in order."""
     pool = LevelledThreadPool(1, lambda conn: conn.level)
-    gate, started, ran = threading.Event(), threading.Event(), []
+    gate, started = threading.Event(), threading.Event()
+    ran: list[str] = []
 
     def busy(conn: SimpleNamespace) -> None:
         started.set()
