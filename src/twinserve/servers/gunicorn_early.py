@@ -82,19 +82,21 @@ class _Collected:
 
 def closed_by_client(sock: socket.socket) -> bool:
     """Whether the client has closed `sock` with nothing unread (one byte peeked, not taken)."""
-    try:
-        return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except (OSError, ValueError):  # nothing to read yet, a reset, or TLS (no flags): a thread finds out
-        return False
+    return _first_byte(sock) == b""
 
 
 def has_bytes(sock: socket.socket) -> bool:
     """Whether `sock` has bytes to read, or its client has closed it (one byte peeked, not taken)."""
+    return _first_byte(sock) is not None
+
+
+def _first_byte(sock: socket.socket) -> bytes | None:
+    """`sock`'s next unread byte, not taken (b"": closed by its client); None where there is none to read yet, on a
+    reset, or for TLS (no flags): a thread finds out."""
     try:
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except (OSError, ValueError):  # nothing to read yet, a reset, or TLS (no flags)
-        return False
-    return True
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):
+        return None
 
 
 def peek_request(sock: socket.socket, cfg: Any) -> Peeked | Literal["closed"] | None:

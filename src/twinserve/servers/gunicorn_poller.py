@@ -334,9 +334,8 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
             key = self.poller.get_key(conn.sock)
         except (KeyError, ValueError):  # closed, or not kept alive
             return
-        readable = partial(self.on_client_socket_readable, conn)
-        if key.data.func == readable.func and has_bytes(conn.sock):
-            readable(conn.sock)
+        if key.data.func == self.on_client_socket_readable and has_bytes(conn.sock):
+            self.on_client_socket_readable(conn, conn.sock)
 
     def murder_keepalived(self, force: bool = False) -> None:
         deferred, self._deferred = self._deferred, ()
