@@ -22,7 +22,8 @@ requests that fell due in the window are answered long after it) as a share of c
 against the unloaded P99, server CPU per answer (the process tree's CPU seconds over the answers; for (b) and (c),
 per refusal: the CPU left once the 200s are charged the capacity run's CPU per 200, over the refusals, retried ones
 included, also as a share of a 200's: issue #16's target is under 10%), requests lost (transport errors and
-timeouts); for (d) the high priority's success share and P99. Figures are from this machine and this run: quote
+timeouts); for (d) the high priority's success share and P99, also against its own P99 when the same high
+stream ran alone just before (issue #16's target: within 2x). Figures are from this machine and this run: quote
 ratios. Not part of CI (minutes of load on every core).
 
     python benchmarks/overload.py [--src OLD/src --src NEW/src] [--archs sync,async,hybrid] [--seconds 8]
@@ -54,6 +55,9 @@ FLAGS = ("--max-queue", "32")  # and the default three priority levels (an older
 CROWD = 1000
 #: (d) from wrk: seconds the crowd has been connecting before the high-priority stream starts (`_priorities_wrk`).
 CONNECTED_S = 1.0
+#: (d)'s levels, and each open-loop stream's rate as a share of the capacity.
+HIGH, LOW = "1", "3"
+SHARES = {HIGH: 0.5, LOW: 2.5}
 
 
 @dataclass
@@ -144,12 +148,17 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
         cpu = tree_cpu_seconds(server.pid)
         storm = _level(url, seconds, rate=capacity, max_connections=CROWD, retries=retries)
         rows.append(row(f"(c) retry storm x{retries}", storm, per_refusal=True))
+        # (d)'s high stream alone first, on the quiet server: issue #16's target is its P99 within 2x its own
+        # unloaded P99; the P99 x column is against the capacity run's, as in every other row.
         _settle(server.pid, rows)
-        cpu = tree_cpu_seconds(server.pid)
-        rows.append(_priorities(url, seconds, capacity, unloaded))
+        alone = _p99(run_level_sync(_stream(url, seconds, capacity, HIGH)))
+        _settle(server.pid, rows)
+        rows.append(_priorities(url, seconds, capacity, unloaded, alone))
         if shutil.which("wrk"):
             _settle(server.pid, rows)
-            rows.append(_priorities_wrk(url, seconds, capacity, unloaded))
+            alone = wrk(url, BODY, 8, seconds, {"X-Priority": HIGH})["p99"]
+            _settle(server.pid, rows)
+            rows.append(_priorities_wrk(url, seconds, capacity, unloaded, alone))
     return rows
 
 
@@ -163,37 +172,46 @@ def _settle(pid: int, rows: list[Row]) -> None:
         rows[-1].note += f"{'; ' if rows[-1].note else ''}the server busy {busy:.1f} s after"
 
 
-def _priorities(url: str, seconds: float, capacity: float, unloaded: float | None) -> Row:
-    shares = {"1": 0.5, "3": 2.5}
-    specs = {
-        level: LoadSpec(
-            url=url,
-            bodies=[BODY],
-            duration_s=seconds,
-            warmup_s=1.0,
-            rate=share * capacity,
-            max_connections=CROWD // 2,
-            headers={"X-Priority": level},
-            seed=int(level),
-        )
-        for level, share in shares.items()
-    }
+def _stream(url: str, seconds: float, capacity: float, level: str) -> LoadSpec:
+    """One of (d)'s two open-loop streams: `X-Priority: 1` at half the capacity, `3` at 2.5x."""
+    return LoadSpec(
+        url=url,
+        bodies=[BODY],
+        duration_s=seconds,
+        warmup_s=1.0,
+        rate=SHARES[level] * capacity,
+        max_connections=CROWD // 2,
+        headers={"X-Priority": level},
+        seed=int(level),
+    )
+
+
+def _alone(p99: float | None, alone: float | None) -> str:
+    """`p99` against the high stream's own P99 when it ran alone."""
+    if not p99 or not alone:
+        return ""
+    return f", {p99 / alone:.1f}x the stream alone ({alone:.1f} ms)"
+
+
+def _priorities(url: str, seconds: float, capacity: float, unloaded: float | None, alone: float | None) -> Row:
+    specs = {level: _stream(url, seconds, capacity, level) for level in SHARES}
     # One process per stream: in one process the two generators share the GIL, and a low stream backed up in the
     # generator (its connections all waiting) delays the high stream's sends and reads, which its P99 then counts.
     with ProcessPoolExecutor(len(specs), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {level: pool.submit(run_level_sync, spec) for level, spec in specs.items()}
-        high, low = futures["1"].result(), futures["3"].result()
+        high, low = futures[HIGH].result(), futures[LOW].result()
     sent = max(1, high.sent)
     p99 = _p99(high)
     ratio = None if p99 is None or not unloaded else p99 / unloaded
     goodput = (high.ok_in_window + low.ok_in_window) / high.duration_s / capacity
-    note = f"high: {high.ok / sent:.1%} ok, P99 {p99 or 0:.1f} ms; low: {low.ok / max(1, low.sent):.1%} ok"
+    note = f"high: {high.ok / sent:.1%} ok, P99 {p99 or 0:.1f} ms{_alone(p99, alone)}; "
+    note += f"low: {low.ok / max(1, low.sent):.1%} ok"
     if high.generator_limited or low.generator_limited:
         note += " (the load generator was short of CPU: latencies include its lag)"
     return Row("(d) priorities 3x open", goodput, ratio, None, _lost(high) + _lost(low), note)
 
 
-def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float | None) -> Row:
+def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float | None, alone: float | None) -> Row:
     """(d) from clients in C, closed loop: 8 connections at `X-Priority: 1` beside 500 at `X-Priority: 3`. No rate is
     set (wrk sends each connection's next request on its answer), but the generator costs the server little of the
     two cores, so the high priority's P99 is the server's.
@@ -210,18 +228,19 @@ def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float |
     def drive(level: str, connections: int, duration: float) -> None:
         results[level] = wrk(url, BODY, connections, duration, {"X-Priority": level})
 
-    crowd = threading.Thread(target=drive, args=("3", CROWD // 2, seconds + 2 * CONNECTED_S))
+    crowd = threading.Thread(target=drive, args=(LOW, CROWD // 2, seconds + 2 * CONNECTED_S))
     crowd.start()
     time.sleep(CONNECTED_S)
-    drive("1", 8, seconds)
+    drive(HIGH, 8, seconds)
     crowd.join()
-    high, low = results["1"], results["3"]
+    high, low = results[HIGH], results[LOW]
     low_span = seconds + 2 * CONNECTED_S
     low_answers = low["rps"] * low_span
     good = max(0.0, high["rps"] * seconds - high["errors"]) / seconds + max(0.0, low_answers - low["errors"]) / low_span
     high_ok = 1 - high["errors"] / max(1.0, high["rps"] * seconds)
     ratio = high["p99"] / unloaded if unloaded else None
-    note = f"high (8 connections): {high_ok:.1%} ok, P99 {high['p99']:.1f} ms; low ({CROWD // 2}): "
+    note = f"high (8 connections): {high_ok:.1%} ok, P99 {high['p99']:.1f} ms{_alone(high['p99'], alone)}; "
+    note += f"low ({CROWD // 2}): "
     note += f"{low['errors']:,.0f} of {low_answers:,.0f} not 200"
     return Row("(d) priorities, wrk", good / capacity, ratio, None, 0, note)
 
