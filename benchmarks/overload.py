@@ -152,12 +152,12 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
         # unloaded P99; the P99 x column is against the capacity run's, as in every other row.
         _settle(server.pid, rows)
         alone = _p99(run_level_sync(_stream(url, seconds, capacity, HIGH)))
-        _settle(server.pid, rows)
+        settle(server.pid)  # (no row of its own to note a busy server on)
         rows.append(_priorities(url, seconds, capacity, unloaded, alone))
         if shutil.which("wrk"):
             _settle(server.pid, rows)
             alone = wrk(url, BODY, 8, seconds, {"X-Priority": HIGH})["p99"]
-            _settle(server.pid, rows)
+            settle(server.pid)
             rows.append(_priorities_wrk(url, seconds, capacity, unloaded, alone))
     return rows
 
