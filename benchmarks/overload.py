@@ -58,6 +58,8 @@ CONNECTED_S = 1.0
 #: (d)'s levels, and each open-loop stream's rate as a share of the capacity.
 HIGH, LOW = "1", "3"
 SHARES = {HIGH: 0.5, LOW: 2.5}
+#: (d) from wrk: the high priority's closed-loop connections (the crowd's are `CROWD // 2`).
+HIGH_CONNECTIONS = 8
 
 
 @dataclass
@@ -156,7 +158,7 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
         rows.append(_priorities(url, seconds, capacity, unloaded, alone))
         if shutil.which("wrk"):
             _settle(server.pid, rows)
-            alone = wrk(url, BODY, 8, seconds, {"X-Priority": HIGH})["p99"]
+            alone = wrk(url, BODY, HIGH_CONNECTIONS, seconds, {"X-Priority": HIGH})["p99"]
             settle(server.pid)
             rows.append(_priorities_wrk(url, seconds, capacity, unloaded, alone))
     return rows
@@ -223,25 +225,19 @@ def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float |
     became 1-2% of the samples. Started together, 4 of 13 runs read a P99 of 68-253 ms where the server's own
     timestamps put every high request's whole exchange under 36 ms (2026-12-04, fourth session). The Python load
     generator leaves out its first second (`warmup_s`) for the same reason."""
-    results: dict[str, dict[str, float]] = {}
-
-    def drive(level: str, connections: int, duration: float) -> None:
-        results[level] = wrk(url, BODY, connections, duration, {"X-Priority": level})
-
-    crowd = threading.Thread(target=drive, args=(LOW, CROWD // 2, seconds + 2 * CONNECTED_S))
+    low_span = seconds + 2 * CONNECTED_S
+    low: dict[str, float] = {}
+    crowd = threading.Thread(target=lambda: low.update(wrk(url, BODY, CROWD // 2, low_span, {"X-Priority": LOW})))
     crowd.start()
     time.sleep(CONNECTED_S)
-    drive(HIGH, 8, seconds)
+    high = wrk(url, BODY, HIGH_CONNECTIONS, seconds, {"X-Priority": HIGH})
     crowd.join()
-    high, low = results[HIGH], results[LOW]
-    low_span = seconds + 2 * CONNECTED_S
     low_answers = low["rps"] * low_span
     good = max(0.0, high["rps"] * seconds - high["errors"]) / seconds + max(0.0, low_answers - low["errors"]) / low_span
     high_ok = 1 - high["errors"] / max(1.0, high["rps"] * seconds)
     ratio = high["p99"] / unloaded if unloaded else None
-    note = f"high (8 connections): {high_ok:.1%} ok, P99 {high['p99']:.1f} ms{_alone(high['p99'], alone)}; "
-    note += f"low ({CROWD // 2}): "
-    note += f"{low['errors']:,.0f} of {low_answers:,.0f} not 200"
+    note = f"high ({HIGH_CONNECTIONS} connections): {high_ok:.1%} ok, P99 {high['p99']:.1f} ms"
+    note += f"{_alone(high['p99'], alone)}; low ({CROWD // 2}): {low['errors']:,.0f} of {low_answers:,.0f} not 200"
     return Row("(d) priorities, wrk", good / capacity, ratio, None, 0, note)
 
 
