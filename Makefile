@@ -6,7 +6,7 @@ ARCH ?= sync
 PORT ?= 8000
 MODEL ?= twinserve.examples.tabular:Classifier
 
-.PHONY: bench serve test docs docs-check clean
+.PHONY: bench serve test test-fast docs docs-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,10 @@ bench: $(VENV)/.installed-base
 serve: $(VENV)/.installed-base
 	$(BIN)/twinserve serve $(MODEL) --arch $(ARCH) --port $(PORT)
 
-## lint, type-check and run every test (real servers and Redis on 127.0.0.1)
+## lint, type-check and run every test (real servers and Redis on 127.0.0.1): the suite on WORKERS processes
+## (pytest-xdist, each module's tests on one of them), then the tests marked `serial` (they load a server or read its
+## timing) alone; coverage over both, servers' subprocesses included (tests/README.md)
+WORKERS ?= auto
 test: $(VENV)/.installed-dev
 	./scripts/system-deps.sh
 	TWINSERVE_PYTHON=$(BIN)/python ./scripts/perf-analyzer.sh install
@@ -43,7 +46,13 @@ test: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/python scripts/gen_grpc.py --check
 	$(MAKE) docs-check
-	$(BIN)/python -m pytest --cov --cov-report=term --durations=40
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "not serial" --cov --cov-report= --cov-fail-under=0 \
+		--durations=30
+	$(BIN)/python -m pytest -p no:xdist -m serial --cov --cov-append --cov-report=term --durations=10
+
+## the inner loop: the IO-free units and the in-process contract (tests/unit, tests/contract), no server started
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -n $(WORKERS) -q tests/unit tests/contract
 
 ## serve the docs site on 127.0.0.1:8001 with live reload (pages under docs/, nav in mkdocs.yml)
 docs: $(VENV)/.installed-dev

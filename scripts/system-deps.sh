@@ -10,10 +10,10 @@ has_library() {
 }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-# Debian's prometheus package ships promtool too (tests/test_monitoring.py fails without it when CI=true).
+# Debian's prometheus package ships promtool too (tests/live/test_monitoring.py fails without it when CI=true).
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
-command -v wrk >/dev/null 2>&1 || missing+=(wrk)  # `bench --driver wrk` in tests/lab/test_bench.py, benchmarks/
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders report.html in tests/lab/test_report.py
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)  # `bench --driver wrk` in tests/live/lab/test_bench.py, benchmarks/
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders report.html in tests/live/lab/test_report.py
 has_library 'libb64\.so\.0d' || missing+=(libb64-0d)  # NVIDIA perf_analyzer links it (scripts/perf-analyzer.sh)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

@@ -4,7 +4,9 @@
 #   2. install the wheel with no extras in a fresh virtualenv and use it as a user would: --version, serve in
 #      each architecture + one curl predict, a short bench + advise, locustfile, k8s (its --out folder must hold
 #      what its Dockerfile COPYs, the wheel the same as stage 1's); the commands that need an extra must fail in
-#      one line;
+#      one line. Then the declared ranges, both ends: the in-process contract layer (tests/contract) runs against
+#      that install (the newest versions), and again, with one served request per architecture, against the wheel
+#      installed at the lowest versions pyproject.toml allows (`uv pip install --resolution lowest-direct`);
 #   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, two pips at a time after it),
 #      running the command that needs it;
 #   4. the README's first command, `make bench`, on a fresh clone of HEAD.
@@ -14,6 +16,7 @@
 #   USER_PATH_EXTRA_ERRORS=0   skip the checks that commands needing an extra exit 2 with one line naming it
 #   USER_PATH_EXTRAS="..."     the extras of stage 3, each in its own virtualenv (default: torch otel locust ray safe)
 #   USER_PATH_BASE=0           skip stage 2 (to try stage 3 or 4 alone)
+#   USER_PATH_LOWEST=0         skip stage 2's lowest-versions install
 #   USER_PATH_CLONE=0          skip stage 4
 #   USER_PATH_KEEP=1           keep the work folder (its path is printed) instead of removing it
 #   PYTHON                     the interpreter the virtualenvs are made with (default python3)
@@ -169,7 +172,9 @@ build() {
     mkdir -p "$WORK/source"
     git -C "$ROOT" ls-files -z --cached --others --exclude-standard | (cd "$ROOT" && tar --null -T - -cf -) |
         tar -xf - -C "$WORK/source"
-    new_venv "$WORK/build-venv" build || fail "a virtualenv with build"
+    # uv: for stage 2's `--resolution lowest-direct`, which pip does not have
+    new_venv "$WORK/build-venv" build uv || fail "a virtualenv with build and uv"
+    UV=$WORK/build-venv/bin/uv
     timeout 300 "$WORK/build-venv/bin/python" -m build --outdir "$WORK/dist" "$WORK/source" >"$WORK/build.log" 2>&1 ||
         {
             tail -n 40 "$WORK/build.log" >&2
@@ -285,6 +290,39 @@ extra_errors() {
     expect_extra_error locust "$TS" bench --driver locust --concurrency 2 --duration 2 --arch async \
         --out "$WORK/bench-locust-base"
     expect_extra_error torch "$TS" serve twinserve.examples.embed:MiniLM --port "$(free_port)"
+}
+
+# contract_layer VENV: the in-process contract tests (tests/contract) run by VENV's python against the twinserve
+# installed there (not the source tree: the repository root is on sys.path for `tests`, src/ is not).
+contract_layer() {
+    local venv=$1 out
+    out=$(dirname "$venv")/contract-$(basename "$venv").log
+    "$UV" pip install -q --python "$venv/bin/python" "pytest>=8" "pytest-timeout>=2.3" >"$out" 2>&1 ||
+        fail "pytest into $venv"
+    (cd "$ROOT" && timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/contract) >>"$out" 2>&1 || {
+        tail -n 40 "$out" >&2
+        fail "the contract layer against $venv"
+    }
+    "$venv/bin/python" - "$ROOT" <<'PY' || fail "$venv imported twinserve from the source tree"
+import pathlib, sys, twinserve
+assert pathlib.Path(sys.argv[1]) / "src" not in pathlib.Path(twinserve.__file__).parents, twinserve.__file__
+PY
+    log "contract layer against $(basename "$venv"): $(tail -n 1 "$out")"
+}
+
+# The floors pyproject.toml declares, as a user whose environment pins them gets them: every direct dependency at
+# its lowest allowed version (theirs at whatever those need).
+lowest_install() {
+    "$UV" venv -q --python "$PYTHON" "$WORK/lowest" >/dev/null
+    timeout 900 "$UV" pip install -q --python "$WORK/lowest/bin/python" --resolution lowest-direct "$WHEEL" \
+        >"$WORK/lowest.pip.log" 2>&1 || {
+        tail -n 40 "$WORK/lowest.pip.log" >&2
+        fail "uv pip install --resolution lowest-direct the wheel"
+    }
+    log "lowest: $("$UV" pip freeze --python "$WORK/lowest/bin/python" 2>/dev/null |
+        grep -Ei '^(flask|gunicorn|starlette|uvicorn|pydantic|pydantic-settings|numpy|scikit-learn)==' | tr '\n' ' ')"
+    TS=$WORK/lowest/bin/twinserve serve_each_arch
+    contract_layer "$WORK/lowest"
 }
 
 # -- 3. each extra in its own virtualenv ----------------------------------------------------------------------
@@ -467,6 +505,10 @@ if [ "${USER_PATH_BASE:-1}" != 0 ]; then
     timed "2 bench (3 archs, 1 level) + advise" bench_and_advise
     timed "2 locustfile, k8s (+ --out build context)" other_base_commands
     timed "2 commands needing an extra fail in one line" extra_errors
+    timed "2 contract layer, newest versions" contract_layer "$WORK/base"
+    if [ "${USER_PATH_LOWEST:-1}" != 0 ]; then
+        timed "2 lowest versions: serve + contract layer" lowest_install
+    fi
 fi
 touch "$WORK/stage2.done"
 for extra in $EXTRAS; do

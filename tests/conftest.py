@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.serving import RedisServer, Server, model_path, servers_per_arch
+from tests.serving import RedisServer, Server, ServerProcess, model_path, servers_per_arch
 from twinserve.examples.io import populate
 
 ARCHS = ("sync", "async", "hybrid")
@@ -53,3 +55,32 @@ def servers(redis_server: RedisServer) -> Iterator[dict[str, Server]]:
 @pytest.fixture(params=ARCHS)
 def server(request: pytest.FixtureRequest, servers: dict[str, Server]) -> Server:
     return servers[request.param]
+
+
+# -- servers started per run (the terminal summary's last lines): what the suite's layers are measured by ----------
+_STARTED: Counter[str] = Counter()
+_start = ServerProcess.start
+
+
+def _counted_start(self: Any) -> Any:
+    _STARTED["twinserve serve" if isinstance(self, Server) else type(self).__name__] += 1
+    return _start(self)
+
+
+ServerProcess.start = _counted_start  # type: ignore[method-assign]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its counts go to the controller
+        session.config.workeroutput["servers_started"] = dict(_STARTED)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent with `-p no:xdist`
+def pytest_testnodedown(node: Any, error: object) -> None:  # the xdist controller, as each worker finishes
+    _STARTED.update(getattr(node, "workeroutput", {}).get("servers_started", {}))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _STARTED:
+        counts = ", ".join(f"{kind} {n}" for kind, n in _STARTED.most_common())
+        terminalreporter.write_line(f"servers started: {sum(_STARTED.values())} ({counts})")

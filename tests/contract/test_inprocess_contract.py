@@ -21,7 +21,7 @@ from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, s
 from tests.serving import model_path
 from twinserve.fronts.routes import ROUTES
 
-#: What a client reads of a model's own failure: its exception text is the log's (tests/test_model_errors.py).
+#: What a client reads of a model's own failure: its exception text is the log's (tests/live/test_model_errors.py).
 IN_THE_LOG = "the server log has the details"
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
@@ -395,7 +395,7 @@ def test_generated_request_ids_are_unique(app: Client) -> None:
 
 # -- settings that change the contract: each gets apps of its own -------------------------------------------
 #: hybrid spawns its model-worker processes for every app (seconds each): it is in the suite above, and these
-#: settings stay covered for hybrid by the real-socket suites (tests/test_auth.py, tests/test_limits.py).
+#: settings stay covered for hybrid by the real-socket suites (tests/live/test_auth.py, tests/live/test_limits.py).
 SETTINGS_ARCHS = ("sync", "async")
 
 

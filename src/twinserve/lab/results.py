@@ -32,7 +32,9 @@ Percentiles = dict[str, float | None]  # p50, p90, p95, p99, p999, max, mean
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # protected_namespaces: `Results.model_name` is a field; pydantic before 2.10 warns about any field named
+    # `model_*` (it reserves the prefix), and `pydantic>=2.7` is declared.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
 class Machine(_Model):

@@ -11,7 +11,7 @@ sees them at most an interval late (only while this one has requests in flight),
 
 A histogram's observation is summed into its bucket and its sum, and written with the histogram's own values
 (prometheus-client keeps them as `_buckets` and `_sum`, the fields `observe` writes);
-tests/observability/test_sums.py renders both ways side by side, so a change there fails a test, not a scrape.
+tests/unit/observability/test_sums.py renders both ways side by side, so a change there fails a test, not a scrape.
 """
 
 from __future__ import annotations

@@ -1,0 +1,196 @@
+"""`EarlyRefusal` (fronts/early.py), the decision alone: over a real `Admission` and a stand-in service whose
+model's queue is full or not. The real servers' refusals are tests/live/hardening/test_early_refusal.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+
+from twinserve.config import Config
+from twinserve.core.admission import Admission, QueueBound
+from twinserve.core.batch_queue import BatchQueue, Pending
+from twinserve.errors import ModelNotFound, QueueFull
+from twinserve.fronts.contract import Service
+from twinserve.fronts.early import EarlyRefusal, _response
+from twinserve.fronts.hosts import host_policy
+
+SERVER_HEADERS = [(b"date", b"Wed, 02 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+BODY_HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"20")]
+
+
+@dataclass
+class _Spec:
+    version: str = "1"
+
+
+@dataclass
+class _Runtime:
+    """A model whose queue holds `queued` of `bound.limit` instances."""
+
+    config: Config
+    queued: int
+    bound: QueueBound
+    name: str = "m"
+    ready: bool = True
+    spec: _Spec = field(default_factory=_Spec)
+
+    @property
+    def crowded(self) -> bool:
+        return self.queued >= self.bound.limit_for(self.bound.levels)
+
+    def early_refusal(self, priority: int = 1) -> QueueFull | None:
+        return self.bound.refusal(self.queued, 1, f"the queue holds {self.queued} instances", priority)
+
+
+@dataclass
+class _Registry:
+    traffic: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Service:
+    config: Config
+    runtime_: _Runtime
+    auth: Any = None
+    cors: Any = None
+    max_body_bytes: int = 1000
+    counted: list[tuple[Any, ...]] = field(default_factory=list)
+    registry: _Registry = field(default_factory=_Registry)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.config)
+        self.hosts = host_policy(self.config)
+        self.checks_host = not self.hosts.any_host
+        self.runtimes = {"m": self.runtime_}
+
+    def runtime(self, model: str, version: str | None = None) -> _Runtime:
+        if model != "m" or version not in (None, "1"):
+            raise ModelNotFound(f"no model {model!r}")
+        return self.runtime_
+
+    def refused_early(self, *counted: Any) -> None:
+        self.counted.append(counted)
+
+
+def _early(queued: int, **settings: Any) -> tuple[EarlyRefusal, _Service]:
+    config = Config(priority_levels=2, default_priority=2, max_queue=4, **settings)
+    service = _Service(config, _Runtime(config, queued, QueueBound(4, 2)))
+    return EarlyRefusal(cast(Service, service)), service
+
+
+def _refuse(early: EarlyRefusal, url: bytes = b"/v1/models/m:predict", *extra: tuple[bytes, bytes]) -> bytes | None:
+    return early.refuse(b"POST", url, [*BODY_HEADERS, *extra], SERVER_HEADERS, True)
+
+
+def test_a_full_queue_is_refused_with_the_apps_503() -> None:
+    early, service = _early(queued=2)  # priority 2 (the default) may fill 2 of 4
+    answer = _refuse(early, b"/v1/models/m:predict", (b"x-request-id", b"abc"))
+    assert answer is not None
+    head, body = answer.split(b"\r\n\r\n")
+    assert head.split(b"\r\n") == [
+        b"HTTP/1.1 503 Service Unavailable",
+        *(name + b": " + value for name, value in SERVER_HEADERS),
+        b"x-request-id: abc",
+        b"retry-after: 1",
+        f"content-length: {len(body)}".encode(),
+        b"content-type: application/json",
+    ]
+    error = json.loads(body)
+    assert error["code"] == QueueFull.code and error["request_id"] == "abc"
+    assert service.counted == [("m", "1", "predict", 2, 503, "queue_full")]
+
+
+@pytest.mark.parametrize("url", [b"/v1/models/m:predict", b"/v2/models/m/infer", b"/v1/models/m/versions/1:predict"])
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_an_answer_made_from_the_last_ones_bytes_is_the_one_rendered_anew(url: bytes, keep_alive: bool) -> None:
+    """A flood's answers differ only in the request id and the server's `date`: `refuse` puts those into the bytes
+    it rendered for the same error, and the result is what rendering the refusal anew gives (`_response`)."""
+    early, _ = _early(queued=2)
+    today = [(b"date", b"Thu, 03 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+    tomorrow = [(b"date", b"Fri, 04 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+    answers = []
+    for defaults, extra in [(today, []), (today, []), (tomorrow, []), (tomorrow, [(b"x-request-id", b"mine")])]:
+        headers = [*BODY_HEADERS, *extra]
+        answer = early.refuse(b"POST", url, headers, defaults, keep_alive)
+        refusal = early.refusal(b"POST", url, headers)
+        assert answer is not None and refusal is not None
+        request_id = json.loads(answer.split(b"\r\n\r\n")[1]).get("request_id") if b"/v2/" not in url else None
+        shown = answer.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
+        assert request_id in (None, shown)
+        head = dataclasses.replace(refusal.head, request_id=shown)  # the id `refuse` made, rendered anew
+        reply, request_id = dataclasses.replace(refusal, head=head).reply()
+        assert answer == _response(reply, request_id, defaults, keep_alive)
+        answers.append((shown, answer))
+    assert len({shown for shown, _ in answers}) == 4 and answers[3][0] == "mine"
+    assert b"Fri, 04 Dec" in answers[2][1] and b"Thu, 03 Dec" in answers[1][1]
+
+
+def test_a_model_with_a_traffic_split_is_routed_by_the_app_unless_the_version_is_named() -> None:
+    early, service = _early(queued=2)
+    service.registry.traffic["m"] = object()  # the version that answers is drawn per request
+    assert _refuse(early) is None and not service.counted
+    assert _refuse(early, b"/v1/models/m/versions/1:predict") is not None  # a named version is not split
+
+
+def test_a_connection_that_closes_says_so_and_v2_has_its_own_body() -> None:
+    early, _ = _early(queued=2)
+    answer = early.refuse(b"POST", b"/v2/models/m/versions/1/infer?x=1", BODY_HEADERS, [], False)
+    assert answer is not None and b"\r\nconnection: close\r\n" in answer
+    assert set(json.loads(answer.split(b"\r\n\r\n")[1])) == {"error"}
+
+
+def test_what_the_queue_still_takes_goes_to_the_app() -> None:
+    early, service = _early(queued=2)
+    assert _refuse(early, b"/v1/models/m:predict", (b"x-priority", b"1")) is None  # priority 1 may fill all 4
+    early, service = _early(queued=1)
+    assert _refuse(early) is None and not service.counted
+
+
+def test_requests_the_app_answers_otherwise_are_left_to_it() -> None:
+    early, service = _early(queued=4)
+    assert early.refuse(b"GET", b"/v1/models/m:predict", BODY_HEADERS, [], True) is None
+    assert _refuse(early, b"/v1/models/m:stream") is None  # streams are not batched
+    assert _refuse(early, b"/v1/models/other:predict") is None  # 404
+    assert _refuse(early, b"/v1/models/m/ws") is None
+    assert _refuse(early, b"/v1/models/m:predict", (b"x-priority", b"7")) is None  # 400
+    assert _refuse(early, b"/v1/models/m:predict", (b"transfer-encoding", b"chunked")) is None
+    assert _refuse(early, b"/v1/models/m:predict", (b"expect", b"100-continue")) is None
+    too_large = [(b"host", b"127.0.0.1"), (b"content-length", b"1001")]
+    assert early.refuse(b"POST", b"/v1/models/m:predict", too_large, [], True) is None  # 413
+    foreign = [(b"host", b"evil.example"), (b"content-length", b"2")]
+    assert early.refuse(b"POST", b"/v1/models/m:predict", foreign, [], True) is None  # the allowed hosts' 400
+    service.runtime_.ready = False
+    assert _refuse(early) is None
+    assert not service.counted
+
+
+def test_with_api_keys_or_cors_on_nothing_is_refused_before_the_app() -> None:
+    config = Config(max_queue=1)
+    for auth, cors in ((object(), None), (None, object())):
+        service = _Service(config, _Runtime(config, 1, QueueBound(1)), auth=auth, cors=cors)
+        assert not EarlyRefusal(cast(Service, service)).active
+
+
+def test_the_sync_backlog_refuses_from_the_environ() -> None:
+    early, service = _early(queued=0)
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/v1/models/m:predict", "CONTENT_LENGTH": "5"}
+    assert early.refuse_environ(environ, backlog=1) is None
+    refusal = early.refuse_environ({**environ, "HTTP_X_REQUEST_ID": "id-1"}, backlog=3)  # past priority 2's 2
+    assert refusal is not None
+    reply, request_id = refusal.reply()
+    assert reply.status == 503 and request_id == "id-1" and reply.headers == {"Retry-After": "1"}
+    assert service.counted == [("m", None, "predict", 2, 503, "queue_full")]  # shed before the model's version
+    assert early.refuse_environ({**environ, "HTTP_TRANSFER_ENCODING": "chunked"}, backlog=3) is None
+
+
+def test_crowded_means_the_lowest_level_may_be_refused() -> None:
+    queue: BatchQueue[None] = BatchQueue(1, 0.0, max_queue=4, max_in_flight=1, levels=2)
+    for expected in (False, False, True):  # level 2's share is 2 of the 4
+        assert queue.crowded is expected
+        queue.put(Pending([0.0], 0.0, None, None, context=None))
+    admission = Admission(Config(max_queue=4, priority_levels=2))
+    assert not admission.backlog_crowded(2) and admission.backlog_crowded(3)
