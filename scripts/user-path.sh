@@ -313,9 +313,18 @@ PY
 # The floors pyproject.toml declares, as a user whose environment pins them gets them: every direct dependency at
 # its lowest allowed version (theirs at whatever those need).
 lowest_install() {
+    # The wheel's own requirements as the direct ones: installing the wheel alone would make them transitive, which
+    # lowest-direct leaves at their newest.
+    "$WORK/build-venv/bin/python" - "$WHEEL" >"$WORK/lowest.in" <<'PY'
+import sys
+from importlib.metadata import PathDistribution
+from zipfile import Path as ZipPath
+(info,) = [p for p in ZipPath(sys.argv[1]).iterdir() if p.name.endswith(".dist-info")]
+print("\n".join(r for r in PathDistribution(info).requires or [] if "extra ==" not in r))
+PY
     "$UV" venv -q --python "$PYTHON" "$WORK/lowest" >/dev/null
-    timeout 900 "$UV" pip install -q --python "$WORK/lowest/bin/python" --resolution lowest-direct "$WHEEL" \
-        >"$WORK/lowest.pip.log" 2>&1 || {
+    timeout 900 "$UV" pip install -q --python "$WORK/lowest/bin/python" --resolution lowest-direct \
+        -r "$WORK/lowest.in" "$WHEEL" >"$WORK/lowest.pip.log" 2>&1 || {
         tail -n 40 "$WORK/lowest.pip.log" >&2
         fail "uv pip install --resolution lowest-direct the wheel"
     }

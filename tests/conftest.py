@@ -2,12 +2,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.serving import RedisServer, Server, ServerProcess, model_path, servers_per_arch
 from twinserve.examples.io import populate
+from twinserve.lab.servers import TwinserveServer
 
 ARCHS = ("sync", "async", "hybrid")
 
@@ -57,13 +59,24 @@ def server(request: pytest.FixtureRequest, servers: dict[str, Server]) -> Server
     return servers[request.param]
 
 
-# -- servers started per run (the terminal summary's last lines): what the suite's layers are measured by ----------
+# -- servers started per run (the terminal summary's last lines), and only in the layer that may --------------------
+TESTS = Path(__file__).resolve().parent
+#: The layers below tests/live/ (tests/README.md): a test there that starts a server process fails.
+NO_SERVERS = ("unit", "wire", "contract")
 _STARTED: Counter[str] = Counter()
 _start = ServerProcess.start
+_running: list[Path] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item.path]  # before any fixture: a fixture's server is the test's that asked for it first
 
 
 def _counted_start(self: Any) -> Any:
-    _STARTED["twinserve serve" if isinstance(self, Server) else type(self).__name__] += 1
+    if _running and _running[0].is_relative_to(TESTS) and _running[0].relative_to(TESTS).parts[0] in NO_SERVERS:
+        raise AssertionError(f"{_running[0]} starts a server process: move it to tests/live/ (tests/README.md)")
+    _STARTED["twinserve serve" if isinstance(self, TwinserveServer) else type(self).__name__] += 1
     return _start(self)
 
 
