@@ -96,7 +96,13 @@ def _hold_gates(batch: list[Any]) -> None:
 
 
 def _hold(gate: Path) -> None:
-    gate.with_suffix(".started").write_text(str(os.getpid()))
+    # Written whole, then renamed into place: a test that waits for the file to appear reads the pid, never the
+    # empty file `write_text` creates before it writes (seen under load). One temporary per process and thread:
+    # requests through the same gate may start at once.
+    started = gate.with_suffix(".started")
+    writing = gate.with_suffix(f".started-{os.getpid()}-{threading.get_ident()}")
+    writing.write_text(str(os.getpid()))
+    os.replace(writing, started)
     deadline = time.monotonic() + 60
     while not gate.with_suffix(".release").exists():
         if time.monotonic() > deadline:
