@@ -68,6 +68,19 @@ _start = ServerProcess.start
 _running: list[Path] = []
 
 
+#: Collection order, slowest layer first: `--dist loadscope` hands modules out in this order, so the many small
+#: modules of the lower layers fill the workers' gaps at the end instead of one live module running on alone.
+LAYER_ORDER = ("live", "contract", "wire", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def layer(item: pytest.Item) -> int:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        return LAYER_ORDER.index(parts[0]) if parts and parts[0] in LAYER_ORDER else len(LAYER_ORDER)
+
+    items.sort(key=layer)  # stable: each module's own order is kept
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[:] = [item.path]  # before any fixture: a fixture's server is the test's that asked for it first
