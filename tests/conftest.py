@@ -59,26 +59,30 @@ def server(request: pytest.FixtureRequest, servers: dict[str, Server]) -> Server
     return servers[request.param]
 
 
-# -- servers started per run (the terminal summary's last lines), and only in the layer that may --------------------
+# -- the layers (tests/README.md): collected slowest first, and servers started only in live/ ----------------------
 TESTS = Path(__file__).resolve().parent
-#: The layers below tests/live/ (tests/README.md): a test there that starts a server process fails.
+#: Slowest first: `--dist loadscope` hands modules out in collection order, so the many small modules of the lower
+#: layers fill the workers' gaps at the end instead of one live module running on alone.
+LAYER_ORDER = ("live", "contract", "wire", "unit")
+#: The layers below tests/live/: a test there that starts a server process fails.
 NO_SERVERS = ("unit", "wire", "contract")
-_STARTED: Counter[str] = Counter()
+_STARTED: Counter[str] = Counter()  # servers started per run, by kind: the terminal summary's last line
 _start = ServerProcess.start
 _running: list[Path] = []
 
 
-#: Collection order, slowest layer first: `--dist loadscope` hands modules out in this order, so the many small
-#: modules of the lower layers fill the workers' gaps at the end instead of one live module running on alone.
-LAYER_ORDER = ("live", "contract", "wire", "unit")
+def layer_of(path: Path) -> str | None:
+    """The layer folder `path` is in; None for a file outside them (a helper at the top of tests/)."""
+    parts = path.relative_to(TESTS).parts if path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 and parts[0] in LAYER_ORDER else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def layer(item: pytest.Item) -> int:
-        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
-        return LAYER_ORDER.index(parts[0]) if parts and parts[0] in LAYER_ORDER else len(LAYER_ORDER)
+    def rank(item: pytest.Item) -> int:
+        layer = layer_of(item.path)
+        return LAYER_ORDER.index(layer) if layer else len(LAYER_ORDER)
 
-    items.sort(key=layer)  # stable: each module's own order is kept
+    items.sort(key=rank)  # stable: each module's own order is kept
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -87,7 +91,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _counted_start(self: Any) -> Any:
-    if _running and _running[0].is_relative_to(TESTS) and _running[0].relative_to(TESTS).parts[0] in NO_SERVERS:
+    if _running and layer_of(_running[0]) in NO_SERVERS:
         raise AssertionError(f"{_running[0]} starts a server process: move it to tests/live/ (tests/README.md)")
     _STARTED["twinserve serve" if isinstance(self, TwinserveServer) else type(self).__name__] += 1
     return _start(self)
