@@ -38,6 +38,9 @@ def _worker_of(client: httpx.Client) -> str:
     return pid
 
 
+# serial: which gthread worker takes a connection depends on which wakes first; with another test's server busy on
+# the second core, one worker wakes late and the other takes most of a burst (24-8 in a CI run).
+@pytest.mark.serial
 def test_kept_alive_connections_opened_one_after_another_alternate(two_workers: Server) -> None:
     # Each connection is open and counted by its worker before the next is made, and the worker holding more leaves
     # the next one to the other: 8-8 or 7-9 here (before: whichever worker woke first, up to 12 and 4).
@@ -50,6 +53,7 @@ def test_kept_alive_connections_opened_one_after_another_alternate(two_workers: 
     assert all(CONNECTIONS / 2 - 2 <= n <= CONNECTIONS / 2 + 2 for n in seen.values()), seen
 
 
+@pytest.mark.serial  # as above
 def test_a_burst_of_connections_lands_on_both_workers(two_workers: Server) -> None:
     # A pool opening its connections at once, as wrk does: 16 to 0 was the common case before.
     seen = _burst(two_workers, CONNECTIONS)
