@@ -16,12 +16,13 @@ import contextlib
 import fcntl
 import mmap
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["SHARED_STATE_ENV", "LocalSlots", "SharedSlots", "Slots", "Values", "attach", "create"]
+__all__ = ["SHARED_STATE_ENV", "LocalSlots", "SharedSlots", "Slots", "Values", "attach", "create", "private_file"]
 
 SHARED_STATE_ENV = "TWINSERVE_SHARED_STATE"
 _SLOT = 8  # one float64
@@ -77,25 +78,32 @@ class SharedSlots:
 Slots = LocalSlots | SharedSlots
 
 
+def private_file(prefix: str, suffix: str = "") -> tuple[int, str]:
+    """A new empty file for the server about to start, open for writing: only this account may open it (0600,
+    made with O_EXCL), in a new folder only it may enter (0700), in memory where Linux has /dev/shm. Both are
+    removed when this process exits, not when a forked worker does (it inherits the handler too).
+
+    A file at a fixed or guessable path in the shared /dev/shm would let another local account make it first and
+    take it over (issue #44): the folder, made by `mkdtemp`, is what keeps it out, together with every file made
+    in it later (`DesiredState`'s replacements and lock)."""
+    base = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
+    folder = tempfile.mkdtemp(prefix=prefix, dir=base)
+    fd, path = tempfile.mkstemp(suffix=suffix, dir=folder)
+    creator = os.getpid()
+    atexit.register(lambda: shutil.rmtree(folder, ignore_errors=True) if os.getpid() == creator else None)
+    return fd, path
+
+
 def create(count: int) -> str:
-    """Make a zeroed file of `count` slots for the server about to start, name it in the environment its workers
-    inherit, and remove it when this process exits. Returns its path."""
-    directory = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
-    fd, path = tempfile.mkstemp(prefix="twinserve-state-", dir=directory)
+    """Make a zeroed file of `count` slots for the server about to start (`private_file`) and name it in the
+    environment its workers inherit. Returns its path."""
+    fd, path = private_file("twinserve-state-")
     try:
         os.ftruncate(fd, count * _SLOT)
     finally:
         os.close(fd)
     os.environ[SHARED_STATE_ENV] = path
-    creator = os.getpid()
-    # Only the process that made it removes it: forked workers inherit atexit handlers too.
-    atexit.register(lambda: _remove(path) if os.getpid() == creator else None)
     return path
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def attach(count: int) -> SharedSlots | None:

@@ -15,15 +15,14 @@ change in the same file and generation order.
 Each process therefore reaches the state the API answered within a fraction of a second; the answer itself comes
 once the process that took it has changed (docs/repository.md).
 
-The starting process makes the file (`create`) and names it in `TWINSERVE_REPOSITORY_STATE`, as `core/shared.py`
-does for the rate limits' slots: gunicorn forks the workers and uvicorn spawns them, and the environment is all
-they share.
+The starting process makes the file (`create`), in a folder only the server's account may enter, and names it in
+`TWINSERVE_REPOSITORY_STATE`, as `core/shared.py` does for the rate limits' slots: gunicorn forks the workers and
+uvicorn spawns them, and the environment is all they share.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import fcntl
 import json
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twinserve.core.shared import private_file
 from twinserve.repository.control import ModelControl
 
 __all__ = ["DESIRED_STATE_ENV", "DesiredState", "RepositoryFollower", "create"]
@@ -60,20 +60,13 @@ class Change:
 
 
 def create() -> str:
-    """Make the empty shared file for the server about to start and name it in the environment its workers get."""
-    folder = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
-    fd, path = tempfile.mkstemp(prefix="twinserve-repository-", suffix=".json", dir=folder)
+    """Make the empty shared file for the server about to start (`core/shared.py` `private_file`) and name it in
+    the environment its workers get."""
+    fd, path = private_file("twinserve-repository-", ".json")
     with os.fdopen(fd, "w") as file:
         json.dump({"generation": 0, "models": {}, "traffic": {}}, file)
     os.environ[DESIRED_STATE_ENV] = path
-    atexit.register(_remove, path)
     return path
-
-
-def _remove(path: str) -> None:
-    for leftover in (path, path + ".lock"):
-        with contextlib.suppress(OSError):
-            os.unlink(leftover)
 
 
 class DesiredState:
@@ -106,9 +99,17 @@ class DesiredState:
             state.setdefault(section, {})[model] = {**entry, "generation": generation}
             with self._lock:  # before the file says so: this process's own follower must not apply it again
                 self._applied[_applied_key(section, model)] = generation
-            temporary = self.path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(state))
-            os.replace(temporary, self.path)  # readers see the old file or the new one, never half of one
+            # A new file each time (O_EXCL, 0600, in the server's own folder): no path another account could
+            # make first. Readers see the old file or the new one, never half of one.
+            fd, temporary = tempfile.mkstemp(suffix=".tmp", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w") as file:
+                    file.write(json.dumps(state))
+                os.replace(temporary, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
         return generation
 
     def pending(self) -> list[Change]:
@@ -147,12 +148,15 @@ class DesiredState:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(str(self.path) + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _applied_key(section: str, model: str) -> str:
