@@ -13,6 +13,7 @@
     │   ├── Unauthorized                401 unauthorized (WWW-Authenticate: Bearer)
     │   ├── CorsRejected                403 cors_rejected (a preflight from an origin, method or header not allowed)
     │   ├── Forbidden                   403 forbidden (a repository change asked with a key that is not the admin's)
+    │   ├── CrossSite                   403 cross_site (a page on another site sent a state-changing request)
     │   ├── InvalidTensor               400 invalid_tensor (V2: unknown tensor, wrong shape or datatype)
     │   ├── NotStreaming                400 not_streaming (`:stream` on a model whose predict is not a generator)
     │   ├── ModelControlOff             400 model_control_off (load/unload without --model-control explicit)
@@ -58,6 +59,7 @@ __all__ = [
     "ClientError",
     "ConfigError",
     "CorsRejected",
+    "CrossSite",
     "DeadlineExceeded",
     "DeadlineUnmeetable",
     "DependencyUnavailable",
@@ -233,6 +235,15 @@ class CorsRejected(ClientError):
 
     status = 403
     code = "cors_rejected"
+
+
+class CrossSite(ClientError):
+    """A request a page on another site sent without a preflight (a form, or a `no-cors` fetch) to a route that
+    changes the server's state, or a form-typed predict from one: its `Origin` is neither the server's nor one
+    `--cors-origins` allows, or `Sec-Fetch-Site` says cross-site."""
+
+    status = 403
+    code = "cross_site"
 
 
 class ModelControlOff(ClientError):

@@ -9,8 +9,8 @@ Rules, by source:
   (`{"models": [...]}`), `GET /v1/models/<name>` is a model's readiness (`name`, `ready`), errors carry `error` as
   the message string (the SDK shows it as the message).
 - twinserve keeps its `code` and `request_id` beside `error` (docs/http-contract.md "Error bodies"), and reads a
-  form-typed (or untyped) body as JSON only from a client that is not a cross-site page: browsers send `Origin` on
-  every cross-site POST.
+  form-typed (or untyped) body as JSON only from a client that is not a cross-site page (403 `cross_site`):
+  browsers send `Origin` on every cross-site POST.
 """
 
 from __future__ import annotations
@@ -186,14 +186,16 @@ def test_form_typed_json_from_an_allowed_origin(app: Client, origin: str) -> Non
 
 
 @pytest.mark.parametrize("headers", [FORM, {}])
-def test_form_or_untyped_json_from_a_cross_site_page_is_415(app: Client, headers: dict[str, str]) -> None:
+def test_form_or_untyped_json_from_a_cross_site_page_is_403(app: Client, headers: dict[str, str]) -> None:
+    # 415 before issue #44; now the refusal every state-changing route gives a page on another site
+    # (tests/contract/test_cross_site.py).
     answer = app.request(
         "POST",
         "/v1/models/echo:predict",
         content=b'{"instances": [1]}',
         headers={**headers, "Origin": "https://evil.example"},
     )
-    _v1_error(answer, 415, "unsupported_media_type")
+    _v1_error(answer, 403, "cross_site")
 
 
 def test_other_media_types_still_415(app: Client) -> None:

@@ -4,6 +4,7 @@ process, in every architecture (tests/inprocess.py), over model files the tests 
 
 from __future__ import annotations
 
+import logging
 import shutil
 import textwrap
 import threading
@@ -19,7 +20,7 @@ from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, s
 from tests.serving import Server, poll, wait_until
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
-from twinserve.repository import read_model, read_repository
+from twinserve.repository import ModelRegistry, read_model, read_repository
 
 Client = SyncClient | AsyncClient
 
@@ -52,6 +53,16 @@ RAISES = textwrap.dedent(
 )
 
 
+#: What a model's code may put in an exception's text: it belongs to the log, never to a client (issue #44).
+SECRET = "token IMPORTTOKEN-abc123 rejected by https://vault.internal"
+LEAKS = textwrap.dedent(
+    f"""
+    raise RuntimeError({SECRET!r})
+    """
+)
+LOAD_LEAKS = RAISES.replace("no weights here", SECRET)
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -79,6 +90,10 @@ def make_repository(root: Path) -> Path:
     _write(root / "no-toml" / "model.py", PLAIN)
     _write(root / "server-setting" / "twinserve.toml", 'model = "model.py:Plain"\n[settings]\nport = 9000\n')
     _write(root / "server-setting" / "model.py", PLAIN)
+    _write(root / "import-raises" / "twinserve.toml", 'model = "model.py:Plain"\n')
+    _write(root / "import-raises" / "model.py", LEAKS)
+    _write(root / "load-leaks" / "twinserve.toml", 'model = "model.py:Broken"\n')
+    _write(root / "load-leaks" / "model.py", LOAD_LEAKS)
     _write(root / ".hidden" / "model.py", PLAIN)
     return root
 
@@ -196,24 +211,51 @@ def test_settings_file_settings_apply_to_every_version(app: Client) -> None:
     assert app.request("GET", "/v2/models/scaler/versions/1/config").json()["max_batch_size"] == 4
 
 
+#: What clients read of each failure: its kind, never its text (issue #44; before, the import's and the settings
+#: file's text, with the server's paths, was in the index, the load answer and every 503).
 BAD = {
+    "missing-class": "version 1: its code failed to import (ModelImportError)",
+    "syntax": "version 1: its code failed to import (SyntaxError)",
+    "import-raises": "version 1: its code failed to import (RuntimeError)",
+    "load-raises": "version 1: its load() failed",
+    "load-leaks": "version 1: its load() failed",
+    "no-toml": "its twinserve.toml cannot be used",
+    "server-setting": "its twinserve.toml cannot be used",
+}
+#: What the log holds of each (test_the_log_has_what_clients_are_not_told).
+LOGGED = {
     "missing-class": "no class 'Nope'",
-    "syntax": "SyntaxError",
-    "load-raises": "load() failed: model 'load-raises' raised in load",  # its text is the log's
+    "syntax": "line 1",  # where it is
+    "import-raises": SECRET,
     "no-toml": "twinserve.toml: missing",
     "server-setting": "'port' is a server-wide setting",
 }
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
-def test_bad_content_makes_that_model_unavailable_and_the_others_serve(app: Client, name: str) -> None:
+def test_bad_content_makes_that_model_unavailable_and_the_others_serve(
+    app: Client, name: str, repository: Path
+) -> None:
     answer = app.request("POST", f"/v1/models/{name}:predict", json={"instances": [1]})
     assert answer.status == 503, answer.text
     body = answer.json()
-    assert body["code"] == "model_unavailable" and BAD[name] in body["error"]
+    assert body["code"] == "model_unavailable" and BAD[name] in body["error"], body
+    assert "the server log has the details" in body["error"]
     index = {entry["name"]: entry for entry in app.request("POST", "/v2/repository/index", json={}).json()}
-    assert index[name]["state"] == "UNAVAILABLE" and BAD[name] in index[name]["reason"]
+    reason = index[name]["reason"]
+    assert index[name]["state"] == "UNAVAILABLE" and BAD[name].removeprefix("version 1: ") in reason, reason
+    for text in (answer.text, str(index[name])):
+        assert "IMPORTTOKEN" not in text and str(repository) not in text and LOGGED.get(name, "\0") not in text
     assert _predict(app, "/v1/models/flat:predict", [1]) == [101]
+
+
+def test_the_log_has_what_clients_are_not_told(repository: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Imports and settings files are read in the server process in every architecture (the index is built there).
+    with caplog.at_level(logging.ERROR, logger="twinserve.repository"):
+        ModelRegistry.from_config(load_config(model_repository=str(repository)))
+    logged = {record.getMessage() for record in caplog.records}
+    for name, text in LOGGED.items():
+        assert any(f"model {name!r}" in line and text in line for line in logged), (name, logged)
 
 
 def test_the_index_lists_every_model_and_version(app: Client) -> None:
@@ -285,7 +327,7 @@ def test_explicit_control_loads_new_versions_and_unloads(tmp_path: Path, arch: s
         _write(root / "broken" / "twinserve.toml", 'model = "model.py:Broken"\n')
         _write(root / "broken" / "model.py", RAISES)
         failed = app.request("POST", "/v2/repository/models/broken/load", json={})
-        assert failed.status == 503 and "raised in load" in failed.text
+        assert failed.status == 503 and "its load() failed" in failed.text
         assert app.request("POST", "/v2/repository/models/nope/load", json={}).status == 404
         assert app.request("POST", "/v2/repository/models/nope/unload", json={}).status == 404
         assert _predict(app, "/v1/models/grow:predict", [3]) == [{"value": 6, "version": 2}]

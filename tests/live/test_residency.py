@@ -178,9 +178,9 @@ def test_a_load_that_raises_answers_503_and_the_others_serve(tmp_path: Path, arc
         failed = _ask(app, "broken")
         assert failed.status == 503, failed.text
         assert failed.json()["code"] == "model_unavailable"
-        assert "load() failed" in failed.text
+        assert "its load() failed" in failed.text
         again = _ask(app, "broken")  # a failed load is not retried on every request
-        assert again.status == 503 and "load() failed" in again.text
+        assert again.status == 503 and "its load() failed" in again.text
         assert _ask(app, "alpha").status == 200
         assert _ready(app) == ["alpha"]
 

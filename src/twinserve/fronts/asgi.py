@@ -277,8 +277,6 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             content_type=headers.get("content-type"),
             content_length=_length(headers.get("content-length")),
             content_encoding=headers.get("content-encoding"),
-            origin=headers.get("origin"),
-            host=headers.get("host"),
             timeout_header=headers.get(_TIMEOUT),
             priority_header=headers.get(_PRIORITY),
             headers=headers,  # a traffic split's sticky key (its name looked up in lower case)

@@ -31,7 +31,7 @@ from twinserve.fronts.auth import authenticator, key_id
 from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.cors import cors_policy
 from twinserve.fronts.exchange import Exchange, Reply, error_reply
-from twinserve.fronts.hosts import host_policy
+from twinserve.fronts.hosts import check_site, host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.repository_api import RepositoryApi
 from twinserve.fronts.routes import HTML, JSON, QUIET_ENDPOINTS, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
@@ -88,8 +88,8 @@ _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 #: V2 bodies may also be a JSON header followed by binary tensor data.
 _V2_TYPE = re.compile(r"^application/(?:(?:[\w.+-]+\+)?json|octet-stream)$")
-#: What `curl -d` sends (TF-Serving's own examples use it): read as JSON when it parses, from a client that is not
-#: a cross-site page (see `Service.admit`).
+#: What `curl -d` sends (TF-Serving's own examples use it): read as JSON when it parses (from a page on another
+#: site it is refused first: `Service.check_site`).
 _FORM_TYPE = "application/x-www-form-urlencoded"
 _ROUTE_PATHS: dict[str, str] = {}
 for _route in ROUTES:
@@ -233,6 +233,11 @@ class Service(OpenInferenceHandlers):
         """Whether a page from `origin` may open a WebSocket on a request saying `Host: host`: the same origin,
         one `--cors-origins` allows, or one on a named allowed host (cross-site WebSocket hijacking)."""
         return (self.cors is not None and self.cors.allows(origin)) or self.hosts.allows_origin(origin, host)
+
+    def check_site(self, endpoint: str, headers: Headers) -> None:
+        """CrossSite (403), or 415, for what a page on another site could send without a preflight to a route that
+        changes state, or as a form to a predict (fronts/hosts.py `check_site`)."""
+        check_site(endpoint, headers, lambda origin: self.origin_allowed(origin, headers.get("host")))
 
     def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
         """The id of the API key `headers` present (None when authentication is off), for HTTP requests and
@@ -449,24 +454,17 @@ class Service(OpenInferenceHandlers):
         endpoint: str,
         content_type: str | None,
         content_length: int | None,
-        origin: str | None = None,
-        host: str | None = None,
     ) -> bool:
         """Checks that need only the request line and headers, done before the body is read: the rate limit,
         the media type (V2 bodies may also be binary), the declared size, readiness. True for a form type: the
         body is read as JSON if it parses, and the exchange answers 415, not 400, when it does not (a body with
         no media type at all is JSON's, malformed or not: 400).
 
-        A form type (or none) is taken from a client that sends no `Origin`, or one CORS or the allowed hosts
-        admit: browsers send `Origin` on every cross-site POST, and a form POST (or a typeless one) is what a
-        page may send without a preflight, so this opens no cross-site request forgery."""
+        A form type (or none) from a page on another site was refused before (`check_site`): this opens no
+        cross-site request forgery."""
         self.admission.rate()
         media_type = content_type.split(";", 1)[0].strip().lower() if content_type else ""
         lenient = media_type in ("", _FORM_TYPE)
-        if lenient and origin is not None and not self.origin_allowed(origin, host):
-            raise UnsupportedMediaType(
-                f"Content-Type must be {JSON}, got {media_type or 'none'!r} from the cross-site origin {origin!r}"
-            )
         if not lenient and not (_V2_TYPE if endpoint == "infer" else _JSON_TYPE).match(media_type):
             expected = f"{JSON} or {BINARY}" if endpoint == "infer" else JSON
             raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")

@@ -177,7 +177,9 @@ class Exchange:
     def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
         """The id of the API key presented, when this path needs one (None otherwise, or with keys off), on a
         connection from `peer` (None: unknown). Raises Unauthorized (401), or RateLimited (429) past the key's
-        own limit or with the client's address locked out after too many wrong keys."""
+        own limit or with the client's address locked out after too many wrong keys. Before the key, CrossSite
+        (403) for what a page on another site sent to a route that changes state (`Service.check_site`)."""
+        self.service.check_site(self.endpoint, headers)
         if not self.service.requires_auth(self.context.path):
             return None
         self.key_id = self.service.authenticate(headers, peer)
@@ -202,8 +204,6 @@ class Exchange:
         content_type: str | None = None,
         content_length: int | None = None,
         content_encoding: str | None = None,
-        origin: str | None = None,
-        host: str | None = None,
         timeout_header: str | None = None,
         priority_header: str | None = None,
         backlog: int | None = None,
@@ -232,7 +232,7 @@ class Exchange:
             # Shedding (above) knew no model yet; the request's level is its model's default from here on.
             own = settings.default_priority
             priority = self.context.priority = admission.priority(None, key_id=self.key_id, default=own)
-        self._lenient = service.admit(runtime, self.endpoint, content_type, content_length, origin, host)
+        self._lenient = service.admit(runtime, self.endpoint, content_type, content_length)
         self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
         if self.endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)

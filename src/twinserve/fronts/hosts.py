@@ -1,4 +1,5 @@
-"""Cross-site protection: which `Host` a request may name, and which `Origin` may open a WebSocket.
+"""Cross-site protection: which `Host` a request may name, which `Origin` may open a WebSocket, and which may
+send what a page can send without a CORS preflight.
 
 **Allowed hosts** defend against DNS rebinding: a page on `evil.example` whose name is made to resolve to
 127.0.0.1 reaches a server on loopback as "same origin", but its requests still say `Host: evil.example`. Like
@@ -17,18 +18,36 @@ any server and send no CORS preflight, only an `Origin` header. A handshake's Or
 same origin as the request (its host and port are the request's `Host`, as Django's CSRF check compares), when
 `--cors-origins` allows it, or when its host matches a named allowed host (not `*`). A handshake without an
 Origin comes from a program, not a page, and is allowed.
+
+**Cross-site requests** (`check_site`): a page may send a POST to any server without a preflight when its body is
+a form, text, or nothing (`<form>`, `fetch(..., {mode: "no-cors"})`); it cannot read the answer, but the request
+acts. So a request to a route that changes the server's state (loading, unloading, a traffic split), or a predict
+whose body is form-typed or untyped (read as JSON for `curl -d`), is refused (403 `cross_site`) when its `Origin`
+is not one a WebSocket could come from (above), or, without an `Origin`, when `Sec-Fetch-Site: cross-site` says a
+browser sent it from another site (Django checks `Origin` on every unsafe method the same way). Those routes take
+`application/json` bodies only (415 otherwise): a JSON body from a page needs a preflight, which `--cors-origins`
+answers. Programs send no `Origin` and are not affected.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from twinserve.config import Config
-from twinserve.errors import HostNotAllowed
+from twinserve.errors import CrossSite, HostNotAllowed, UnsupportedMediaType
+from twinserve.fronts.routes import INFERENCE_ENDPOINTS, JSON, STATE_CHANGING_ENDPOINTS
+from twinserve.observability.tracing import Headers
 
-__all__ = ["HostPolicy", "host_of", "host_policy"]
+__all__ = ["HostPolicy", "check_site", "host_of", "host_policy"]
+
+#: The media types a page may POST with no preflight (the Fetch standard's CORS-safelisted ones), or none at all.
+_SIMPLE_TYPES = frozenset({"", "application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
+#: The inference endpoints a page could POST a form to (a WebSocket's handshake has its own Origin rule, above).
+_POSTED_INFERENCE = INFERENCE_ENDPOINTS - {"websocket"}
+_JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -120,3 +139,27 @@ class HostPolicy:
 def host_policy(config: Config) -> HostPolicy:
     """The configured policy: `--allowed-hosts`, or the hosts the bind address implies."""
     return HostPolicy(config.allowed_hosts or _bound_hosts(config.host))
+
+
+def check_site(endpoint: str, headers: Headers, origin_allowed: Callable[[str], bool]) -> None:
+    """Refuse what a page on another site could make a browser send without a preflight (above): CrossSite (403)
+    for a state-changing request or a predict with a simple media type whose `Origin` is not allowed (or, with no
+    Origin, whose `Sec-Fetch-Site` is cross-site); UnsupportedMediaType (415) for a state-changing request whose body
+    is not JSON. `origin_allowed(origin)` is the WebSocket rule."""
+    changes = endpoint in STATE_CHANGING_ENDPOINTS
+    media_type = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if not changes and not (endpoint in _POSTED_INFERENCE and media_type in _SIMPLE_TYPES):
+        return
+    origin = headers.get("origin")
+    if origin is not None:
+        refused = not origin_allowed(origin)
+    else:
+        refused = (headers.get("sec-fetch-site") or "").strip().lower() == "cross-site"
+    if refused:
+        what = "a change to the served models" if changes else f"a {media_type or 'typeless'} body"
+        raise CrossSite(
+            f"{what} from a page on another site ({(origin or 'Sec-Fetch-Site: cross-site')[:100]!r}) is refused: "
+            f"send {JSON}, and allow the origin with --cors-origins"
+        )
+    if changes and media_type and not _JSON_TYPE.match(media_type):
+        raise UnsupportedMediaType(f"Content-Type must be {JSON}, got {media_type!r}")

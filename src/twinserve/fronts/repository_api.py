@@ -106,7 +106,11 @@ class RepositoryApi:
         if self._desired is not None:  # the server's other processes follow
             self._desired.publish(model, loaded)
         if loaded and not any(entry["state"] == "READY" for entry in entries):
-            reasons = "; ".join(f"version {e['version']}: {e['reason']}" for e in entries if e["reason"])
+            reasons = "; ".join(
+                f"version {e['version']}: {e['reason']}" if e["version"] else e["reason"]
+                for e in entries
+                if e["reason"]
+            )
             raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")
         return Reply(200, dumps({"name": model, "versions": entries}))
 

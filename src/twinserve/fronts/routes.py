@@ -14,6 +14,7 @@ __all__ = [
     "QUIET_ENDPOINTS",
     "REQUEST_ID_HEADER",
     "ROUTES",
+    "STATE_CHANGING_ENDPOINTS",
     "ErrorShape",
     "Route",
     "error_shape",
@@ -79,6 +80,8 @@ ROUTES: tuple[Route, ...] = (
 
 #: The endpoints that reach a model's `predict`, whichever protocol.
 INFERENCE_ENDPOINTS = frozenset({"predict", "stream", "infer", "websocket"})
+#: The endpoints that change what the server serves: refused cross-site, JSON bodies only (`Service.check_site`).
+STATE_CHANGING_ENDPOINTS = frozenset({"repository_load", "repository_unload", "repository_set_traffic"})
 #: Health probes and scrapes: logged at debug level, not traced, not counted in flight.
 QUIET_ENDPOINTS = frozenset({"alive", "live", "ready", "model_ready", "metrics"})
 

@@ -108,8 +108,6 @@ def create_wsgi_app(service: Service) -> Flask:
             content_type=request.content_type,
             content_length=request.content_length,
             content_encoding=request.headers.get("Content-Encoding"),
-            origin=request.headers.get("Origin"),
-            host=request.headers.get("Host"),
             timeout_header=request.headers.get(TIMEOUT_HEADER),
             priority_header=request.headers.get(PRIORITY_HEADER),
             backlog=request.environ.get(BACKLOG_ENVIRON),

@@ -3,8 +3,12 @@ index lists.
 
 Models come either from MODEL arguments (`strict`: a model that fails to import or load stops the server, as
 it always has) or from a model repository (`--model-repository`, repository/layout.py): there a version that
-fails to import or load is UNAVAILABLE, with the reason in the index and the log, and every other keeps
-serving. The states are Triton's: LOADING, READY, UNLOADING, UNAVAILABLE.
+fails to import or load is UNAVAILABLE, and every other keeps serving. The states are Triton's: LOADING, READY,
+UNLOADING, UNAVAILABLE.
+
+A failure's reason, which clients read (the index, a load's answer, every 503 for that model), says only what
+failed: the settings file, the import, or `load()`, and the exception's type (`failure_reason`). Its text goes to
+the log: a model's code may put a secret in its message, and the text names the server's files.
 
 `runtimes` maps each model name to its default version's runtime, the one the unversioned routes use: the
 highest version number that is ready (while the server starts, the highest one loading). The dict is updated
@@ -21,15 +25,22 @@ from typing import Literal
 
 from twinserve.config import Config
 from twinserve.core.runtime import ModelRuntime, load_runtimes
-from twinserve.errors import ModelNotFound, ModelUnavailable, TwinserveError
+from twinserve.errors import ConfigError, MissingExtra, ModelNotFound, ModelUnavailable, TwinserveError
 from twinserve.repository.layout import ModelFolder, read_model, read_repository
 from twinserve.repository.traffic import TrafficPolicy
 
-__all__ = ["ModelRegistry", "ServedVersion", "State"]
+__all__ = ["FailureKind", "ModelRegistry", "ServedVersion", "State", "failure_reason", "failure_text"]
 
 logger = logging.getLogger("twinserve.repository")
 
 State = Literal["LOADING", "READY", "UNLOADING", "UNAVAILABLE"]
+#: What failed: the model folder's twinserve.toml, importing its code, or its `load()`.
+FailureKind = Literal["settings", "import", "load"]
+_FAILED: dict[FailureKind, str] = {
+    "settings": "its twinserve.toml cannot be used",
+    "import": "its code failed to import",
+    "load": "its load() failed",
+}
 #: Loads of repository versions in this process, numbering their module names.
 _LOADS = itertools.count(1)
 
@@ -44,9 +55,32 @@ class ServedVersion:
     reason: str = ""
     runtime: ModelRuntime | None = None
 
+    @property
+    def why(self) -> str:
+        """Its reason, naming the version (a folder whose settings failed has none): for an error message."""
+        return f"version {self.version}: {self.reason}" if self.version else self.reason
+
     def describe(self) -> dict[str, str]:
         """Its entry in the repository index (Triton's and MLServer's fields)."""
         return {"name": self.name, "version": self.version, "state": self.state, "reason": self.reason}
+
+
+def failure_text(error: BaseException) -> str:
+    """A failure's whole text, for the log: twinserve's message and its private part, or the exception's own."""
+    if isinstance(error, TwinserveError):
+        return f"{error.message}: {error.private}" if error.private else error.message
+    return f"{type(error).__name__}: {error}"
+
+
+def failure_reason(kind: FailureKind, error: BaseException | None = None) -> str:
+    """What a client reads of a failure: its kind, never its text. An import's names the type of what the import
+    raised (SyntaxError, ModuleNotFoundError; twinserve's own ModelImportError for a class it did not find): every
+    architecture imports in its server process, so each names the same. A `load()` may run in a model worker
+    (hybrid), whose exception arrives rebuilt: its type would differ by architecture, so none is named."""
+    raised = ""
+    if kind == "import" and error is not None:
+        raised = f" ({type(error.__cause__ or error).__name__})"
+    return f"{_FAILED[kind]}{raised}; the server log has the details"
 
 
 class ModelRegistry:
@@ -89,7 +123,7 @@ class ModelRegistry:
         """Import every version of a repository model folder (its load comes later); failures are its own."""
         versions: dict[str, ServedVersion] = {}
         if folder.error is not None:
-            versions[""] = self._unavailable(folder.name, "", folder.error)
+            versions[""] = self._unavailable(folder.name, "", "settings", folder.error)
         for found in folder.versions:
             version = str(found.version)
             try:
@@ -99,7 +133,10 @@ class ModelRegistry:
                     found.target, self.config, folder.settings, module, name=folder.name, version=version
                 )
             except Exception as exc:
-                versions[version] = self._unavailable(folder.name, version, f"{type(exc).__name__}: {exc}")
+                # A per-model setting twinserve refuses is the settings file's; a missing extra is the import's.
+                refused = isinstance(exc, ConfigError) and not isinstance(exc, MissingExtra)
+                kind: FailureKind = "settings" if refused else "import"
+                versions[version] = self._unavailable(folder.name, version, kind, failure_text(exc), exc)
                 continue
             versions[version] = ServedVersion(folder.name, version, "LOADING", runtime=runtime)
         self._versions[folder.name] = versions
@@ -130,10 +167,12 @@ class ModelRegistry:
         self._choose_defaults()
         return old
 
-    def _unavailable(self, name: str, version: str, reason: str) -> ServedVersion:
+    def _unavailable(
+        self, name: str, version: str, kind: FailureKind, text: str, error: BaseException | None = None
+    ) -> ServedVersion:
         label = f"{name!r} version {version}" if version else repr(name)
-        logger.error("model %s is unavailable: %s", label, reason)
-        return ServedVersion(name, version, "UNAVAILABLE", reason)
+        logger.error("model %s is unavailable: %s", label, text)
+        return ServedVersion(name, version, "UNAVAILABLE", failure_reason(kind, error))
 
     # -- loading and closing ----------------------------------------------------------------------------------
     def load(self) -> None:
@@ -177,10 +216,8 @@ class ModelRegistry:
         runtime, entry.runtime = entry.runtime, None
         if runtime is not None:
             runtime.close()
-        # A model's own exception text stays in the log (model_code logged it): clients read the index.
-        text = exc.message if isinstance(exc, TwinserveError) else f"{type(exc).__name__}: {exc}"
-        entry.state, entry.reason = "UNAVAILABLE", f"load() failed: {text}"
-        logger.error("model %r version %s is unavailable: %s", entry.name, entry.version, entry.reason)
+        entry.state, entry.reason = "UNAVAILABLE", failure_reason("load")
+        logger.error("model %r version %s is unavailable: %s", entry.name, entry.version, failure_text(exc))
 
     def close(self) -> None:
         self.closed = True
@@ -209,7 +246,7 @@ class ModelRegistry:
             runtime = self.runtimes.get(name)
             if runtime is not None:
                 return runtime
-            reasons = "; ".join(e.reason for e in versions.values() if e.reason)
+            reasons = "; ".join(e.why for e in versions.values() if e.reason)
             raise ModelUnavailable(f"model {name!r} is unavailable: {reasons or 'no version is loaded'}")
         entry = versions.get(version)
         if entry is None:

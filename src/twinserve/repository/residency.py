@@ -32,10 +32,10 @@ from collections.abc import Callable
 from typing import Literal
 
 from twinserve.config import Config
-from twinserve.errors import DeadlineExceeded, TwinserveError
+from twinserve.errors import DeadlineExceeded
 from twinserve.observability.metrics import metrics
 from twinserve.repository.control import ModelControl, forget_module
-from twinserve.repository.registry import ModelRegistry, ServedVersion
+from twinserve.repository.registry import ModelRegistry, ServedVersion, failure_reason, failure_text
 
 __all__ = ["COLD", "EVICTED", "Residency"]
 
@@ -143,11 +143,10 @@ class Residency:
         self._loading.discard(name)
         if error is None:
             return
-        text = error.message if isinstance(error, TwinserveError) else f"{type(error).__name__}: {error}"
-        logger.error("model %r did not load on demand: %s", name, text)
+        logger.error("model %r did not load on demand: %s", name, failure_text(error))
         for entry in self.registry.versions_of(name):
             if entry.state == "LOADING" and entry.runtime is None:
-                entry.state, entry.reason = "UNAVAILABLE", f"load failed: {text}"
+                entry.state, entry.reason = "UNAVAILABLE", failure_reason("load")
 
     @staticmethod
     def _late(name: str) -> DeadlineExceeded:

@@ -1,0 +1,141 @@
+"""Cross-site requests to the routes that change what the server serves, in every architecture, in process
+(fronts/hosts.py `check_site`; docs/security.md "Cross-site requests").
+
+A page on another site can make a browser send, with no CORS preflight (Fetch standard, "CORS-safelisted request
+header": `Content-Type` one of `application/x-www-form-urlencoded`, `multipart/form-data`, `text/plain`, or none),
+a bodiless `fetch(url, {method: "POST", mode: "no-cors"})`, a `<form>` POST, or a `text/plain` body holding JSON.
+It cannot read the answer, but the request acts. Browsers send `Origin` on every such POST (Fetch standard,
+"append a request `Origin` header"), and `Sec-Fetch-Site` (Fetch Metadata) says whether it came from another site.
+So without API keys (anyone may load and unload then: docs/security.md) a foreign Origin is refused with 403
+`cross_site`, unless `--cors-origins` allows it; programs send no Origin and are not affected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, served_per_arch
+
+Client = SyncClient | AsyncClient
+
+ALLOWED = "https://app.example"
+EVIL = {"Origin": "https://evil.example"}
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+TEXT = {"Content-Type": "text/plain;charset=UTF-8"}
+UNLOAD, LOAD = "/v2/repository/models/scaler/unload", "/v2/repository/models/scaler/load"
+TRAFFIC = "/v2/repository/models/scaler/traffic"
+MODEL = "import twinserve\n\n\nclass Scaler(twinserve.Model):\n    def predict(self, batch):\n        return batch\n"
+
+
+@pytest.fixture(scope="module")
+def apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Client]]:
+    root = tmp_path_factory.mktemp("repository")
+    for version in ("1", "2"):
+        (root / "scaler" / version).mkdir(parents=True)
+        (root / "scaler" / version / "model.py").write_text(MODEL)
+    (root / "scaler" / "twinserve.toml").write_text('model = "model.py:Scaler"\n')
+    settings = {"model_repository": str(root), "model_control": "explicit", "workers": 1, "cors_origins": [ALLOWED]}
+    with served_per_arch([], **settings) as built:
+        yield built
+
+
+@pytest.fixture(params=ARCHS_IN_PROCESS)
+def app(request: pytest.FixtureRequest, apps: dict[str, Client]) -> Iterator[Client]:
+    client = apps[request.param]
+    yield client
+    # Each test starts from the model loaded and its default traffic (a refused change changed nothing).
+    assert client.request("POST", LOAD).status == 200
+
+
+def _refused(answer: Answer) -> str:
+    """The V2 error body of a 403 `cross_site` (the code is in the log and metrics; V2 bodies carry the message)."""
+    assert answer.status == 403, answer.text
+    message: str = answer.json()["error"]
+    assert "another site" in message and "--cors-origins" in message, message
+    return message
+
+
+def _serving(app: Client) -> bool:
+    return app.request("GET", "/v2/models/scaler/ready").status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "headers"),
+    [
+        (UNLOAD, None, {}),  # fetch(..., {method: "POST", mode: "no-cors"}): no body, no type
+        (UNLOAD, b"x=1", FORM),  # <form method=post>
+        (LOAD, b"{}", TEXT),  # <form enctype=text/plain>, or fetch with a string body
+        (TRAFFIC, b'{"split": {"1": 100}}', TEXT),
+    ],
+    ids=["no-cors-fetch", "form", "text-load", "text-traffic"],
+)
+def test_a_foreign_origin_cannot_change_the_models(
+    app: Client, path: str, content: bytes | None, headers: dict[str, str]
+) -> None:
+    _refused(app.request("POST", path, content=content, headers={**headers, **EVIL}))
+    assert _serving(app)
+    assert app.request("GET", TRAFFIC).json()["traffic"]["split"] == {}  # unchanged
+
+
+@pytest.mark.parametrize("origin", ["null", "http://evil.example:8000", "https://app.example.evil.example"])
+def test_other_foreign_origins_are_refused_too(app: Client, origin: str) -> None:
+    # `null`: a sandboxed frame or a file; an origin's port or a longer name is another origin.
+    _refused(app.request("POST", UNLOAD, headers={"Origin": origin}))
+    assert _serving(app)
+
+
+def test_fetch_metadata_without_an_origin_is_refused(app: Client) -> None:
+    # A proxy that strips Origin still passes Sec-Fetch-Site, which only a browser sends.
+    _refused(app.request("POST", UNLOAD, headers={"Sec-Fetch-Site": "cross-site"}))
+    assert _serving(app)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},  # a program (curl, tritonclient): no Origin
+        {"Origin": ALLOWED, "Sec-Fetch-Site": "cross-site"},  # a page --cors-origins allows
+        {"Origin": "http://127.0.0.1:8000", "Host": "127.0.0.1:8000", "Sec-Fetch-Site": "same-origin"},
+        {"Sec-Fetch-Site": "same-origin"},
+        {"Sec-Fetch-Site": "none"},  # typed into the address bar, or a bookmark
+    ],
+    ids=["program", "cors-allowed", "same-origin", "fetch-same-origin", "fetch-none"],
+)
+def test_the_server_itself_its_allowed_origins_and_programs_may(app: Client, headers: dict[str, str]) -> None:
+    assert app.request("POST", UNLOAD, headers=headers).status == 200
+    assert not _serving(app)
+    changed = app.request("POST", TRAFFIC, json={"split": {"1": 100}}, headers=headers)
+    assert changed.status == 200, changed.text
+    assert app.request("POST", LOAD, json={}, headers=headers).status == 200
+
+
+@pytest.mark.parametrize("headers", [FORM, TEXT, {"Content-Type": "multipart/form-data; boundary=x"}])
+def test_state_changing_routes_take_json_only(app: Client, headers: dict[str, str]) -> None:
+    # Not from a page (no Origin): 415, as for :predict; a JSON body from a page needs a preflight first.
+    answer = app.request("POST", TRAFFIC, content=b'{"split": {"1": 100}}', headers=headers)
+    assert answer.status == 415, answer.text
+    assert app.request("GET", TRAFFIC).json()["traffic"]["split"] == {}
+
+
+def test_a_cross_site_form_to_predict_is_refused_the_same_way(app: Client) -> None:
+    # :predict reads a form-typed body as JSON for `curl -d` (tests/contract/test_v1_rest.py), never from a page.
+    answer = app.request("POST", "/v1/models/scaler:predict", content=b'{"instances": [1]}', headers={**FORM, **EVIL})
+    assert answer.status == 403 and answer.json()["code"] == "cross_site", answer.text
+    fetched = app.request(
+        "POST", "/v2/models/scaler/infer", content=b"{}", headers={**TEXT, "Sec-Fetch-Site": "cross-site"}
+    )
+    assert fetched.status == 403, fetched.text
+
+
+def test_reading_is_not_a_change(app: Client) -> None:
+    # The index and a traffic read change nothing; a page cannot read their answers without a CORS grant.
+    assert app.request("POST", "/v2/repository/index", headers=EVIL).status == 200
+    assert app.request("GET", TRAFFIC, headers=EVIL).status == 200
+
+
+def test_every_architecture_refuses_alike(apps: dict[str, Client]) -> None:
+    answers = {arch: app.request("POST", UNLOAD, headers=EVIL) for arch, app in apps.items()}
+    assert {arch: a.status for arch, a in answers.items()} == dict.fromkeys(ARCHS_IN_PROCESS, 403)
+    assert len({a.json()["error"] for a in answers.values()}) == 1
