@@ -29,6 +29,7 @@ __all__ = [
     "scrape",
     "servers_per_arch",
     "wait_for_file",
+    "wait_until",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -194,7 +194,8 @@ class Config(BaseSettings):
         gt=0,
         le=3600,
         description="Seconds a client may take to send a request's head, and again its body, each in total however "
-        "steadily it trickles (a slow body gets 408; a slow head, a closed connection).",
+        "steadily it trickles (a slow body gets 408; a slow head, a closed connection); and, for a stream (SSE or "
+        "WebSocket), the longest it may read nothing while an event waits to be written (then it is closed).",
     )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="Log level.")
     log_format: Literal["auto", "json", "console"] = Field(

@@ -8,6 +8,7 @@ without timing anything.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -20,16 +21,28 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.errors import error_fields
-from tests.serving import ROOT, Server, model_path, predict, sample, scrape, servers_per_arch, wait_for_file
+from tests.serving import (
+    ROOT,
+    Server,
+    model_path,
+    predict,
+    sample,
+    scrape,
+    servers_per_arch,
+    wait_for_file,
+    wait_until,
+)
 
 STREAMING = ("drip", "async-drip")
+WRITE_DEADLINE_S = 5
 MODELS = (model_path("Drip"), model_path("AsyncDrip"), model_path("Echo"), "twinserve.examples.tokens:Tokens")
 
 
 @pytest.fixture(scope="module")
 def stream_servers() -> Iterator[dict[str, Server]]:
     def make(arch: str) -> Server:
-        extra = ("--workers", "1", "--threads", "8", "--model-workers", "2")
+        # The read timeout is also a stream's write deadline (test_a_client_that_never_reads_is_cut_off).
+        extra = ("--workers", "1", "--threads", "8", "--model-workers", "2", "--read-timeout-s", str(WRITE_DEADLINE_S))
         return Server(MODELS, arch, *extra)
 
     with servers_per_arch(ARCHS, make) as started:
@@ -130,6 +143,36 @@ def test_client_leaving_closes_the_generator(server: Server, model: str, tmp_pat
     with open_stream(server, model, [drip(again, steps=2)]) as response:
         assert [name for name, _ in events(response)] == ["message", "message", "end"]
     assert httpx.get(server.url + "/v2/health/ready").status_code == 200
+
+
+@pytest.mark.parametrize("model", STREAMING)
+def test_a_client_that_never_reads_is_cut_off(server: Server, model: str, tmp_path: Path) -> None:
+    # A client that stops reading held its stream, and in hybrid the model worker, for as long as it stayed
+    # connected (issue #44: hybrid's model timed out for everyone else while one such client was connected). Each
+    # step here is 256 KiB and the client's receive buffer 4 KiB: two or three steps fill what the sockets hold.
+    endless = 10_000
+    body = json.dumps({"instances": [drip(tmp_path, tag="x" * 262_144, steps=endless)]}).encode()
+    head = f"POST /v1/models/{model}:stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    left = {"model": model, "endpoint": "stream", "code": "499"}
+    left_before = sample(scrape(server), "twinserve_requests_total", **left)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        # Never read: the write deadline (the read timeout) closes the generator, wherever it runs.
+        wait_for_file(tmp_path / "closed", timeout=WRITE_DEADLINE_S + 60)
+        marker = (tmp_path / "closed").read_text()
+        assert marker.startswith("stopped early after ") and int(marker.split()[3]) < endless, marker
+        wait_until(
+            lambda: sample(scrape(server), "twinserve_requests_total", **left) == left_before + 1,
+            timeout=30,
+            what="the stalled stream counted as the client's (499)",
+        )
+        # Still connected, the model (in hybrid, its workers) serves everyone else.
+        again = tmp_path / "again"
+        again.mkdir()
+        with open_stream(server, model, [drip(again, steps=2)]) as response:
+            assert [name for name, _ in events(response)] == ["message", "message", "end"]
 
 
 @pytest.mark.parametrize("model", STREAMING)

@@ -7,7 +7,11 @@ architecture answers 501. A few in-process tests (starlette's TestClient) reach 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
+import os
+import socket
 import struct
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -23,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.errors import error_fields
-from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
+from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file, wait_until
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
@@ -33,6 +37,7 @@ STREAM_ARCHS = ("async", "hybrid")
 IRIS = "twinserve.examples.tabular:Classifier"
 MAX_PENDING = 8
 MAX_MESSAGE_BYTES = 4096
+WRITE_DEADLINE_S = 5
 FLOWERS = [
     {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2},
     {"sepal_length": 6.4, "sepal_width": 3.2, "petal_length": 4.5, "petal_width": 1.5},
@@ -45,6 +50,7 @@ FLOWERS = [
 def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     models = [IRIS, *(model_path(name) for name in ("Echo", "BatchRecorder", "Gate"))]
     flags = ["--workers", "1", "--ws-max-pending", str(MAX_PENDING), "--ws-max-message-bytes", str(MAX_MESSAGE_BYTES)]
+    flags += ["--read-timeout-s", str(WRITE_DEADLINE_S)]  # also the write deadline (test_a_client_that_never_reads)
     with Server(models, request.param, *flags) as started:
         yield started
 
@@ -160,6 +166,45 @@ def test_a_message_past_the_pending_bound_is_refused_at_once(server: Server, tmp
     asyncio.run(run())
     rejected = sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="websocket_pending")
     assert rejected >= 1
+
+
+def _masked_text_frame(payload: bytes) -> bytes:
+    """One text frame as a client sends it (RFC 6455 5.2: FIN, opcode 1, masked; 16-bit length past 125)."""
+    mask = os.urandom(4)
+    size = len(payload)
+    length = bytes([0x80 | size]) if size < 126 else bytes([0x80 | 126]) + size.to_bytes(2, "big")
+    return b"\x81" + length + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+
+
+def test_a_client_that_never_reads_is_cut_off(server: Server) -> None:
+    # A client that sends and never reads: its answers piled up in the server for as long as it stayed connected
+    # (issue #44). Each answer must be taken within the write deadline (the read timeout), else it is cut off.
+    key = base64.b64encode(os.urandom(16)).decode()
+    head = (
+        "GET /v1/models/echo/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    message = json.dumps({"id": "m", "instances": ["x" * (MAX_MESSAGE_BYTES - 100)]}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(head.encode())
+        handshake = b""
+        while b"\r\n\r\n" not in handshake:
+            handshake += sock.recv(1)  # the 101's head only: nothing of what follows it is read
+        assert handshake.startswith(b"HTTP/1.1 101"), handshake
+        sock.settimeout(2)
+        with contextlib.suppress(TimeoutError, ConnectionError):  # the server stopped reading: enough is owed
+            for _ in range(5_000):
+                sock.sendall(_masked_text_frame(message))
+        wait_until(lambda: "read nothing for" in server.output(), timeout=WRITE_DEADLINE_S + 60, what="the cut-off")
+        # Once read, what the server had written drains, and then the connection ends: no close frame follows.
+        sock.settimeout(60)
+        with contextlib.suppress(ConnectionError):
+            while sock.recv(1 << 20):
+                pass
+    with httpx.Client(timeout=30) as client:  # the server serves on
+        assert client.post(f"{server.url}/v1/models/echo:predict", json={"instances": [1]}).status_code == 200
 
 
 def test_an_oversize_message_closes_the_socket_with_1009(server: Server) -> None:

@@ -4,6 +4,12 @@ Each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (o
 error body, when the stream fails after its first step was sent). Errors before the first step are answered
 like `:predict`'s, with their status and JSON body, by the front. A stream's exchange stays open until its last
 event: each response here closes it, exactly once, after closing the model's generator.
+
+A client that stops reading would hold its stream, and in hybrid the model worker computing it, for as long as its
+connection lasts: the event loop's writes wait for the socket to drain. So each event must be taken within
+`--read-timeout-s` (the write deadline; sync's socket timeout bounds its writes the same way); past it, the
+generator is closed, the request counted as the client's failure (499), and the connection closed: the response
+ends without its last chunk, which is how an ASGI app has uvicorn drop a connection mid-response.
 """
 
 from __future__ import annotations
@@ -86,12 +92,14 @@ class AsgiEventStream:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             step = start.first
             while step is not None and not watcher.done():
-                await send({"type": "http.response.body", "body": sse_step(exchange, step, start.expected),
-                            "more_body": True})  # fmt: skip
+                body = sse_step(exchange, step, start.expected)
+                await self._send_within(send, {"type": "http.response.body", "body": body, "more_body": True})
                 step = await self._next(watcher)
             if not watcher.done():  # else the client left first: the exchange closes as 499
                 exchange.succeeded()
                 last = SSE_END
+        except _Stalled as stalled:
+            exchange.failed(ClientDisconnected(str(stalled)))  # logged as the stream closes, below
         except Exception as exc:
             last = sse_error(exchange.failed(exc), exchange.request_id)
         finally:
@@ -107,6 +115,15 @@ class AsgiEventStream:
         if last is not None:
             await send({"type": "http.response.body", "body": last, "more_body": False})
 
+    async def _send_within(self, send: Send, message: dict[str, Any]) -> None:
+        """`send`, unless the client reads nothing for the write deadline (then _Stalled)."""
+        timeout = self.exchange.service.config.read_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await send(message)
+        except TimeoutError:
+            raise _Stalled(f"the client read nothing for {timeout:g} s (--read-timeout-s)") from None
+
     async def _next(self, watcher: asyncio.Task[None]) -> list[Any] | None:
         """The next step, or None at the end or once the client has left (the step in progress is cancelled)."""
         step = asyncio.ensure_future(step_or_none(self.start.steps))
@@ -116,6 +133,10 @@ class AsgiEventStream:
             await asyncio.wait([step])
             return None
         return step.result()
+
+
+class _Stalled(Exception):
+    """A stream's client read nothing for the write deadline."""
 
 
 async def client_left(receive: Receive) -> None:

@@ -118,12 +118,17 @@ class _Socket:
         self.draining = False
         self.closed = False  # no more answers can be sent (the client left, or a close was sent)
         self._close_sent = False
+        #: An answer must be taken within this (--read-timeout-s): else the client is cut off (`_send`).
+        self.write_deadline = service.config.read_timeout_s
+        self._stalled = False
+        self._reader: asyncio.Task[Any] | None = None
 
     def _gone(self) -> bool:
         return self.closed
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
+        self._reader = asyncio.current_task()
         try:
             while True:
                 message = await self.websocket.receive()
@@ -148,6 +153,11 @@ class _Socket:
                 task = loop.create_task(self._answer(data))
                 self.pending.add(task)
                 task.add_done_callback(self.pending.discard)
+        except asyncio.CancelledError:
+            if not self._stalled:
+                raise
+            # Cut off (`_send`): no close frame, which would wait on the same full socket; the endpoint returns
+            # and the server drops the connection, its owed answers cancelled below.
         except Exception:
             logger.exception("WebSocket stream on %s failed", self.path)
             await self.close(CLOSE_INTERNAL_ERROR, "internal error")
@@ -256,9 +266,20 @@ class _Socket:
         else:
             message["text"] = reply.decode()
         try:
-            await self.websocket.send(message)
+            async with asyncio.timeout(self.write_deadline):  # no task of its own: the answer is done when sent
+                await self.websocket.send(message)
         except (WebSocketDisconnect, WebSocketDisconnected):
             self.closed = True
+        except TimeoutError:
+            # The client reads nothing: its answers would pile up in the server for as long as it stays connected.
+            self.closed = self._close_sent = self._stalled = True
+            logger.info(
+                "WebSocket client on %s read nothing for %g s (--read-timeout-s): cut off",
+                self.path,
+                self.write_deadline,
+            )
+            if self._reader is not None:
+                self._reader.cancel()
 
 
 def _size(data: str | bytes, limit: int) -> int:
