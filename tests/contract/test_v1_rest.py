@@ -188,7 +188,7 @@ def test_form_typed_json_from_an_allowed_origin(app: Client, origin: str) -> Non
 @pytest.mark.parametrize("headers", [FORM, {}])
 def test_form_or_untyped_json_from_a_cross_site_page_is_403(app: Client, headers: dict[str, str]) -> None:
     # 415 before issue #44; now the refusal every state-changing route gives a page on another site
-    # (tests/contract/test_cross_site.py).
+    # (tests/contract/test_control_api.py).
     answer = app.request(
         "POST",
         "/v1/models/echo:predict",

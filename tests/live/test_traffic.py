@@ -46,10 +46,13 @@ def test_a_table_reads_into_a_policy_and_back() -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ({"split": {"1": 0}}, "weight of version 1 must be a positive number"),
-        ({"split": {"1": -3}}, "positive number"),
-        ({"split": {"1": True}}, "positive number"),
-        ({"split": {"1": "ten"}}, "positive number"),
+        ({"split": {"1": 0}}, "weight of version 1 must be a positive finite number"),
+        ({"split": {"1": math.inf, "2": 1}}, "positive finite number"),  # it took everything (issue #44)
+        ({"split": {"1": math.nan}}, "positive finite number"),
+        ({"shadow": {"version": "2", "share": math.nan}}, "share must be a number from 0 to 1"),
+        ({"split": {"1": -3}}, "positive finite number"),
+        ({"split": {"1": True}}, "positive finite number"),
+        ({"split": {"1": "ten"}}, "positive finite number"),
         ({"split": {"one": 1}}, "'one' is not a version number"),
         ({"split": [1, 2]}, "must map versions to weights"),
         ({"split": {"1": 1, "7": 1}}, "traffic names version(s) 7, not served (versions: 1, 2)"),

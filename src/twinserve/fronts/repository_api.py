@@ -7,8 +7,9 @@ waiting (the sync front in the request's thread, the async fronts as coroutines:
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from twinserve.config import Config
 from twinserve.errors import Forbidden, MalformedRequest, ModelControlOff, ModelNotFound, ModelUnavailable
@@ -117,8 +118,9 @@ class RepositoryApi:
 
 def _json_object(body: bytes) -> Any:
     try:
-        table = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
+        # orjson refuses nesting past 1,024 levels (ValueError) where json's recursion would raise RecursionError.
+        table = orjson.loads(body or b"{}")
+    except ValueError as exc:
         raise MalformedRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(table, dict):
         raise MalformedRequest('the body must be a JSON object: {"split": {...}, "sticky_header": ..., "shadow": ...}')

@@ -19,7 +19,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from twinserve.observability.context import request_ids
 
-__all__ = ["configure_logging", "for_console", "request_logger"]
+__all__ = ["LogFormat", "configure_logging", "for_console", "request_logger"]
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -55,6 +55,22 @@ class _Stamp:
         return event
 
 
+#: Control characters as `\xNN`: a client's bytes (a request path, a model name) must not drive the terminal that
+#: shows the log (ESC sequences that clear it or forge lines, as nginx escapes them). JSON lines escape them already.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+#: A message may span lines (a multi-line warning); its other control characters are escaped.
+_CONTROLS_IN_MESSAGE = {c: text for c, text in _CONTROLS.items() if c not in (0x09, 0x0A)}
+
+
+def _escape_controls(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+    """For the console: every string value with its control characters escaped (the message keeps tabs and line
+    breaks; a value, such as a request's path, keeps none)."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = value.translate(_CONTROLS_IN_MESSAGE if key == "event" else _CONTROLS)
+    return event
+
+
 def _json(logger: WrappedLogger, method: str, event: EventDict) -> str:
     """`format_exc_info` then `JSONRenderer` in one call; orjson renders what it cannot encode with `str`."""
     if "exc_info" in event:
@@ -75,7 +91,7 @@ def configure_logging(level: str, fmt: LogFormat = "auto") -> None:
     """Route structlog and every stdlib logger through one renderer on stderr, at `level`."""
     console = for_console(fmt)
     shared: list[Processor] = [_Stamp()]
-    render: list[Processor] = [structlog.dev.ConsoleRenderer()] if console else [_json]
+    render: list[Processor] = [_escape_controls, structlog.dev.ConsoleRenderer()] if console else [_json]
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[*shared, *render],

@@ -41,6 +41,8 @@ _FAILED: dict[FailureKind, str] = {
     "import": "its code failed to import",
     "load": "its load() failed",
 }
+#: The longest folder name a repository can hold (bytes), where the system does not say.
+_NAME_MAX = 255
 #: Loads of repository versions in this process, numbering their module names.
 _LOADS = itertools.count(1)
 
@@ -146,7 +148,14 @@ class ModelRegistry:
     def reread(self, name: str) -> ModelFolder:
         """The repository's folder for `name`, read again (ModelNotFound when it has none)."""
         root = self.config.model_repository
-        if root is None or not (root / name).is_dir() or name.startswith((".", "_")) or "/" in name:
+        # A name longer than a file name can be (255 bytes on Linux) names no folder: is_dir() would raise.
+        if (
+            root is None
+            or len(name.encode()) > _NAME_MAX
+            or name.startswith((".", "_"))
+            or "/" in name
+            or not (root / name).is_dir()
+        ):
             raise ModelNotFound(f"model {name!r} is not in the model repository")
         return read_model(root / name)
 

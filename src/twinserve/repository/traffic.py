@@ -16,6 +16,7 @@ its own hash of the key (a sticky client is shadowed always or never) or at rand
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -135,8 +136,11 @@ def _split(value: Any) -> dict[str, float]:
         name = str(version)
         if not name.isdigit() or int(name) < 1:
             raise ValueError(f"traffic.split: {name!r} is not a version number")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise ValueError(f"traffic.split: the weight of version {name} must be a positive number, got {weight!r}")
+        # Finite: an infinite weight (TOML's `inf`) would take every request and make the others' shares NaN.
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
+            raise ValueError(
+                f"traffic.split: the weight of version {name} must be a positive finite number, got {weight!r}"
+            )
         split[str(int(name))] = float(weight)
     return split
 

@@ -1,5 +1,6 @@
-"""Cross-site requests to the routes that change what the server serves, in every architecture, in process
-(fronts/hosts.py `check_site`; docs/security.md "Cross-site requests").
+"""The routes that change what the server serves (repository load, unload, traffic) against hostile requests, in
+every architecture, in process: cross-site requests (fronts/hosts.py `check_site`; docs/security.md "Cross-site
+requests"), and names and bodies no folder or policy could be (4xx, never a 500).
 
 A page on another site can make a browser send, with no CORS preflight (Fetch standard, "CORS-safelisted request
 header": `Content-Type` one of `application/x-www-form-urlencoded`, `multipart/form-data`, `text/plain`, or none),
@@ -139,3 +140,24 @@ def test_every_architecture_refuses_alike(apps: dict[str, Client]) -> None:
     answers = {arch: app.request("POST", UNLOAD, headers=EVIL) for arch, app in apps.items()}
     assert {arch: a.status for arch, a in answers.items()} == dict.fromkeys(ARCHS_IN_PROCESS, 403)
     assert len({a.json()["error"] for a in answers.values()}) == 1
+
+
+# -- names and bodies no folder or policy could be ----------------------------------------------------------------
+def test_a_name_longer_than_any_folder_is_404(app: Client) -> None:
+    # 3,000 characters: the folder lookup raised OSError (file name too long), a 500 (issue #44).
+    for path in (f"/v2/repository/models/{'m' * 3000}/load", f"/v2/repository/models/{'m' * 3000}/unload"):
+        answer = app.request("POST", path)
+        assert answer.status == 404, answer.text
+    assert _serving(app)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"split": {"1": NaN}}', b'{"split": {"1": Infinity, "2": 1}}'],
+    ids=["nested-100k", "nan", "infinity"],
+)
+def test_a_traffic_body_no_policy_could_be_is_400(app: Client, body: bytes) -> None:
+    # Deep nesting raised RecursionError, a 500; an infinite weight took every request (issue #44).
+    answer = app.request("POST", TRAFFIC, content=body, headers={"Content-Type": "application/json"})
+    assert answer.status == 400, answer.text
+    assert app.request("GET", TRAFFIC).json()["traffic"]["split"] == {}
