@@ -23,5 +23,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "repository",
         "settings_file",
         "api_keys",
+        "secret_settings",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

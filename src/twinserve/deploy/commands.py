@@ -32,6 +32,7 @@ from twinserve.deploy.dockerfile import copy_model_files, copy_repository, docke
 from twinserve.deploy.k8s import (
     ADMIN_KEY_ENTRY,
     DEFAULT_MEMORY_PER_PROCESS_MIB,
+    REDIS_URL_ENTRY,
     K8sPlan,
     cpu_request_cores,
     inference_service,
@@ -46,6 +47,7 @@ from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
 from twinserve.lab.results import Results, Run
 from twinserve.lab.tune_results import load_measured
+from twinserve.secret_settings import url_has_credential
 
 __all__ = ["add_k8s", "k8s_config"]
 
@@ -150,13 +152,20 @@ def _claim_name(text: str) -> str:
     return text
 
 
-def _repository_checks(config: Config, repository_volume: str | None, replicas: int | None) -> None:
+def _repository_checks(
+    config: Config, repository_volume: str | None, replicas: int | None, api_key_secret: tuple[str, str] | None
+) -> None:
     """--repository-volume needs a repository; the admin key never goes into a manifest; explicit model control
     reaches one pod per request: say so."""
     if config.admin_api_key is not None:
         raise ConfigError(
             "--admin-api-key: keys never go into a manifest; put it in the --api-key-secret Secret as "
             f"{ADMIN_KEY_ENTRY!r} (the container reads it from there)"
+        )
+    if url_has_credential(config.redis_url) and api_key_secret is None:
+        raise ConfigError(
+            "--redis-url holds a credential, which never goes into a manifest: pass --api-key-secret NAME:KEY and "
+            f"put the URL in that Secret as {REDIS_URL_ENTRY!r} (the container reads it from there)"
         )
     if repository_volume is not None and config.model_repository is None:
         raise ConfigError("--repository-volume: needs --model-repository (the repository it holds)")
@@ -275,7 +284,7 @@ def _plan(args: argparse.Namespace) -> K8sPlan:
         config = k8s_config(overrides)
     else:
         config, targets, slo = _targets(args, overrides)
-    _repository_checks(config, args.repository_volume, args.replicas)
+    _repository_checks(config, args.repository_volume, args.replicas, args.api_key_secret)
     return K8sPlan(
         config=config,
         image=args.image,

@@ -29,6 +29,7 @@ from twinserve.cli_args import flag_args
 from twinserve.config import Config
 from twinserve.deploy.monitoring import Objectives, Scope, prometheus_rule
 from twinserve.lab.advise import AutoscalingTargets
+from twinserve.secret_settings import secret_fields, url_has_credential
 
 __all__ = [
     "ADMIN_KEY_ENTRY",
@@ -43,6 +44,7 @@ __all__ = [
     "METRICS_PATH",
     "PRESTOP_SLEEP_S",
     "READY_PATH",
+    "REDIS_URL_ENTRY",
     "REPOSITORY_PATH",
     "REPOSITORY_VOLUME",
     "RUN_AS_USER",
@@ -91,6 +93,8 @@ REPOSITORY_PATH = "/models"
 REPOSITORY_VOLUME = "model-repository"
 #: The entry of the --api-key-secret Secret holding the repository API's admin key (`--admin-api-key`).
 ADMIN_KEY_ENTRY = "admin-api-key"
+#: The entry of the --api-key-secret Secret holding a Redis URL that carries a password (`--redis-url`).
+REDIS_URL_ENTRY = "redis-url"
 #: Fields the manifest always sets on the command line, whatever their value.
 _ALWAYS = ("arch", "host", "port", "workers")
 
@@ -131,14 +135,15 @@ def serve_command(config: Config) -> list[str]:
     A model repository is named by its path in the container (`REPOSITORY_PATH`), not the local one."""
     # With a repository `models` holds Config's default, which the repository stands in for: no MODEL argument.
     command = ["twinserve", "serve", *(config.models if config.model_repository is None else [])]
+    secrets = secret_fields(config)
     for name, field in Config.model_fields.items():
         if name == "models":
             continue
         value = getattr(config, name)
         if name not in _ALWAYS and value == field.get_default(call_default_factory=True):
             continue
-        if name in ("api_keys", "admin_api_key"):
-            continue  # secrets never go into a manifest: TWINSERVE_API_KEYS from a Secret, or --api-key-file
+        if name in secrets:
+            continue  # secrets never go into a manifest: each from the --api-key-secret Secret (`_env`)
         if name == "workers":
             value = config.effective_workers
         if name == "model_repository":
@@ -253,6 +258,11 @@ def _env(plan: K8sPlan) -> list[Doc]:
             # The repository API's admin key, from the same Secret when it has one (optional: none, no changes).
             admin = {"name": name, "key": ADMIN_KEY_ENTRY, "optional": True}
             env.append({"name": "TWINSERVE_ADMIN_API_KEY", "valueFrom": {"secretKeyRef": admin}})
+    if url_has_credential(plan.config.redis_url):
+        # A Redis URL with a password: from the same Secret (`_repository_checks` made sure there is one).
+        assert plan.api_key_secret is not None
+        redis = {"name": plan.api_key_secret[0], "key": REDIS_URL_ENTRY}
+        env.append({"name": "TWINSERVE_REDIS_URL", "valueFrom": {"secretKeyRef": redis}})
     return env
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from twinserve.cli_args import flag_args
 from twinserve.config import Config
+from twinserve.secret_settings import secret_fields
 
 __all__ = ["serve_command", "settings_file_text", "toml_value"]
 
@@ -35,14 +35,19 @@ def toml_value(value: Any) -> str:
     raise ValueError(f"{value!r} ({type(value).__name__}) has no TOML spelling here")
 
 
-def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] = ("api_keys",)) -> str:
+def settings_file_text(config: Config, header: str = "") -> str:
     """A settings file that `twinserve serve --config` reads back into `config`: the models and every field off
-    its default (unset optional fields are left out: TOML has no null). API keys are never written."""
-    skip = set(omit)
+    its default (unset optional fields are left out: TOML has no null). Secrets are never written
+    (twinserve/secret_settings.py): a comment names each one left out, for the environment to supply."""
+    secrets = secret_fields(config)
     lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for name in sorted(secrets):
+        default = type(config).model_fields[name].get_default(call_default_factory=True)
+        if getattr(config, name) not in (None, default):
+            lines.append(f"# {name} holds a secret: not written here; set TWINSERVE_{name.upper()} where it runs")
     for name, field in type(config).model_fields.items():
         value = getattr(config, name)
-        if name in skip or value is None:
+        if name in secrets or value is None:
             continue
         if name == "models" and config.model_repository is not None:
             continue  # the repository names the models (and `models` holds only its placeholder default)
@@ -53,11 +58,13 @@ def settings_file_text(config: Config, header: str = "", *, omit: Iterable[str] 
 
 
 def serve_command(config: Config) -> list[str]:
-    """The `twinserve serve ...` line equivalent to `settings_file_text(config)`: the same fields, as flags."""
+    """The `twinserve serve ...` line equivalent to `settings_file_text(config)`: the same fields, as flags (the
+    secrets left out: the environment supplies them)."""
+    secrets = secret_fields(config)
     command = ["twinserve", "serve", *([] if config.model_repository is not None else config.models)]
     for name, field in type(config).model_fields.items():
         value = getattr(config, name)
-        if name in ("models", "api_keys") or value is None:
+        if name == "models" or name in secrets or value is None:
             continue
         if name != "arch" and value == field.get_default(call_default_factory=True):
             continue
