@@ -24,7 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from twinserve.api_keys import MIN_API_KEY_LENGTH, check_key, read_key_file
+from twinserve.api_keys import MIN_API_KEY_LENGTH, admin_key_from_file, check_file_mode, check_key, read_key_file
 from twinserve.errors import ConfigError
 
 __all__ = [
@@ -300,6 +300,11 @@ class Config(BaseSettings):
         description="With API keys on, the one key that may load and unload models through the repository API "
         "(it is an API key for everything else too; without it, repository changes are refused with 403).",
     )
+    admin_api_key_file: Path | None = Field(
+        None,
+        description="File holding the admin key (one line; `#` comments), read at start-up: unlike "
+        "--admin-api-key, it does not show in the process list.",
+    )
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Feature store used by the I/O example (FeatureLookup)."
     )
@@ -378,6 +383,11 @@ class Config(BaseSettings):
         default = cls.model_fields["max_instances"].default
         return {**data, "max_instances": queue} if 1 <= queue < default else data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _admin_key_file(cls, settings: Any) -> Any:
+        return admin_key_from_file(settings)
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
         if self.default_priority > self.priority_levels:
@@ -385,6 +395,7 @@ class Config(BaseSettings):
                 f"--default-priority {self.default_priority} is past --priority-levels {self.priority_levels}"
             )
         if self.api_key_file is not None:
+            check_file_mode(self.api_key_file, "--api-key-file")
             entries = read_key_file(self.api_key_file)
             if not entries:
                 raise ValueError(f"--api-key-file: {self.api_key_file} holds no key")
@@ -500,6 +511,11 @@ def load_config(config_file: str | Path | None = None, **overrides: Any) -> Conf
     given = {k: v for k, v in overrides.items() if v is not None}
     path = None if config_file is None else Path(config_file)
     in_file = {} if path is None else check_settings_file(path, Config.model_fields)
+    if path is not None and in_file.keys() & {"api_keys", "admin_api_key"}:
+        try:
+            check_file_mode(path, "--config")  # it holds keys: as for a key file
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     token = _SETTINGS_FILE.set(path)
     try:
         return Config(**given)
@@ -508,7 +524,9 @@ def load_config(config_file: str | Path | None = None, **overrides: Any) -> Conf
         field = ".".join(str(p) for p in first["loc"] if isinstance(p, str)) or "config"
         if field in in_file and field not in given:
             raise ConfigError(f"--config: {path}: {field}: {first['msg']}") from None
-        flag = "--" + field.replace("_", "-") if field != "config" else "settings"
-        raise ConfigError(f"{flag}: {first['msg']}") from None
+        if field == "config":  # a check across settings: its message names the flags itself
+            cause = first.get("ctx", {}).get("error")
+            raise ConfigError(str(cause) if cause is not None else first["msg"]) from None
+        raise ConfigError(f"--{field.replace('_', '-')}: {first['msg']}") from None
     finally:
         _SETTINGS_FILE.reset(token)
