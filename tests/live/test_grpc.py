@@ -412,3 +412,27 @@ def test_the_checked_in_stubs_are_current() -> None:
         [sys.executable, str(Path(ROOT, "scripts", "gen_grpc.py")), "--check"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+GARBAGE = b"\xff\xff\xff\xff"  # wire type 7: no protobuf message parses it
+
+
+def test_a_malformed_message_is_invalid_argument_and_logged_in_aggregate(server: GrpcServer) -> None:
+    # Before (issue #44): INTERNAL, and grpcio's traceback in the log for every message, before authentication.
+    logged_before = len(server.output())
+    with grpc.insecure_channel(server.target) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for _ in range(200):
+            with pytest.raises(grpc.RpcError) as caught:
+                infer(GARBAGE, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+            assert "not a valid ModelInfer message" in (caught.value.details() or "")
+        streamed = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as caught:
+            list(streamed(iter([GARBAGE]), timeout=30))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+        live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest())
+        assert live.live
+    output = server.output()[logged_before:]
+    assert "Traceback" not in output and "deserializing" not in output
+    assert 1 <= output.count("malformed gRPC message(s)") <= 2 * 3  # a line per interval, per worker process

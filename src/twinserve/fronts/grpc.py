@@ -35,6 +35,7 @@ from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ShuttingDown
 from twinserve.fronts.contract import Service
 from twinserve.fronts.exchange import Exchange, Reply
+from twinserve.fronts.grpc_malformed import RefuseMalformed
 from twinserve.protocol.oip import grpc_service_pb2 as pb
 from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
 from twinserve.protocol.oip.messages import (
@@ -334,11 +335,12 @@ async def start_grpc_server(
     are refused by grpc itself (RESOURCE_EXHAUSTED) before they are read whole."""
     assert config.grpc_port is not None
     server = aio.server(
+        interceptors=[RefuseMalformed()],  # INVALID_ARGUMENT and one log line an interval, not a traceback each
         options=[
             ("grpc.max_receive_message_length", config.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1),  # worker processes share the port, as they share the HTTP socket
-        ]
+        ],
     )
     servicer = InferenceServicer(service, predict, stream, backlog)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
