@@ -25,6 +25,7 @@ from tests.serving import ROOT, Server, free_port, model_path, sample, scrape, s
 from twinserve.lab.servers import announced_grpc
 
 KEY = "grpc-test-key-0123456789"
+IDLE_S = 5
 AUTH = {"x-api-key": KEY}
 GRPC_MODELS = f"{ROOT}/tests/grpc_models.py"
 MODELS = (
@@ -52,7 +53,9 @@ class GrpcServer(Server):
 @pytest.fixture(scope="module")
 def grpc_servers() -> Iterator[dict[str, GrpcServer]]:
     def make(arch: str) -> GrpcServer:
-        return GrpcServer(arch, "--workers", "2", "--api-key", KEY, "--max-body-bytes", "65536")
+        # The read timeout bounds a silent stream too (test_a_stream_is_not_held_for_free).
+        flags = ("--workers", "2", "--api-key", KEY, "--max-body-bytes", "65536", "--read-timeout-s", str(IDLE_S))
+        return GrpcServer(arch, *flags)
 
     with servers_per_arch(ARCHS, make) as started:
         yield started  # type: ignore[misc]
@@ -429,10 +432,33 @@ def test_a_malformed_message_is_invalid_argument_and_logged_in_aggregate(server:
             assert "not a valid ModelInfer message" in (caught.value.details() or "")
         streamed = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
         with pytest.raises(grpc.RpcError) as caught:
-            list(streamed(iter([GARBAGE]), timeout=30))
+            list(streamed(iter([GARBAGE]), metadata=tuple(AUTH.items()), timeout=30))  # a keyless one is refused
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
         live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest())
         assert live.live
     output = server.output()[logged_before:]
     assert "Traceback" not in output and "deserializing" not in output
     assert 1 <= output.count("malformed gRPC message(s)") <= 2 * 3  # a line per interval, per worker process
+
+
+def test_a_stream_is_not_held_for_free(server: GrpcServer) -> None:
+    # Before (issue #44): 300 keyless streams that never sent a message were held open as long as their clients liked.
+    with grpc.insecure_channel(server.target) as channel:
+        streamed = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        keyless = streamed(iter(()), timeout=60)  # refused before any message is read
+        with pytest.raises(grpc.RpcError) as caught:
+            list(keyless)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value
+        silent = threading.Event()
+
+        def nothing() -> Iterator[bytes]:
+            silent.wait(120)  # sends no message until the test ends
+            yield from ()
+
+        try:
+            with pytest.raises(grpc.RpcError) as caught:
+                list(streamed(nothing(), metadata=tuple(AUTH.items()), timeout=IDLE_S + 60))
+        finally:
+            silent.set()
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, caught.value
+        assert f"no message on this stream for {IDLE_S} s" in (caught.value.details() or "")

@@ -32,7 +32,7 @@ from grpc import aio
 from twinserve.config import Config
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import ShuttingDown
+from twinserve.errors import ShuttingDown, TwinserveError
 from twinserve.fronts.contract import Service
 from twinserve.fronts.exchange import Exchange, Reply
 from twinserve.fronts.grpc_malformed import RefuseMalformed
@@ -87,6 +87,8 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 _REQUEST_ID = "x-request-id"
+#: The path a stream's opening stands for, for the key check (its messages are each `/v2/models/M/infer`).
+_STREAM_PATH = "/v2/models/stream/infer"
 _TIMEOUT = TIMEOUT_HEADER.lower()
 _PRIORITY = PRIORITY_HEADER.lower()
 
@@ -261,8 +263,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request of the stream answered in turn, each its own exchange: one response, or one per step of a
-        streaming model. A failure is that request's `error_message` and the stream goes on (as in Triton)."""
-        async for request in request_iterator:
+        streaming model. A failure is that request's `error_message` and the stream goes on (as in Triton).
+
+        Like an HTTP connection, a stream is not held for free: with keys on, it is opened only with one
+        (UNAUTHENTICATED at once, before any message), and between two messages the client may be silent for
+        `--read-timeout-s` at most (then DEADLINE_EXCEEDED). Idle connections are closed by grpc itself
+        (`grpc.max_connection_idle_ms`, `start_grpc_server`)."""
+        metadata = _Metadata(context)
+        try:
+            if self.service.requires_auth(_STREAM_PATH):
+                self.service.authenticate(metadata, _peer(context))  # each message is authenticated too
+        except TwinserveError as exc:
+            await context.abort(grpc_code(exc.status), exc.message)
+        idle = self.service.config.read_timeout_s
+        messages = aiter(request_iterator)
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    request = await anext(messages)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"no message on this stream for {idle:g} s (--read-timeout-s)"
+                )
             async for response in self._streamed(request, context):
                 yield response
 
@@ -340,6 +364,8 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", config.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1),  # worker processes share the port, as they share the HTTP socket
+            # A connection with no call for --read-timeout-s is closed (GOAWAY), as an idle HTTP connection is.
+            ("grpc.max_connection_idle_ms", int(config.read_timeout_s * 1000)),
         ],
     )
     servicer = InferenceServicer(service, predict, stream, backlog)
