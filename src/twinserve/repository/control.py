@@ -9,7 +9,12 @@ reason "unloaded".
 
 Both run on the request that asked for them, off every other request's path: in the sync front that request's
 own thread, in the async fronts on threads (imports) and the model's own executor (loads), never blocking the
-event loop. Changes to one server are serialised.
+event loop. Changes to one server process are serialised, and identical loads merge: a load of `name` asked while
+another of it waits its turn joins that one and answers with its result (it reads the folder after both were
+asked), so eight loads of a model that takes 15 s cost one or two loads, not eight. In the sync front a change
+holds its request's thread while it waits: at most half of `--threads` may, the next is refused with 503
+`queue_full` and `Retry-After`, so predicts always keep threads (issue #44: eight slow loads took every thread and
+a predict on another model timed out).
 
 With several server processes, the one that took a change publishes it and the others apply it through their own
 `ModelControl` (repository/desired.py).
@@ -18,14 +23,17 @@ With several server processes, the one that took a change publishes it and the o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from twinserve.core.heap import collect_all
 from twinserve.core.memory import release_free_memory
-from twinserve.errors import ModelNotFound
+from twinserve.errors import ModelNotFound, QueueFull
 from twinserve.repository.registry import ModelRegistry, ServedVersion
 from twinserve.repository.traffic import TrafficPolicy
 
@@ -42,23 +50,60 @@ class ModelControl:
         self._lock = threading.Lock()  # the sync front: one change at a time across request threads
         self._alock: asyncio.Lock | None = None  # the async fronts: made on the loop that first needs it
         self._timeout = registry.config.graceful_timeout
+        #: Each model's load waiting for its turn, which later loads of it join (see the module docstring).
+        self._waiting: dict[str, concurrent.futures.Future[list[dict[str, str]]]] = {}
+        self._awaiting: dict[str, asyncio.Future[list[dict[str, str]]]] = {}
+        self._waiting_lock = threading.Lock()
+        #: The sync front's request threads a change may hold at once (the others stay for predicts).
+        self._threads = threading.BoundedSemaphore(max(1, registry.config.threads // 2))
 
     # -- the sync front -----------------------------------------------------------------------------------
     def load(self, name: str) -> list[dict[str, str]]:
         """(Re)load `name` from the repository; its index entries after."""
-        folder = self.registry.reread(name)
-        with self._lock:
-            staged = self.registry.built(folder)
-            self.registry.load_entries(_loading(staged))
-            self._retire(self.registry.install(name, staged, folder.traffic))
-        return self._entries(name)
+        with self._holding_a_thread():
+            with self._waiting_lock:
+                waiting = self._waiting.get(name)
+                joined = waiting is not None
+                if waiting is None:
+                    waiting = self._waiting[name] = concurrent.futures.Future()
+            if joined:
+                return waiting.result()  # the answer of the load it joined, or its exception
+            try:
+                with self._lock:
+                    with self._waiting_lock:  # its turn: a load asked from now on reads the folder after this one
+                        del self._waiting[name]
+                    folder = self.registry.reread(name)
+                    staged = self.registry.built(folder)
+                    self.registry.load_entries(_loading(staged))
+                    self._retire(self.registry.install(name, staged, folder.traffic))
+                entries = self._entries(name)
+            except BaseException as exc:
+                with self._waiting_lock:
+                    if self._waiting.get(name) is waiting:
+                        del self._waiting[name]
+                waiting.set_exception(exc)
+                raise
+            waiting.set_result(entries)
+            return entries
 
     def unload(self, name: str, reason: str = "unloaded") -> list[dict[str, str]]:
         """Drain and close every version of `name`, left UNAVAILABLE with `reason`; its index entries after."""
         self._known(name)
-        with self._lock:
+        with self._holding_a_thread(), self._lock:
             self._retire(self.registry.install(name, _unloaded(self.registry, name, reason)))
         return self._entries(name)
+
+    @contextlib.contextmanager
+    def _holding_a_thread(self) -> Iterator[None]:
+        if not self._threads.acquire(blocking=False):
+            raise QueueFull(
+                "the server is busy loading or unloading models: retry this change later",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            yield
+        finally:
+            self._threads.release()
 
     def _retire(self, old: list[ServedVersion]) -> None:
         if old:
@@ -75,13 +120,30 @@ class ModelControl:
 
     # -- the async fronts ---------------------------------------------------------------------------------
     async def aload(self, name: str) -> list[dict[str, str]]:
-        folder = await asyncio.to_thread(self.registry.reread, name)
-        async with self._async_lock():
-            # Importing a model runs its module's code: on a thread, so the loop keeps serving.
-            staged = await asyncio.to_thread(self.registry.built, folder)
-            await self.registry.aload_entries(_loading(staged))
-            await self._aretire(self.registry.install(name, staged, folder.traffic))
-        return self._entries(name)
+        waiting = self._awaiting.get(name)
+        if waiting is not None:
+            return await asyncio.shield(waiting)  # joined: its answer (one caller leaving cancels nothing)
+        waiting = self._awaiting[name] = asyncio.get_running_loop().create_future()
+        try:
+            async with self._async_lock():
+                del self._awaiting[name]  # its turn: a load asked from now on reads the folder after this one
+                folder = await asyncio.to_thread(self.registry.reread, name)
+                # Importing a model runs its module's code: on a thread, so the loop keeps serving.
+                staged = await asyncio.to_thread(self.registry.built, folder)
+                await self.registry.aload_entries(_loading(staged))
+                await self._aretire(self.registry.install(name, staged, folder.traffic))
+            entries = self._entries(name)
+        except BaseException as exc:
+            if self._awaiting.get(name) is waiting:
+                del self._awaiting[name]
+            if not waiting.done():
+                if isinstance(exc, asyncio.CancelledError):  # its caller left: those who joined are not cancelled
+                    exc = QueueFull("the load this one joined was cancelled: retry", headers={"Retry-After": "1"})
+                waiting.set_exception(exc)
+                waiting.exception()  # retrieved: no "never retrieved" warning when nobody joined
+            raise
+        waiting.set_result(entries)
+        return entries
 
     async def aunload(self, name: str, reason: str = "unloaded") -> list[dict[str, str]]:
         self._known(name)
