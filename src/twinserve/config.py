@@ -185,6 +185,13 @@ class Config(BaseSettings):
         description="Most unanswered messages per WebSocket; past it a message is answered at once with a "
         "too_many_pending error (async and hybrid).",
     )
+    ws_max_per_client: int = Field(
+        32,
+        ge=1,
+        le=65536,
+        description="Most open WebSockets per client address in each server process; past it a handshake is "
+        "refused with 429 (async and hybrid).",
+    )
     ws_max_message_bytes: int | None = Field(
         None, ge=1, description="Largest WebSocket message accepted, else close 1009 (default: --max-body-bytes)."
     )

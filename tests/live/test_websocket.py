@@ -428,3 +428,24 @@ def test_the_front_enforces_the_message_limit_itself_and_refuses_unknown_models(
             pass
         assert denied.value.status_code == 404
         assert error_fields(denied.value.json())["code"] == "model_not_found"
+
+
+def test_a_client_address_holds_a_bounded_number_of_sockets() -> None:
+    """In process: past `--ws-max-per-client` open sockets from one address, a handshake is 429 (issue #44: no cap);
+    closing one lets the next in. TestClient's sockets all come from its one address."""
+    config = Config(arch="async", models=[model_path("Echo")], ws_max_per_client=2)
+    app = create_asgi_app(Service(load_runtimes(config), config))
+    url = "ws://localhost/v1/models/echo/ws"
+    with TestClient(app) as client, client.websocket_connect(url) as first:
+        with client.websocket_connect(url) as second:
+            second.send_text(json.dumps({"id": "2", "instances": ["x"]}))
+            assert second.receive_json() == {"id": "2", "predictions": ["x"]}
+            with pytest.raises(WebSocketDenialResponse) as denied, client.websocket_connect(url):
+                pass
+            assert denied.value.status_code == 429 and denied.value.headers["retry-after"] == "1"
+            assert "--ws-max-per-client" in error_fields(denied.value.json())["message"]
+        with client.websocket_connect(url) as third:  # the second closed: room again
+            third.send_text(json.dumps({"id": "3", "instances": ["y"]}))
+            assert third.receive_json() == {"id": "3", "predictions": ["y"]}
+        first.send_text(json.dumps({"id": "1", "instances": ["z"]}))
+        assert first.receive_json() == {"id": "1", "predictions": ["z"]}

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ClientDisconnected,
     CorsRejected,
+    RateLimited,
     ShuttingDown,
     TooManyPending,
     TwinserveError,
@@ -76,15 +78,26 @@ class OpenSockets:
     def __init__(self) -> None:
         self._open: set[_Socket] = set()
         self.closing = False
+        #: Open sockets per client address (`--ws-max-per-client`).
+        self._per_client: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._open)
 
+    def of(self, client: str) -> int:
+        """How many sockets `client` holds open here."""
+        return self._per_client[client]
+
     def add(self, socket: _Socket) -> None:
         self._open.add(socket)
+        self._per_client[socket.client] += 1
 
     def discard(self, socket: _Socket) -> None:
-        self._open.discard(socket)
+        if socket in self._open:
+            self._open.discard(socket)
+            self._per_client[socket.client] -= 1
+            if not self._per_client[socket.client]:
+                del self._per_client[socket.client]
 
     async def aclose(self, timeout: float) -> None:
         """Refuse new sockets and messages, give open sockets `timeout` seconds to answer, close them (1001)."""
@@ -101,9 +114,16 @@ class _Socket:
     """One accepted socket: reads messages, runs each as a task, sends the answers."""
 
     def __init__(
-        self, websocket: WebSocket, service: Service, runtime: ModelRuntime, codec: WebSocketCodec, key_id: str | None
+        self,
+        websocket: WebSocket,
+        service: Service,
+        runtime: ModelRuntime,
+        codec: WebSocketCodec,
+        key_id: str | None,
+        client: str = "",
     ) -> None:
         self.websocket = websocket
+        self.client = client  # its address, as the per-client cap counts it
         self.service = service
         self.key_id = key_id  # the API key of the handshake: each message is charged to its rate limit
         self.runtime = runtime
@@ -327,6 +347,14 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
                 key_id = service.authenticate(headers, client[0] if client else None)
             if sockets.closing:
                 raise ShuttingDown("the server is shutting down", headers={"Retry-After": "1"})
+            peer = websocket.scope.get("client")
+            client = service.forwarded.client(peer[0] if peer else None, headers.get("x-forwarded-for")) or ""
+            if sockets.of(client) >= service.config.ws_max_per_client:
+                raise RateLimited(
+                    f"this address holds {service.config.ws_max_per_client} open WebSockets here "
+                    "(--ws-max-per-client): close one first",
+                    headers={"Retry-After": "1"},
+                )
             runtime = service.admit_socket(websocket.path_params["model"])
         except TwinserveError as exc:
             await deny_handshake(websocket, service, exc)
@@ -339,7 +367,7 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
                 service.codecs_of(runtime).v2,
                 service.config.max_instances,
             )
-        socket = _Socket(websocket, service, runtime, codec, key_id)
+        socket = _Socket(websocket, service, runtime, codec, key_id, client)
         sockets.add(socket)  # before accept: a shutdown signal during the handshake drains this socket too
         try:
             await websocket.accept()
