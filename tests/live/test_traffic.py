@@ -146,7 +146,8 @@ def test_the_settings_file_carries_the_traffic_table(tmp_path: Path) -> None:
     ("traffic", "message"),
     [
         ('split = {"1" = 90, "3" = 10}', "traffic names version(s) 3, not served (versions: 1, 2)"),
-        ('split = {"1" = 0}', "must be a positive number"),
+        ('split = {"1" = 0}', "must be a positive finite number"),
+        ('split = {"1" = inf, "2" = 1}', "must be a positive finite number"),  # TOML's inf took every request
         ('shadow = {version = "2", share = 2}', "share must be a number from 0 to 1"),
     ],
 )
@@ -310,3 +311,18 @@ def test_disagreements_are_logged_at_most_once_an_interval(caplog: pytest.LogCap
     lines = [r.getMessage() for r in caplog.records if r.name == "twinserve.shadow"]
     assert len(lines) == 1 and "shadow version 2 disagreed with version 1" in lines[0], lines
     assert "[5]" not in lines[0] and "[2]" not in lines[0]  # never the outputs
+
+
+def test_failures_are_logged_at_most_once_an_interval_without_their_text(caplog: pytest.LogCaptureFixture) -> None:
+    # Before (issue #44): a warning per failure (the model's own traceback aside, which model_code logs per batch).
+    gate = threading.Event()
+    gate.set()
+    runner = ShadowRunner(capacity=8, threads=1)
+    model = "runner-failing"
+    with caplog.at_level("WARNING", logger="twinserve.shadow"):
+        for _ in range(3):
+            runner.submit(_job(model, _FakeRuntime(gate, fail=True), [1], [2]))
+        wait_until(lambda: _count(model, "error") == 3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "twinserve.shadow"]
+    assert len(lines) == 1 and "shadow version 2 failed (RuntimeError)" in lines[0], lines
+    assert "shadow broke" not in lines[0]

@@ -40,7 +40,7 @@ logger = logging.getLogger("twinserve.shadow")
 CAPACITY = 64
 #: Background threads computing the sync front's shadow jobs.
 THREADS = 2
-#: At most one disagreement log line per model this often.
+#: At most one log line per model and kind (disagreement, failure) this often.
 LOG_INTERVAL_S = 10.0
 #: How close two floats must be to agree (numpy's `allclose` defaults).
 RTOL, ATOL = 1e-5, 1e-8
@@ -101,7 +101,7 @@ class ShadowRunner:
         self._started = 0
         self._start_lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._logged: dict[str, tuple[float, int]] = {}  # model -> (when last logged, disagreements not logged)
+        self._logged: dict[str, tuple[float, int]] = {}  # model and kind -> (when last logged, how many not since)
 
     def submit(self, job: ShadowJob) -> None:
         """Compute `job` later, or count it dropped; never blocks."""
@@ -174,9 +174,7 @@ class ShadowRunner:
         refused = isinstance(exc, TwinserveError) and exc.code in REJECTION_REASONS
         self._count(job, "dropped" if refused else "error")
         if not refused:
-            logger.warning(
-                "model %r shadow version %s failed: %s", job.model, job.runtime.spec.version, type(exc).__name__
-            )
+            self._log(job, f"failed ({type(exc).__name__})", "failure(s)")
 
     def _compared(self, job: ShadowJob, outputs: Any, seconds: float) -> None:
         agree = outputs_agree(job.outputs, outputs)
@@ -184,26 +182,28 @@ class ShadowRunner:
         shadow = job.runtime.spec.version
         metrics().shadow_difference.labels(job.model, job.primary, shadow).observe(seconds - job.primary_seconds)
         if not agree:
-            self._log_disagreement(job)
+            self._log(job, f"disagreed with version {job.primary}", "disagreement(s)")
 
     def _count(self, job: ShadowJob, outcome: str) -> None:
         metrics().shadow.labels(job.model, job.primary, job.runtime.spec.version, outcome).inc()
 
-    def _log_disagreement(self, job: ShadowJob) -> None:
+    def _log(self, job: ShadowJob, what: str, counted: str) -> None:
+        """One warning per model and kind of outcome per LOG_INTERVAL_S at most, saying how many were not logged;
+        the outputs and the exception's text never: they may quote a client's data."""
         now = time.monotonic()
-        last, quiet = self._logged.get(job.model, (-math.inf, 0))
+        key = f"{job.model}\0{counted}"
+        last, quiet = self._logged.get(key, (-math.inf, 0))
         if now - last < LOG_INTERVAL_S:
-            self._logged[job.model] = (last, quiet + 1)
+            self._logged[key] = (last, quiet + 1)
             return
-        self._logged[job.model] = (now, 0)
-        # Outputs are not logged: they may quote a client's data.
+        self._logged[key] = (now, 0)
         logger.warning(
-            "model %r: shadow version %s disagreed with version %s on a request of %d instance(s)%s",
+            "model %r: shadow version %s %s on a request of %d instance(s)%s",
             job.model,
             job.runtime.spec.version,
-            job.primary,
+            what,
             len(job.instances),
-            f" ({quiet} more disagreement(s) not logged since the last line)" if quiet else "",
+            f" ({quiet} more {counted} not logged since the last line)" if quiet else "",
         )
 
 
