@@ -299,30 +299,26 @@ def test_the_async_runner_is_a_task_that_never_delays_the_caller() -> None:
     assert runtime.occupancy.inside == 0
 
 
-def test_disagreements_are_logged_at_most_once_an_interval(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("fail", "outcome", "logged", "never"),
+    [
+        (False, "disagree", "shadow version 2 disagreed with version 1", ("[5]", "[2]")),  # never the outputs
+        # Before (issue #44): a warning per failure (the model's traceback aside: model_code logs it per batch).
+        (True, "error", "shadow version 2 failed (RuntimeError)", ("shadow broke",)),  # never the exception's text
+    ],
+    ids=["disagreements", "failures"],
+)
+def test_outcomes_are_logged_at_most_once_an_interval(
+    caplog: pytest.LogCaptureFixture, fail: bool, outcome: str, logged: str, never: tuple[str, ...]
+) -> None:
     gate = threading.Event()
     gate.set()
     runner = ShadowRunner(capacity=8, threads=1)
-    model = "runner-logged"
+    model = f"runner-logged-{outcome}"
     with caplog.at_level("WARNING", logger="twinserve.shadow"):
         for _ in range(3):
-            runner.submit(_job(model, _FakeRuntime(gate), [1], [5]))
-        wait_until(lambda: _count(model, "disagree") == 3)
+            runner.submit(_job(model, _FakeRuntime(gate, fail=fail), [1], [5]))
+        wait_until(lambda: _count(model, outcome) == 3)
     lines = [r.getMessage() for r in caplog.records if r.name == "twinserve.shadow"]
-    assert len(lines) == 1 and "shadow version 2 disagreed with version 1" in lines[0], lines
-    assert "[5]" not in lines[0] and "[2]" not in lines[0]  # never the outputs
-
-
-def test_failures_are_logged_at_most_once_an_interval_without_their_text(caplog: pytest.LogCaptureFixture) -> None:
-    # Before (issue #44): a warning per failure (the model's own traceback aside, which model_code logs per batch).
-    gate = threading.Event()
-    gate.set()
-    runner = ShadowRunner(capacity=8, threads=1)
-    model = "runner-failing"
-    with caplog.at_level("WARNING", logger="twinserve.shadow"):
-        for _ in range(3):
-            runner.submit(_job(model, _FakeRuntime(gate, fail=True), [1], [2]))
-        wait_until(lambda: _count(model, "error") == 3)
-    lines = [r.getMessage() for r in caplog.records if r.name == "twinserve.shadow"]
-    assert len(lines) == 1 and "shadow version 2 failed (RuntimeError)" in lines[0], lines
-    assert "shadow broke" not in lines[0]
+    assert len(lines) == 1 and logged in lines[0], lines
+    assert not any(text in lines[0] for text in never)
