@@ -297,9 +297,11 @@ extra_errors() {
 contract_layer() {
     local venv=$1 out
     out=$(dirname "$venv")/contract-$(basename "$venv").log
-    "$UV" pip install -q --python "$venv/bin/python" "pytest>=8" "pytest-timeout>=2.3" >"$out" 2>&1 ||
-        fail "pytest into $venv"
-    (cd "$ROOT" && timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/contract) >>"$out" 2>&1 || {
+    "$UV" pip install -q --python "$venv/bin/python" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.6" \
+        >"$out" 2>&1 || fail "pytest into $venv"
+    # On both cores: the extras' virtualenvs meanwhile mostly wait on the network and the disk.
+    (cd "$ROOT" && timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 tests/contract) \
+        >>"$out" 2>&1 || {
         tail -n 40 "$out" >&2
         fail "the contract layer against $venv"
     }
