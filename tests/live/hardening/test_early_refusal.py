@@ -104,10 +104,18 @@ def _held(server: Server, tmp: Path) -> Iterator[dict[str, Path]]:
     assert answers == {"a": 200, "b": 200, "d": 200}
 
 
+@pytest.fixture(scope="module", params=ARCHS)
+def gated(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """One server per architecture for the tests on FLAGS alone: each leaves the queue empty (every gate released,
+    every request answered) and counts from what it found."""
+    with Server([GATE, ECHO], request.param, *FLAGS) as server:
+        yield server
+
+
 @pytest.mark.hardening
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_full_queue_is_answered_before_the_app_with_its_own_503(arch: str, tmp_path: Path) -> None:
-    with Server([GATE, ECHO], arch, *FLAGS) as server, _held(server, tmp_path) as gates:
+def test_a_full_queue_is_answered_before_the_app_with_its_own_503(gated: Server, tmp_path: Path) -> None:
+    server = gated
+    with _held(server, tmp_path) as gates:
         before = _early(server)
         with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
             # Priority 2 past its share (1 of 2): refused early, on a kept-alive connection.
@@ -143,43 +151,45 @@ def test_a_full_queue_is_answered_before_the_app_with_its_own_503(arch: str, tmp
 
 
 @pytest.mark.hardening
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(arch: str, tmp_path: Path) -> None:
+def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(gated: Server, tmp_path: Path) -> None:
     gates = {name: tmp_path / name for name in "abc"}
     codes: dict[str, Any] = {}
-    with Server([GATE], arch, *FLAGS) as server:
+    server = gated
 
-        def send(name: str, priority: str | None) -> None:
-            headers = {"Content-Type": "application/json", **({"X-Priority": priority} if priority else {})}
-            url = f"{server.url}/v1/models/gate:predict"
-            codes[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
+    def send(name: str, priority: str | None) -> None:
+        headers = {"Content-Type": "application/json", **({"X-Priority": priority} if priority else {})}
+        url = f"{server.url}/v1/models/gate:predict"
+        codes[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
 
-        first = threading.Thread(target=send, args=("a", None))
-        first.start()
-        wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
-        second = threading.Thread(target=send, args=("b", None))
-        second.start()
-        wait_until(lambda: _queued(server) == 1, TIMEOUT_S, "b queued")
-        before = _early(server)
-        send("c", None)  # priority 2: its share is full
-        assert codes["c"] == 503 and _early(server) == before + 1
-        high = threading.Thread(target=send, args=("c", "1"))  # priority 1: admitted into the rest of the queue
-        high.start()
-        wait_until(lambda: _queued(server) == 2, TIMEOUT_S, "the priority-1 request queued")
-        for gate in gates.values():
-            gate.with_suffix(".release").touch()
-        for thread in (first, second, high):
-            thread.join(TIMEOUT_S)
-        assert codes == {"a": 200, "b": 200, "c": 200}
-        assert _early(server) == before + 1
+    first = threading.Thread(target=send, args=("a", None))
+    first.start()
+    wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+    second = threading.Thread(target=send, args=("b", None))
+    second.start()
+    wait_until(lambda: _queued(server) == 1, TIMEOUT_S, "b queued")
+    before = _early(server)
+    send("c", None)  # priority 2: its share is full
+    assert codes["c"] == 503 and _early(server) == before + 1
+    high = threading.Thread(target=send, args=("c", "1"))  # priority 1: admitted into the rest of the queue
+    high.start()
+    wait_until(lambda: _queued(server) == 2, TIMEOUT_S, "the priority-1 request queued")
+    for gate in gates.values():
+        gate.with_suffix(".release").touch()
+    for thread in (first, second, high):
+        thread.join(TIMEOUT_S)
+    assert codes == {"a": 200, "b": 200, "c": 200}
+    assert _early(server) == before + 1
 
 
 @pytest.mark.hardening
-@pytest.mark.parametrize("arch", ARCHS)
-def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: Path) -> None:
+def test_the_early_answer_is_the_apps_answer_byte_for_byte(gated: Server, tmp_path: Path) -> None:
     """A chunked body is the app's to refuse (fronts/early.py): the same request, once chunked, once not, and once
     more on a kept-alive connection (sync: refused by gthread's poller rather than a request thread)."""
-    with Server([GATE], arch, *FLAGS) as server, _held(server, tmp_path) as gates:
+    server = gated
+    rejected = {"model": "gate", "reason": "queue_full"}
+    answered = {"model": "gate", "endpoint": "predict", "code": "503"}
+    counted = scrape(server)
+    with _held(server, tmp_path) as gates:
         body = _body(gates["c"])
         plain = _post("/v1/models/gate:predict", body, "X-Request-ID: same-id", "Connection: close")
         head = plain.split(b"\r\nContent-Length:")[0]
@@ -201,8 +211,8 @@ def test_the_early_answer_is_the_apps_answer_byte_for_byte(arch: str, tmp_path: 
         assert answers[0] == answers[1] == answers[2]
         assert answers[0].startswith(b"HTTP/1.1 503 ") and b"connection: close" in answers[0].lower()
         samples = scrape(server)
-        assert sample(samples, "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 3
-        assert sample(samples, "twinserve_requests_total", model="gate", endpoint="predict", code="503") == 3
+        for name, labels in (("twinserve_rejected_requests_total", rejected), ("twinserve_requests_total", answered)):
+            assert sample(samples, name, **labels) - sample(counted, name, **labels) == 3, name
     assert not gates["c"].with_suffix(".started").exists()
 
 
