@@ -4,11 +4,12 @@
 #   2. install the wheel with no extras in a fresh virtualenv and use it as a user would: --version, serve in
 #      each architecture + one curl predict, a short bench + advise, locustfile, k8s (its --out folder must hold
 #      what its Dockerfile COPYs, the wheel the same as stage 1's); the commands that need an extra must fail in
-#      one line. Then the declared ranges, both ends: the in-process contract layer (tests/contract) runs against
-#      that install (the newest versions), and again, with one served request per architecture, against the wheel
-#      installed at the lowest versions pyproject.toml allows (`uv pip install --resolution lowest-direct`);
+#      one line (all at the newest versions the ranges allow, as `make test`'s contract layer is). Then the ranges'
+#      other end: one served request per architecture and the in-process contract layer (tests/contract) against
+#      the wheel installed at the lowest versions pyproject.toml allows (`uv pip install --resolution
+#      lowest-direct`);
 #   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, two pips at a time after it),
-#      running the command that needs it;
+#      running the command that needs it, two extras at a time;
 #   4. the README's first command, `make bench`, on a fresh clone of HEAD (in the background, beside stage 3).
 # Servers listen on free 127.0.0.1 ports and are stopped by PID with SIGTERM; every step has a deadline.
 #
@@ -516,7 +517,8 @@ if [ "${USER_PATH_BASE:-1}" != 0 ]; then
     timed "2 bench (3 archs, 1 level) + advise" bench_and_advise
     timed "2 locustfile, k8s (+ --out build context)" other_base_commands
     timed "2 commands needing an extra fail in one line" extra_errors
-    timed "2 contract layer, newest versions" contract_layer "$WORK/base"
+    # The newest end's contract layer is `make test`'s (its virtualenv resolves the newest versions too): run here
+    # as well it cost a minute of a CI bounded at twenty.
     if [ "${USER_PATH_LOWEST:-1}" != 0 ]; then
         timed "2 lowest versions: serve + contract layer" lowest_install
     fi
@@ -532,9 +534,36 @@ if [ "${USER_PATH_CLONE:-1}" != 0 ]; then
     STAGE4_PID=$!
     BACKGROUND+=("$STAGE4_PID")
 fi
+# Stage 3 in two lanes: each extra's command mostly waits on a server starting (and stage 4 shares the cores), so
+# two at a time take little more than one. A lane's output and timings are printed when it is waited for.
+extra_lane() {
+    local extra=$1 t0=$EPOCHREALTIME
+    SERVERS=() TIMINGS=()
+    trap 'for pid in "${SERVERS[@]}"; do kill_tree "$pid"; done' EXIT  # its own servers, if it fails
+    log "-- 3 extra $extra"
+    extra_venv "$extra"
+    TIMINGS+=("3 extra $extra: wait for its venv + command|$(elapsed "$t0")")
+    printf '%s\n' "${TIMINGS[@]}" >"$WORK/stage3-$extra.timings"
+}
+wait_lane() {
+    local pid=${1%%:*} extra=${1#*:} rc=0 line
+    wait "$pid" || rc=$?
+    cat "$WORK/stage3-$extra.log"
+    STAGE="3 extra $extra"
+    [ "$rc" -eq 0 ] || fail "stage 3: the extra $extra (exit $rc)"
+    while IFS= read -r line; do TIMINGS+=("$line"); done <"$WORK/stage3-$extra.timings"
+}
+LANES=()
 for extra in $EXTRAS; do
-    timed "3 extra $extra: wait for its venv + command" extra_venv "$extra"
+    if [ ${#LANES[@]} -ge 2 ]; then
+        wait_lane "${LANES[0]}"
+        LANES=("${LANES[@]:1}")
+    fi
+    extra_lane "$extra" >"$WORK/stage3-$extra.log" 2>&1 &
+    LANES+=("$!:$extra")
+    BACKGROUND+=("$!")
 done
+for lane in "${LANES[@]}"; do wait_lane "$lane"; done
 stage4_done() {
     local rc=0
     wait "$STAGE4_PID" || rc=$?
