@@ -38,6 +38,8 @@ serve: $(VENV)/.installed-base
 ## (pytest-xdist, each module's tests on one of them), then the tests marked `serial` (they load a server or read its
 ## timing) alone; coverage over both, servers' subprocesses included (tests/README.md)
 WORKERS ?= auto
+## a command that must end (and succeed) before the serial part starts: CI's user path runs beside the rest (.ci/run)
+WAIT_BEFORE_SERIAL ?= true
 test: $(VENV)/.installed-dev
 	./scripts/system-deps.sh
 	TWINSERVE_PYTHON=$(BIN)/python ./scripts/perf-analyzer.sh install
@@ -48,6 +50,7 @@ test: $(VENV)/.installed-dev
 	$(MAKE) docs-check
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadscope -m "not serial" --cov --cov-report= --cov-fail-under=0 \
 		--durations=30
+	$(WAIT_BEFORE_SERIAL)
 	$(BIN)/python -m pytest -p no:xdist -m serial --cov --cov-append --cov-report=term --durations=10
 
 ## the inner loop: the IO-free units and the in-process contract (tests/unit, tests/contract), no server started
