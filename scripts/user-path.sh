@@ -191,7 +191,9 @@ build() {
 
 # -- 2. the base install --------------------------------------------------------------------------------------
 base_install() {
-    new_venv "$WORK/base" "$WHEEL" || fail "pip install the wheel (no extras)"
+    # --no-compile: each command compiles what it imports, once (pip's compiling all of scikit-learn and SciPy at
+    # install was a CPU-bound half minute beside the suite's tests).
+    new_venv "$WORK/base" --no-compile "$WHEEL" || fail "pip install the wheel (no extras)"
     TS=$WORK/base/bin/twinserve
     local version
     version=$(timeout 60 "$TS" --version)
