@@ -5,7 +5,6 @@ need not show in the process list as a flag does."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -78,7 +77,6 @@ def test_the_admin_key_from_its_file(tmp_path: Path) -> None:
     assert ADMIN not in repr(config)
 
 
-@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX's")
 def test_the_admin_key_file_flag_keeps_the_key_out_of_the_command_line(tmp_path: Path) -> None:
     from twinserve.cli import build_parser
 

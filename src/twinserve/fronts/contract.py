@@ -34,7 +34,16 @@ from twinserve.fronts.exchange import Exchange, Reply, error_reply
 from twinserve.fronts.hosts import check_site, host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.repository_api import RepositoryApi
-from twinserve.fronts.routes import HTML, JSON, QUIET_ENDPOINTS, REQUEST_ID_HEADER, ROUTES, ErrorShape, Route
+from twinserve.fronts.routes import (
+    HTML,
+    JSON,
+    JSON_MEDIA_TYPE,
+    QUIET_ENDPOINTS,
+    REQUEST_ID_HEADER,
+    ROUTES,
+    ErrorShape,
+    Route,
+)
 from twinserve.fronts.v2_handlers import OpenInferenceHandlers
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
@@ -85,7 +94,6 @@ _ids = itertools.count()
 _reset_ids()
 os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 #: V2 bodies may also be a JSON header followed by binary tensor data.
 _V2_TYPE = re.compile(r"^application/(?:(?:[\w.+-]+\+)?json|octet-stream)$")
 #: What `curl -d` sends (TF-Serving's own examples use it): read as JSON when it parses (from a page on another
@@ -465,7 +473,7 @@ class Service(OpenInferenceHandlers):
         self.admission.rate()
         media_type = content_type.split(";", 1)[0].strip().lower() if content_type else ""
         lenient = media_type in ("", _FORM_TYPE)
-        if not lenient and not (_V2_TYPE if endpoint == "infer" else _JSON_TYPE).match(media_type):
+        if not lenient and not (_V2_TYPE if endpoint == "infer" else JSON_MEDIA_TYPE).match(media_type):
             expected = f"{JSON} or {BINARY}" if endpoint == "infer" else JSON
             raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
         if content_length is not None and content_length > self.max_body_bytes:

@@ -32,13 +32,12 @@ answers. Programs send no `Origin` and are not affected.
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from twinserve.config import Config
 from twinserve.errors import CrossSite, HostNotAllowed, UnsupportedMediaType
-from twinserve.fronts.routes import INFERENCE_ENDPOINTS, JSON, STATE_CHANGING_ENDPOINTS
+from twinserve.fronts.routes import INFERENCE_ENDPOINTS, JSON, JSON_MEDIA_TYPE, STATE_CHANGING_ENDPOINTS
 from twinserve.observability.tracing import Headers
 
 __all__ = ["HostPolicy", "check_site", "host_of", "host_policy"]
@@ -47,7 +46,6 @@ __all__ = ["HostPolicy", "check_site", "host_of", "host_policy"]
 _SIMPLE_TYPES = frozenset({"", "application/x-www-form-urlencoded", "multipart/form-data", "text/plain"})
 #: The inference endpoints a page could POST a form to (a WebSocket's handshake has its own Origin rule, above).
 _POSTED_INFERENCE = INFERENCE_ENDPOINTS - {"websocket"}
-_JSON_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -161,5 +159,5 @@ def check_site(endpoint: str, headers: Headers, origin_allowed: Callable[[str], 
             f"{what} from a page on another site ({(origin or 'Sec-Fetch-Site: cross-site')[:100]!r}) is refused: "
             f"send {JSON}, and allow the origin with --cors-origins"
         )
-    if changes and media_type and not _JSON_TYPE.match(media_type):
+    if changes and media_type and not JSON_MEDIA_TYPE.match(media_type):
         raise UnsupportedMediaType(f"Content-Type must be {JSON}, got {media_type!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -10,6 +11,7 @@ __all__ = [
     "HTML",
     "INFERENCE_ENDPOINTS",
     "JSON",
+    "JSON_MEDIA_TYPE",
     "MODEL_NAME_PATTERN",
     "QUIET_ENDPOINTS",
     "REQUEST_ID_HEADER",
@@ -22,6 +24,8 @@ __all__ = [
 ]
 
 JSON = "application/json"
+#: A JSON media type, `application/json` or a `+json` suffix (RFC 6839), as a request's Content-Type names it.
+JSON_MEDIA_TYPE = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 EVENT_STREAM = "text/event-stream"
 HTML = "text/html; charset=utf-8"
 REQUEST_ID_HEADER = "X-Request-ID"
