@@ -5,8 +5,9 @@ build from the same flags; the container runs exactly `serve_command(config)`. S
 
 - CPU request: one core per process doing model work (sync and async workers; hybrid model workers), plus
   `FRONT_CPU` per hybrid front process. No CPU limit: throttling a GIL-bound worker only adds latency.
-- Memory request = limit: `MEMORY_HEADROOM` x the processes' RSS, per process from bench results when given,
-  else `memory_per_process_mib` each.
+- Memory request = limit: `MEMORY_HEADROOM` x the processes' memory, per process and role from bench's or tune's
+  results when given (PSS, which is how the container's cgroup charges pages the forked workers share: once;
+  RSS from older results), plus the supervisor's where one was measured; else `memory_per_process_mib` each.
 - Autoscaling: sync on CPU utilization; async and hybrid on `twinserve_in_flight_requests` per pod (a Pods
   metric served by prometheus-adapter, whose rule ships as a ConfigMap). Targets come from
   `lab.advise.autoscaling_targets` with results, else `DEFAULT_CPU_UTILIZATION` / `DEFAULT_IN_FLIGHT_PER_CORE`.
@@ -29,6 +30,7 @@ from twinserve.cli_args import flag_args
 from twinserve.config import Config
 from twinserve.deploy.monitoring import Objectives, Scope, prometheus_rule
 from twinserve.lab.advise import AutoscalingTargets
+from twinserve.lab.results import MODEL_WORKER, PROCESS, SERVER, SUPERVISOR
 from twinserve.secret_settings import secret_fields, url_has_credential
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "serve_command",
     "service",
     "sizing",
+    "supervisors",
     "termination_grace_s",
     "to_yaml",
 ]
@@ -152,12 +155,16 @@ def serve_command(config: Config) -> list[str]:
     return command
 
 
+def supervisors(config: Config) -> int:
+    """gunicorn's arbiter; uvicorn's process manager when it runs several workers."""
+    return 1 if config.arch == "sync" or config.effective_workers > 1 else 0
+
+
 def process_counts(config: Config) -> tuple[int, int]:
     """(server processes, model-worker processes) one pod runs, supervisors included."""
     workers = config.effective_workers
-    supervisor = 1 if config.arch == "sync" or workers > 1 else 0  # gunicorn's arbiter; uvicorn's with workers
     model = workers * config.model_workers if config.resolved_arch_executor == "process" else 0
-    return workers + supervisor, model
+    return workers + supervisors(config), model
 
 
 def cpu_request_cores(config: Config) -> float:
@@ -168,23 +175,27 @@ def cpu_request_cores(config: Config) -> float:
     return float(workers)
 
 
-def _per_process_rss(plan: K8sPlan) -> tuple[float, float]:
-    """RSS MiB of one server process and of one model worker: measured when the plan has results."""
+def _per_process_mib(plan: K8sPlan) -> tuple[float, float, float]:
+    """MiB of one server process, one model worker and one supervisor: from the plan's results when it has them
+    (PSS, else RSS; a supervisor not measured is counted as a server), else `memory_per_process_mib` each."""
     default = plan.memory_per_process_mib
     resources = plan.targets.basis.level.resources if plan.targets is not None else None
     if resources is None:
-        return default, default
+        return default, default, default
     by_role: dict[str, float] = {}
     for process in resources.per_process:
-        by_role[process.role] = max(by_role.get(process.role, 0.0), process.rss_mib)
-    whole = resources.rss_mib_max / max(resources.processes, 1)
-    return by_role.get("server", whole), by_role.get("model_worker", by_role.get("server", whole))
+        mib = process.pss_mib if process.pss_mib is not None else process.rss_mib
+        by_role[process.role] = max(by_role.get(process.role, 0.0), mib)
+    whole = resources.memory_mib / max(resources.processes, 1)
+    server = by_role.get(SERVER, by_role.get(PROCESS, whole))
+    return server, by_role.get(MODEL_WORKER, server), by_role.get(SUPERVISOR, server)
 
 
 def sizing(plan: K8sPlan) -> Sizing:
     servers, models = process_counts(plan.config)
-    server_rss, model_rss = _per_process_rss(plan)
-    memory = MEMORY_HEADROOM * (servers * server_rss + models * model_rss)
+    server_mib, model_mib, supervisor_mib = _per_process_mib(plan)
+    supervisor = supervisors(plan.config)
+    memory = MEMORY_HEADROOM * ((servers - supervisor) * server_mib + models * model_mib + supervisor * supervisor_mib)
     return Sizing(cpu_request_cores(plan.config), 64 * math.ceil(memory / 64), servers, models)
 
 

@@ -38,10 +38,12 @@ class Option:
 
     @property
     def memory_mib(self) -> float | None:
-        return self.level.resources.rss_mib_max if self.level.resources else None
+        """The server's peak PSS (RSS in results from before PSS was measured): what --max-memory-mib caps."""
+        return self.level.resources.memory_mib if self.level.resources else None
 
     def describe(self) -> str:
-        memory = f", {self.memory_mib:,.0f} MiB RSS" if self.memory_mib is not None else ""
+        basis = self.level.resources.memory_basis if self.level.resources else ""
+        memory = f", {self.memory_mib:,.0f} MiB {basis}" if self.memory_mib is not None else ""
         return f"{self.capacity:,.0f} req/s at {self.level.load_text} (P95 {self.p95:.1f} ms, no errors{memory})"
 
 
@@ -78,8 +80,11 @@ def _efficiency(results: Results, option: Option) -> str:
     # The cap is worth naming only where it changed the speed: a model measured under one cap used what it needed.
     capped = row.threads is not None and len({c.threads for c in results.ceiling}) > 1
     threads = f", {row.threads} math thread(s) each" if capped else ""
+    share = served / rate
+    # Two significant digits below 1%: "0%" read as "nothing" for a server at 0.3% of a very fast model's ceiling.
+    share_text = f"{share:.0%}" if share >= 0.01 else f"{share * 100:.2g}%"
     return (
-        f" That is {served / rate:.0%} of the model's in-process ceiling on {results.machine.cpu_count} core(s) "
+        f" That is {share_text} of the model's in-process ceiling on {results.machine.cpu_count} core(s) "
         f"({rate:,.0f} instances/s: {processes} process(es) at batch {row.batch_size}{threads})."
     )
 
@@ -133,7 +138,7 @@ def advise(
             advice.choice = Option(run, level)
             advice.lines.append(
                 f"Nothing meets P95 <= {slo_p95_ms:g} ms at any measured load. Closest: {run.label}, "
-                f"P95 {p95:.1f} ms at {level.load:g} {'connections' if level.mode == 'closed' else 'req/s'}."
+                f"P95 {p95:.1f} ms at {level.load_text}."
             )
         else:
             advice.lines.append(f"Nothing meets P95 <= {slo_p95_ms:g} ms: every measured level had errors.")

@@ -137,7 +137,9 @@ def _versions() -> dict[str, str]:
 
 
 def _describe(mode: str, load: float) -> str:
-    return f"{load:g} conns" if mode == "closed" else f"{load:g} req/s"
+    if mode != "closed":
+        return f"{load:g} req/s"
+    return f"{load:g} conn{'' if load == 1 else 's'}"
 
 
 @dataclass

@@ -113,7 +113,9 @@ def add_advise(adv: argparse.ArgumentParser) -> None:
     adv.add_argument("results", type=Path, metavar="RESULTS")
     adv.add_argument("--slo-p95-ms", type=float, help="P95 objective (default: the one bench was given, else 200)")
     adv.add_argument("--target-rps", type=float, help="throughput the choice must reach")
-    adv.add_argument("--max-memory-mib", type=float, help="memory (RSS of the whole server) the choice may use")
+    adv.add_argument(
+        "--max-memory-mib", type=float, help="memory the choice may use: the server's peak PSS, its whole process tree"
+    )
     adv.set_defaults(handler=_advise)
 
 
@@ -140,7 +142,7 @@ def add_tune(tune: argparse.ArgumentParser) -> None:
     tune.add_argument("--slo-p95-ms", type=_positive(float), required=True, help="P95 objective")
     tune.add_argument("--slo-p99-ms", type=_positive(float), help="P99 objective too")
     tune.add_argument("--target-rps", type=_positive(float), help="the rate to meet it at (default: the highest)")
-    tune.add_argument("--max-memory-mib", type=_positive(float), help="RSS of the whole server process tree")
+    tune.add_argument("--max-memory-mib", type=_positive(float), help="peak PSS of the whole server process tree")
     tune.add_argument("--budget-s", type=_positive(float), default=300.0, help="seconds the search may take")
     tune.add_argument("--out", type=Path, help="default ./twinserve-tune/<timestamp>")
     tune.add_argument("--arch", type=_archs, default=["sync", "async", "hybrid"], help="default sync,async,hybrid")
@@ -188,6 +190,11 @@ def _print_advice(console: Console, results: Results, slo: float, target: float 
         console.print(line)
 
 
+def _level_seconds(duration_s: float, warmup_s: float) -> str:
+    """A level's time in words: "3 s after a 2 s warm-up" (the load runs through both; only the 3 s count)."""
+    return f"{duration_s:g} s after a {warmup_s:g} s warm-up" if warmup_s else f"{duration_s:g} s"
+
+
 def _bench(args: argparse.Namespace) -> int:
     import orjson
     from rich.console import Console
@@ -198,6 +205,7 @@ def _bench(args: argparse.Namespace) -> int:
     from twinserve.lab.drivers import check_driver
     from twinserve.lab.report import print_summary, write_report
     from twinserve.lab.variants import variants
+    from twinserve.lab.verdicts import ARTICLE
     from twinserve.model import import_model
 
     # A bad MODEL or repository, a missing extra or tool: one line, before any server starts.
@@ -235,7 +243,7 @@ def _bench(args: argparse.Namespace) -> int:
     what = plan.model if repository is None else f"{plan.model} ({', '.join(t.describe() for t in targets)})"
     console.print(
         f"[bold]twinserve bench[/] {what}: {len(plan.variants)} server(s) x {measured * len(plan.levels())} "
-        f"level(s), {per_level:g} s each -> {out}"
+        f"level(s), {_level_seconds(plan.duration_s, plan.warmup_s)} each -> {out}"
     )
 
     def finished(run: Run) -> None:
@@ -259,7 +267,11 @@ def _bench(args: argparse.Namespace) -> int:
                 console.print(f"x {label}: failed" + (f" ({level})" if level else ""), highlight=False)
             elif event in steps:
                 what = f"{steps[event]} {level}" if level else steps[event]
-                console.print(f"- {label}: {what}" + (f" ({seconds:g} s)" if seconds else ""), highlight=False)
+                if event == "level":  # `seconds` is the warm-up and the measurement: say which is which
+                    seconds_text = _level_seconds(plan.duration_s, plan.warmup_s)
+                else:
+                    seconds_text = f"{seconds:g} s" if seconds else ""
+                console.print(f"- {label}: {what}" + (f" ({seconds_text})" if seconds_text else ""), highlight=False)
 
         results = run_bench(plan, lines, finished)
     else:
@@ -289,10 +301,13 @@ def _bench(args: argparse.Namespace) -> int:
     advice_lines = advise(results, slo).lines if slo is not None else []
     write_report(results, out, advice_lines)
     print_summary(results, console)
-    console.print("\n[bold]The article's claims on this model and machine[/]")
+    console.print(f"\n[bold]The claims of the article {ARTICLE!r} (points S1..S27) on this model and machine[/]")
     for verdict in results.verdicts:
         mark = {True: "[green]holds[/]", False: "[red]does not hold[/]", None: "[yellow]can't tell[/]"}[verdict.holds]
-        console.print(f"  {verdict.source} {verdict.claim}: {mark} — {verdict.evidence}")
+        magnitude = f" (claimed {verdict.claimed}, measured {verdict.measured})" if verdict.claimed else ""
+        console.print(
+            f"  {verdict.source} {verdict.claim}{magnitude}: {mark} — {verdict.evidence}", markup=True, highlight=False
+        )
     if slo is not None:
         console.print(f"\n[bold]Advice for P95 <= {slo:g} ms[/]")
         _print_advice(console, results, slo, None, None)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
-from twinserve.lab.results import ProcessMemory, Resources, ServerStats
+from twinserve.lab.results import HELPER, PROCESS, SUPERVISOR, ProcessMemory, Resources, ServerStats
 
 __all__ = ["MetricsSnapshot", "TreeSampler", "scrape", "server_stats", "tree_rss_mib"]
 
@@ -33,20 +33,42 @@ def tree_rss_mib(pid: int) -> float:
     return total / MiB
 
 
+def _kernel_counts(proc: psutil.Process) -> tuple[float, float] | None:
+    """PSS and USS of one process in MiB, from /proc/PID/smaps_rollup (psutil); None where the OS has neither.
+
+    PSS charges each shared page to its sharers in equal parts, so the tree's PSS adds up to what the kernel
+    holds for it; RSS counts a page once in every process that maps it (forked workers share their parent's).
+    """
+    with contextlib.suppress(psutil.Error, AttributeError):
+        info = proc.memory_full_info()
+        return info.pss / MiB, info.uss / MiB
+    return None
+
+
 @dataclass
 class TreeSampler:
-    """Samples RSS and CPU of a process and all its descendants every `interval` seconds, in a thread.
+    """Samples the memory and CPU of a process and all its descendants in a thread.
 
-    CPU is summed over the tree as a percentage of one core; USS (memory not shared with other processes, so
-    the real cost of one more worker) is read once at the end, as it means reading every page map.
+    RSS and CPU every `interval` seconds (CPU summed over the tree as a percentage of one core); PSS and USS every
+    `kernel_interval` seconds and once at the end: reading them walks each process's page tables (about 2 ms for a
+    process holding a scikit-learn model), too much to do four times a second beside a measured server.
+
+    `roles` (pid -> role, from the server's /metrics) names the processes that announce themselves (`server`,
+    `model_worker`); of the others, the root is the `supervisor` (gunicorn's arbiter, uvicorn's process manager:
+    it holds no model) and the rest are `helper`s (multiprocessing's resource tracker). With no roles at all (not
+    a twinserve server) every process is a `process`.
     """
 
     pid: int
     interval: float = 0.25
     roles: dict[int, str] = field(default_factory=dict)
+    kernel_interval: float = 1.0
     _rss: list[float] = field(default_factory=list)
+    _pss: list[float] = field(default_factory=list)
     _cpu: list[float] = field(default_factory=list)
     _peak: dict[int, float] = field(default_factory=dict)
+    _peak_pss: dict[int, float] = field(default_factory=dict)
+    _uss: dict[int, float] = field(default_factory=dict)
     _procs: dict[int, psutil.Process] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -61,6 +83,11 @@ class TreeSampler:
         if self._thread is not None:
             self._thread.join()
 
+    def role(self, pid: int) -> str:
+        if not self.roles:
+            return PROCESS
+        return self.roles.get(pid) or (SUPERVISOR if pid == self.pid else HELPER)
+
     def _processes(self) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
             root = self._procs.get(self.pid) or psutil.Process(self.pid)
@@ -73,11 +100,27 @@ class TreeSampler:
             return [self._procs[pid] for pid in current]
         return []
 
+    def _read_kernel_counts(self, processes: list[psutil.Process]) -> None:
+        total: float | None = 0.0
+        for proc in processes:
+            counts = _kernel_counts(proc)
+            if counts is None:
+                total = None
+                continue
+            pss, self._uss[proc.pid] = counts
+            self._peak_pss[proc.pid] = max(pss, self._peak_pss.get(proc.pid, 0.0))
+            if total is not None:
+                total += pss
+        if total is not None and processes:
+            self._pss.append(total)
+
     def _loop(self) -> None:
-        self._processes()
+        self._read_kernel_counts(self._processes())
+        kernel_due = time.monotonic() + self.kernel_interval
         while not self._stop.wait(self.interval):
             rss = cpu = 0.0
-            for proc in self._processes():
+            processes = self._processes()
+            for proc in processes:
                 with contextlib.suppress(psutil.Error):
                     mem = proc.memory_info().rss / MiB
                     cpu += proc.cpu_percent(None)
@@ -85,37 +128,40 @@ class TreeSampler:
                     self._peak[proc.pid] = max(mem, self._peak.get(proc.pid, 0.0))
             self._rss.append(rss)
             self._cpu.append(cpu)
+            if time.monotonic() >= kernel_due:
+                self._read_kernel_counts(processes)
+                kernel_due = time.monotonic() + self.kernel_interval
 
     def result(self) -> Resources:
-        per_process: list[ProcessMemory] = []
-        uss_total: float | None = 0.0
-        for proc in self._processes():
-            uss: float | None = None
-            with contextlib.suppress(psutil.Error, AttributeError):
-                uss = proc.memory_full_info().uss / MiB
-            if uss is None or uss_total is None:
-                uss_total = None
-            else:
-                uss_total += uss
-            per_process.append(
-                ProcessMemory(
-                    pid=proc.pid,
-                    role=self.roles.get(proc.pid, "server" if proc.pid == self.pid else "helper"),
-                    rss_mib=round(self._peak.get(proc.pid, 0.0), 1),
-                    uss_mib=None if uss is None else round(uss, 1),
-                )
+        processes = self._processes()
+        self._read_kernel_counts(processes)
+        per_process = [
+            ProcessMemory(
+                pid=proc.pid,
+                role=self.role(proc.pid),
+                rss_mib=round(self._peak.get(proc.pid, 0.0), 1),
+                pss_mib=_rounded(self._peak_pss.get(proc.pid)),
+                uss_mib=_rounded(self._uss.get(proc.pid)),
             )
+            for proc in processes
+        ]
+        uss = [p.uss_mib for p in per_process]
         rss, cpu = self._rss or [0.0], self._cpu or [0.0]
         return Resources(
             samples=len(self._rss),
             processes=len(per_process),
             rss_mib_mean=round(sum(rss) / len(rss), 1),
             rss_mib_max=round(max(rss), 1),
-            uss_mib_max=None if uss_total is None else round(uss_total, 1),
+            pss_mib_max=round(max(self._pss), 1) if self._pss else None,
+            uss_mib_max=None if not uss or None in uss else round(sum(u for u in uss if u is not None), 1),
             cpu_percent_mean=round(sum(cpu) / len(cpu), 1),
             cpu_percent_max=round(max(cpu), 1),
             per_process=per_process,
         )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 @dataclass(frozen=True)

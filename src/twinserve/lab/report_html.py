@@ -1,5 +1,5 @@
 """The report's one offline HTML page: its style sheet and sections (facts, advice, failed runs, summary, plots,
-ceiling, verdicts), every text escaped.
+memory by role, ceiling, verdicts), every text escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from twinserve.lab.report_plots import _Plot
 from twinserve.lab.report_rows import _COLUMNS, _NUMERIC, _UNITS, _ms, _num, _rows
 from twinserve.lab.report_svg import _svg
 from twinserve.lab.results import Results
+from twinserve.lab.verdicts import ARTICLE, SOURCES
 
 __all__ = ["_html"]
 
@@ -139,9 +140,51 @@ def _html_verdicts(r: Results) -> str:
         None: '<span class="badge unknown">can&#x27;t tell</span>',
     }
     rows = [
-        ([html.escape(v.claim), html.escape(v.source), badge[v.holds], html.escape(v.evidence)], "") for v in r.verdicts
+        (
+            [
+                html.escape(v.claim),
+                html.escape(v.source)
+                + (f'<p class="meta">{html.escape(SOURCES[v.source])}</p>' if v.source in SOURCES else ""),
+                html.escape(v.claimed or "—"),
+                html.escape(v.measured or "—"),
+                badge[v.holds],
+                html.escape(v.evidence),
+            ],
+            "",
+        )
+        for v in r.verdicts
     ]
-    return f"<section><h2>Claims checked</h2>{_table(('Claim', 'Source', 'Holds', 'Evidence'), rows, set())}</section>"
+    hint = (
+        f'<p class="hint">The claims of the article &ldquo;{html.escape(ARTICLE)}&rdquo;, the one twinserve grew '
+        "from (its points are numbered S1..S27), each judged on these runs, with the article's words.</p>"
+    )
+    headers = ("Claim", "Source", "Claimed", "Measured", "Holds", "Evidence")
+    return f"<section><h2>Claims checked</h2>{hint}{_table(headers, rows, set())}</section>"
+
+
+def _html_memory(r: Results) -> str:
+    """Each run at its memory peak: the tree's PSS beside its summed RSS, and the processes by role."""
+    rows = []
+    for run in r.runs:
+        measured = [lv for lv in run.levels if lv.resources is not None]
+        if not measured:
+            continue
+        level = max(measured, key=lambda lv: lv.resources.memory_mib if lv.resources else 0.0)
+        res = level.resources
+        assert res is not None
+        pss = "—" if res.pss_mib_max is None else f"{res.pss_mib_max:,.0f}"
+        cells = [html.escape(run.label), html.escape(level.load_text), pss, f"{res.rss_mib_max:,.0f}"]
+        rows.append(([*cells, html.escape(res.roles_text() or "—")], ""))
+    if not rows:
+        return ""
+    hint = (
+        '<p class="hint">At each run\'s peak. PSS charges a page its processes share (forked workers share their '
+        "parent's) to each in equal parts, so the tree's PSS is what the kernel holds for the server; summed RSS "
+        "counts a shared page once per process. A supervisor (gunicorn's arbiter, uvicorn's process manager) "
+        "holds no model; servers answer HTTP and hold the model, unless model workers do (hybrid).</p>"
+    )
+    headers = ("Run", "Peak at", "PSS MiB", "RSS summed MiB", "By role (PSS)")
+    return f"<section><h2>Memory by role</h2>{hint}{_table(headers, rows, {2, 3})}</section>"
 
 
 def _html_failed(r: Results) -> str:
@@ -170,6 +213,7 @@ def _html(results: Results, plots: Sequence[_Plot], advice: Sequence[str]) -> st
         _html_failed(results),
         _html_summary(results),
         _html_plots(plots),
+        _html_memory(results),
         _html_ceiling(results),
         _html_verdicts(results),
     ]

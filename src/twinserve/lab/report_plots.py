@@ -84,9 +84,10 @@ def _latency(lv: Level) -> list[tuple[str, float, str]]:
 def _memory(lv: Level) -> list[tuple[str, float, str]]:
     if (res := lv.resources) is None:
         return []
-    uss = "" if res.uss_mib_max is None else f" · USS max {res.uss_mib_max:,.0f} MiB"
+    rss = f" (RSS summed {res.rss_mib_max:,.0f} MiB)" if res.pss_mib_max is not None else ""
     processes = f"{res.processes} process{'' if res.processes == 1 else 'es'}"
-    return [("p95", res.rss_mib_max, f"RSS max {res.rss_mib_max:,.0f} MiB{uss} · {processes}")]
+    roles = f": {res.roles_text()}" if res.per_process else ""
+    return [("p95", res.memory_mib, f"{res.memory_basis} max {res.memory_mib:,.0f} MiB{rss} · {processes}{roles}")]
 
 
 def _cpu(lv: Level) -> list[tuple[str, float, str]]:
@@ -141,7 +142,7 @@ def _plots(results: Results) -> list[_Plot]:
             styles=True,
             log_y=bool(ys) and max(ys) / min(ys) > _LOG_Y_SPAN,
         ),
-        _Plot("memory", "Memory (RSS max of the server's process tree)", "MiB", _panels(results, _memory)),
+        _Plot("memory", "Memory (peak PSS of the server's process tree)", "MiB", _panels(results, _memory)),
         _Plot("cpu", "CPU (mean, % of one core)", "% of one core", _panels(results, _cpu)),
         # Percent on the values and on every tick (0.5%), so the scale reads as its label says even where no level
         # had errors and the axis spans 0-1%.

@@ -49,10 +49,10 @@ class _Row:
     failed: bool = False
 
 
-_COLUMNS = ("Run", "Load", "req/s", "p50", "p95", "p99", "Errors", "RSS MiB", "CPU %", "Notes")
+_COLUMNS = ("Run", "Load", "req/s", "p50", "p95", "p99", "Errors", "Mem MiB", "CPU %", "Notes")
 _UNITS = (
-    "Load: connections (closed loop) or offered req/s (open loop). Latency in ms; RSS is the maximum of the "
-    "server's process tree; CPU is % of one core."
+    "Load: connections (closed loop) or offered req/s (open loop). Latency in ms; Mem is the peak PSS of the "
+    "server's process tree (a page its processes share counted once); CPU is % of one core."
 )
 _NUMERIC = {2, 3, 4, 5, 7, 8}  # right-aligned columns
 
@@ -89,7 +89,7 @@ def _rows(results: Results) -> list[_Row]:
                 _ms(lv.p("p95")),
                 _ms(lv.p("p99")),
                 _errors_text(lv),
-                "—" if res is None else f"{res.rss_mib_max:,.0f}",
+                "—" if res is None else f"{res.memory_mib:,.0f}",
                 "—" if res is None else f"{res.cpu_percent_mean:,.0f}",
                 _notes(lv, results.slo_p95_ms),
             )

@@ -13,7 +13,13 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "HELPER",
+    "MODEL_WORKER",
+    "PROCESS",
+    "ROLES",
     "SCHEMA_VERSION",
+    "SERVER",
+    "SUPERVISOR",
     "Ceiling",
     "Level",
     "Machine",
@@ -27,6 +33,19 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+
+# The roles of a server's processes (ProcessMemory.role).
+#: Holds no model and answers no request: gunicorn's arbiter, uvicorn's process manager (--workers > 1).
+SUPERVISOR = "supervisor"
+#: Answers HTTP (a gunicorn or uvicorn worker); holds the model unless model workers do (hybrid).
+SERVER = "server"
+#: Holds the model and computes batches for the servers (hybrid).
+MODEL_WORKER = "model_worker"
+#: Anything else in the tree (multiprocessing's resource tracker).
+HELPER = "helper"
+#: A process of a server that does not say what its processes are (a peer, not twinserve).
+PROCESS = "process"
+ROLES = (SUPERVISOR, SERVER, MODEL_WORKER, HELPER, PROCESS)
 
 Percentiles = dict[str, float | None]  # p50, p90, p95, p99, p999, max, mean
 
@@ -47,9 +66,17 @@ class Machine(_Model):
 
 
 class ProcessMemory(_Model):
+    """One process of the server's tree: its peaks over the level (PSS, USS read once a second and at the end).
+
+    `pss_mib` is what the kernel charges this process, shared pages split among their sharers: the figures of
+    a tree add up. `rss_mib` counts every page it maps, shared or not; `uss_mib` only the pages no other process
+    maps (what one more such process would cost).
+    """
+
     pid: int
-    role: str  # "server" (a gunicorn/uvicorn process) or "model_worker" (hybrid)
+    role: str  # one of ROLES
     rss_mib: float
+    pss_mib: float | None = None
     uss_mib: float | None = None
 
 
@@ -60,10 +87,35 @@ class Resources(_Model):
     processes: int
     rss_mib_mean: float
     rss_mib_max: float
+    #: The tree's summed PSS at its peak: the memory the server holds, each shared page counted once. None where
+    #: the OS does not say (not Linux) and in results written before it was measured.
+    pss_mib_max: float | None = None
     uss_mib_max: float | None = None
     cpu_percent_mean: float
     cpu_percent_max: float
     per_process: list[ProcessMemory] = Field(default_factory=list)
+
+    @property
+    def memory_mib(self) -> float:
+        """The figure verdicts, advice and memory caps use: PSS where measured, else (older results) RSS."""
+        return self.pss_mib_max if self.pss_mib_max is not None else self.rss_mib_max
+
+    @property
+    def memory_basis(self) -> str:
+        return "PSS" if self.pss_mib_max is not None else "RSS"
+
+    def by_role(self) -> dict[str, tuple[int, float]]:
+        """role -> (processes, their summed memory in MiB: PSS where measured, else RSS), in ROLES order."""
+        counts: dict[str, tuple[int, float]] = {}
+        for process in sorted(self.per_process, key=lambda p: ROLES.index(p.role) if p.role in ROLES else 99):
+            mib = process.pss_mib if process.pss_mib is not None else process.rss_mib
+            n, total = counts.get(process.role, (0, 0.0))
+            counts[process.role] = (n + 1, total + mib)
+        return counts
+
+    def roles_text(self) -> str:
+        """`1 supervisor 25 MiB, 2 server 410 MiB`: each role's processes and their memory (as `by_role`)."""
+        return ", ".join(f"{n} {role} {mib:,.0f} MiB" for role, (n, mib) in self.by_role().items())
 
 
 class ServerStats(_Model):
@@ -94,6 +146,9 @@ class Level(_Model):
     ok_in_window: int | None = None
     http_errors: dict[str, int] = Field(default_factory=dict)
     transport_errors: dict[str, int] = Field(default_factory=dict)
+    #: `http_errors` by status and the server's error code from the body (`"503 queue_full"`; the status alone
+    #: where the body names none). The load generator's; empty from the other drivers and older files.
+    http_error_codes: dict[str, int] = Field(default_factory=dict)
     #: Extra sends of refused requests by a retrying load (the load generator's `LoadSpec.retries`; bench: 0).
     retries: int = 0
     throughput_rps: float
@@ -123,8 +178,10 @@ class Level(_Model):
 
     @property
     def load_text(self) -> str:
-        """The load in words: "32 connections" or "200 req/s offered"."""
-        return f"{self.load:g} connections" if self.mode == "closed" else f"{self.load:g} req/s offered"
+        """The load in words: "1 connection", "32 connections" or "200 req/s offered"."""
+        if self.mode != "closed":
+            return f"{self.load:g} req/s offered"
+        return f"{self.load:g} connection{'' if self.load == 1 else 's'}"
 
     def p(self, name: str) -> float | None:
         return self.latency_ms.get(name)
@@ -163,9 +220,12 @@ class Verdict(_Model):
     """One claim from the article the project grew from, tested on this model and machine."""
 
     claim: str
-    source: str  # the seed checklist item, e.g. "S20"
+    source: str  # the article's point, e.g. "S20" (lab.verdicts.SOURCES has its words)
     holds: bool | None  # None: these measurements cannot tell
     evidence: str
+    #: For a claim with a magnitude: the claimed one ("5-10% lower") and the measured one ("44% lower").
+    claimed: str | None = None
+    measured: str | None = None
 
 
 class Results(_Model):

@@ -60,11 +60,11 @@ def test_bench_off_a_terminal_prints_one_plain_line_per_step(
     assert steps[:5] == [
         "- sync: starting",
         "- sync: idle memory (0.5 s)",
-        "- sync: measuring 1 conns (2 s)",
-        "- sync: measuring 4 conns (2 s)",
-        "- sync: measuring 40 req/s (2 s)",
+        "- sync: measuring 1 conn (1.5 s after a 0.5 s warm-up)",
+        "- sync: measuring 4 conns (1.5 s after a 0.5 s warm-up)",
+        "- sync: measuring 40 req/s (1.5 s after a 0.5 s warm-up)",
     ]
-    assert "- async: measuring 40 req/s (2 s)" in steps and "- in-process: measuring (4 s)" in steps
+    assert "- async: measuring 40 req/s (1.5 s after a 0.5 s warm-up)" in steps and "- in-process: measuring (4 s)" in steps
     assert "\x1b[" not in done.stdout
 
 
@@ -110,7 +110,7 @@ def test_advise_picks_what_the_numbers_in_the_file_say(
             best[run.label] = max(within, key=lambda lv: lv.throughput_rps)
     top = max(lv.throughput_rps for lv in best.values())
     tied = {label for label, lv in best.items() if lv.throughput_rps >= top * (1 - TIE)}
-    expected = min(tied, key=lambda label: best[label].resources.rss_mib_max)  # type: ignore[union-attr]
+    expected = min(tied, key=lambda label: best[label].resources.memory_mib)  # type: ignore[union-attr]
     advice = advise(results, slo)
     assert advice.meets and advice.choice is not None and advice.choice.run.label == expected
     done = subprocess.run(

@@ -17,6 +17,7 @@ from tests.factory import level, results, run
 from tests.live.lab.browser import chromium
 from twinserve.lab.report import print_summary, summary_table, write_report
 from twinserve.lab.results import Ceiling, Level, Results, Verdict
+from twinserve.lab.verdicts import ARTICLE, SOURCES
 
 EVIL = '<script>alert("x")</script>'
 SYNC = f"sync {EVIL}"
@@ -58,7 +59,14 @@ def full_results() -> Results:
                 Ceiling(batch_size=32, batch_ms_median=1.8, instances_per_s=17778),
             ],
             "verdicts": [
-                Verdict(claim="Async beats sync at high concurrency", source="S20", holds=True, evidence="3,000 > 950"),
+                Verdict(
+                    claim="Async beats sync at high concurrency",
+                    source="S20",
+                    holds=True,
+                    evidence="3,000 > 950",
+                    claimed="5-10% lower",
+                    measured="44% lower",
+                ),
                 Verdict(claim="Sync copes at low load", source="S3", holds=False, evidence="<b>503s</b> at 32"),
                 Verdict(claim="Hybrid saves memory", source="S7", holds=None, evidence="hybrid failed"),
             ],
@@ -219,7 +227,15 @@ def test_summary_table_flags_errors_generator_limits_and_failures(doc: Node) -> 
 
 def test_sections_in_order_with_header_ceiling_verdicts_and_failures(doc: Node) -> None:
     headings = [h.text() for h in doc.iter("h2")]
-    assert headings == ["Advice", "Runs that failed", "Summary", "Plots", "In-process ceiling", "Claims checked"]
+    assert headings == [
+        "Advice",
+        "Runs that failed",
+        "Summary",
+        "Plots",
+        "Memory by role",
+        "In-process ceiling",
+        "Claims checked",
+    ]
     header = next(doc.iter("section")).text()
     for fact in ("iris (twinserve.examples.tabular:Classifier)", "2 CPUs", "5 s per level after 1 s warm-up"):
         assert fact in header
@@ -229,17 +245,22 @@ def test_sections_in_order_with_header_ceiling_verdicts_and_failures(doc: Node) 
     failed = next(s for s in doc.iter("section") if "failed-runs" in s.classes())
     assert [p.text() for p in failed.iter("pre")] == [FAILURE]
     tables = list(doc.iter("table"))
-    ceiling = [[td.text() for td in tr.iter("td")] for tr in tables[1].iter("tr")][1:]
+    memory = [[td.text() for td in tr.iter("td")] for tr in tables[1].iter("tr")][1:]
+    # Each measured run at its peak (these results have RSS only: no PSS column figure, no roles).
+    assert memory == [[SYNC, "1 connection", "—", "300", "—"], ["async", "1 connection", "—", "300", "—"]]
+    ceiling = [[td.text() for td in tr.iter("td")] for tr in tables[2].iter("tr")][1:]
     assert ceiling == [
         ["default", "1", "0.25", "0.25", "4,000", "1.00"],
         ["default", "32", "1.8", "0.06", "17,778", "1.00"],
     ]
-    verdicts = [[td.text() for td in tr.iter("td")] for tr in tables[2].iter("tr")][1:]
-    assert [(v[1], v[2], v[3]) for v in verdicts] == [
-        ("S20", "yes", "3,000 > 950"),
-        ("S3", "no", "<b>503s</b> at 32"),
-        ("S7", "can't tell", "hybrid failed"),
+    verdicts = [[td.text() for td in tr.iter("td")] for tr in tables[3].iter("tr")][1:]
+    assert [v[1:] for v in verdicts] == [
+        ["S20" + SOURCES["S20"], "5-10% lower", "44% lower", "yes", "3,000 > 950"],
+        ["S3", "—", "—", "no", "<b>503s</b> at 32"],
+        ["S7", "—", "—", "can't tell", "hybrid failed"],
     ]
+    claims = next(s for s in doc.iter("section") if any(h.text() == "Claims checked" for h in s.iter("h2")))
+    assert f"“{ARTICLE}”" in claims.text()
 
 
 def test_all_text_is_escaped(report: tuple[Path, list[Path]], doc: Node) -> None:
@@ -266,7 +287,7 @@ def test_narrow_closed_loop_only_results(tmp_path: Path) -> None:
         assert panels == [{"class": "panel", "data-mode": "closed", "data-xscale": "linear"}], name
         assert len(point_titles(svg)) == (6 if name == "latency" else 2)
     assert not [s for s in doc.iter("section") if s.classes() & {"advice", "failed-runs"}]
-    assert [h.text() for h in doc.iter("h2")] == ["Summary", "Plots"]
+    assert [h.text() for h in doc.iter("h2")] == ["Summary", "Plots", "Memory by role"]
 
 
 def test_nothing_measured_still_writes_a_report(tmp_path: Path) -> None:
@@ -287,7 +308,7 @@ def test_terminal_summary_table() -> None:
     console.print(summary_table(full_results()))
     lines = console.export_text().splitlines()
     header = next(line for line in lines if "req/s" in line and "Errors" in line)
-    assert header.split() == ["Run", "Load", "req/s", "p50", "p95", "p99", "Errors", "RSS", "MiB", "CPU", "%", "Notes"]
+    assert header.split() == ["Run", "Load", "req/s", "p50", "p95", "p99", "Errors", "Mem", "MiB", "CPU", "%", "Notes"]
     row = next(line for line in lines if "32 conns" in line and "950" in line)
     cells = ["32", "conns", "950", "40.0", "80.0", "120.0", "12", "(0.3%)", "·", "503:", "12", "300", "150"]
     assert row.split() == ["sync", EVIL, *cells, "p95", "over", "SLO"]
