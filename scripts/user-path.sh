@@ -9,7 +9,10 @@
 #      the wheel installed at the lowest versions pyproject.toml allows (`uv pip install --resolution
 #      lowest-direct`);
 #   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, two pips at a time after it),
-#      running the command that needs it, two extras at a time;
+#      running the command that needs it, two extras at a time; in those of `safe` and `torch`, `twinserve k8s --out`
+#      for a skops model with its weights beside its module and for a repository holding a torch model, each
+#      Dockerfile replayed step by step with that virtualenv as the image's Python, to one prediction over HTTP
+#      (tests/live/deploy/test_k8s_replay.py: no container engine here can pull a base image);
 #   4. the README's first command, `make bench`, on a fresh clone of HEAD (in the background, beside stage 3).
 # Servers listen on free 127.0.0.1 ports and are stopped by PID with SIGTERM; every step has a deadline.
 #
@@ -352,6 +355,7 @@ extra_torch() {
         "$answer" || fail "MiniLM answered ${answer:0:200}"
     stop_server "$SERVER_PID" "$out"
     log "MiniLM: one 384-dimensional embedding"
+    k8s_replay_torch_repository "$bin"
 }
 
 extra_otel() {
@@ -438,6 +442,89 @@ EOF
     log "predict: $answer"
     [ "$(tr -d ' ' <<<"$answer")" = '{"predictions":[0]}' ] || fail "the skops model answered $answer"
     stop_server "$SERVER_PID" "$out"
+    k8s_replay_skops "$bin"
+}
+
+# k8s_replay BIN EXTRA PROJECT MODEL INSTANCES EXPECTED K8S-ARGS...: `twinserve k8s --out` run in PROJECT by BIN's
+# twinserve (with no --extra: what the image needs must be found), then its Dockerfile replayed with BIN's virtualenv
+# standing in for the image's Python. That virtualenv was made by `pip install WHEEL[EXTRA]` alone, which is the
+# Dockerfile's pip step (k8s --out's wheel is stage 1's: stage 2 checks it), so the replay requires the step to ask
+# for exactly EXTRA, runs it (pip finds it all there) and serves MODEL from the replayed WORKDIR.
+k8s_replay() {
+    local bin=$1 extra=$2 project=$3 model=$4 instances=$5 expected=$6
+    shift 6
+    (cd "$project" && timeout 60 "$bin/twinserve" k8s --image x --arch async --out out "$@") >"$project.k8s.log" \
+        2>&1 || {
+        cat "$project.k8s.log" >&2
+        fail "twinserve k8s --out in $project"
+    }
+    grep -E '^(carried|skipped|extra)' "$project.k8s.log" | while IFS= read -r line; do log "k8s --out: $line"; done ||
+        true
+    timeout 600 "$PYTHON" "$ROOT/tests/live/deploy/test_k8s_replay.py" "$project/out" --venv "$(dirname "$bin")" \
+        --made-with "$extra" --model "$model" --instances "$instances" --expect "$expected" >"$project.replay.log" \
+        2>&1 || {
+        tail -n 60 "$project.replay.log" >&2
+        fail "replaying the Dockerfile of $project/out"
+    }
+    log "$(tail -n 1 "$project.replay.log")"
+}
+
+# Issue #43's model: its skops weights beside its module, loaded with twinserve.load_sklearn.
+k8s_replay_skops() {
+    local bin=$1 project=$WORK/k8s-skops
+    mkdir -p "$project/models/iris"
+    cat >"$project/models/iris/model.py" <<'EOF'
+from pathlib import Path
+
+import twinserve
+
+
+class Iris(twinserve.Model):
+    def load(self) -> None:
+        self.clf = twinserve.load_sklearn(Path(__file__).with_name("bc.skops"))
+
+    def predict(self, batch: list[list[float]]) -> list[int]:
+        return [int(label) for label in self.clf.predict(batch)]
+EOF
+    "$bin/python" - "$project/models/iris/bc.skops" <<'EOF'
+import sys
+
+import skops.io
+from sklearn.datasets import load_iris
+from sklearn.linear_model import LogisticRegression
+
+features, labels = load_iris(return_X_y=True)
+skops.io.dump(LogisticRegression(max_iter=1000).fit(features, labels), sys.argv[1])
+EOF
+    k8s_replay "$bin" safe "$project" iris '[[5.1, 3.5, 1.4, 0.2]]' '[0]' models/iris/model.py:Iris
+}
+
+# A model repository holding a torch model whose weights (torch.save of a state dict) lie in its version folder.
+k8s_replay_torch_repository() {
+    local bin=$1 project=$WORK/k8s-torch
+    mkdir -p "$project/repo/mlp/1"
+    echo 'model = "model.py:Mlp"' >"$project/repo/mlp/twinserve.toml"
+    cat >"$project/repo/mlp/1/model.py" <<'EOF'
+from pathlib import Path
+
+import torch
+
+import twinserve
+
+
+class Mlp(twinserve.Model):
+    def load(self) -> None:
+        self.net = torch.nn.Linear(4, 3)
+        self.net.load_state_dict(twinserve.load_torch_weights(Path(__file__).with_name("weights.pt")))
+
+    def predict(self, batch: list[list[float]]) -> list[int]:
+        with torch.no_grad():
+            return self.net(torch.tensor(batch)).argmax(dim=1).tolist()
+EOF
+    # Weights that pick the largest of the first three features: the answer is known without training.
+    "$bin/python" -c 'import sys, torch
+torch.save({"weight": torch.eye(3, 4), "bias": torch.zeros(3)}, sys.argv[1])' "$project/repo/mlp/1/weights.pt"
+    k8s_replay "$bin" torch "$project" mlp '[[0, 1, 5, 0], [3, 1, 0, 0]]' '[2, 0]' --model-repository repo
 }
 
 # The extras' virtualenvs, made in the background: one pip at a time while stage 2 runs (it starts servers with

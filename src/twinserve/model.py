@@ -136,6 +136,10 @@ class Model:
     #: `executor`, `model_workers`, `max_queue`, `timeout_ms`, `cache_size`, `cache_ttl_s`, `default_priority`);
     #: a model repository's `twinserve.toml` `[settings]` table wins over them.
     settings: ClassVar[Mapping[str, Any] | None] = None
+    #: The files `load()` reads, relative to the folder of the model's module (a folder ends with `/`): what
+    #: `twinserve k8s --out` carries into the image beside the module. Not declared: every file beside the module.
+    #: Written as a literal list in the class body, since k8s reads it from the source without importing the model.
+    files: ClassVar[Sequence[str]] = ()
 
     def load(self) -> Awaitable[None] | None:
         """Load weights, open pools (`def` or `async def`). Called once per process, before the server reports

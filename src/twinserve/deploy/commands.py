@@ -17,6 +17,7 @@ onto the volume).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shlex
@@ -27,8 +28,9 @@ from typing import Any
 from twinserve import __version__
 from twinserve.cli_args import add_config_flags, positive
 from twinserve.config import Config, load_config
+from twinserve.deploy.context import copy_context, discover
 from twinserve.deploy.dashboard import dashboard
-from twinserve.deploy.dockerfile import copy_model_files, copy_repository, dockerfile, model_files
+from twinserve.deploy.dockerfile import dockerfile
 from twinserve.deploy.k8s import (
     ADMIN_KEY_ENTRY,
     DEFAULT_MEMORY_PER_PROCESS_MIB,
@@ -42,6 +44,7 @@ from twinserve.deploy.k8s import (
     to_yaml,
 )
 from twinserve.deploy.monitoring import DEFAULT_AVAILABILITY, Objectives, latency_bucket_s, rules_file
+from twinserve.deploy.needed_extras import check_extras, describe_extras, needed_extras, provided_extras
 from twinserve.deploy.wheel import write_wheel
 from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
@@ -112,11 +115,16 @@ def add_k8s(k8s: argparse.ArgumentParser) -> None:
         "--memory-per-process-mib",
         type=positive(float),
         default=DEFAULT_MEMORY_PER_PROCESS_MIB,
-        help=f"RSS per process without --results (default {DEFAULT_MEMORY_PER_PROCESS_MIB:g})",
+        help=f"memory per process without --results (default {DEFAULT_MEMORY_PER_PROCESS_MIB:g})",
     )
     k8s.add_argument("--startup-timeout", type=positive(float), default=600.0, metavar="SECONDS")
     k8s.add_argument(
-        "--extra", action="append", default=[], help="extra the image installs twinserve with (repeatable)"
+        "--extra",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --out: an extra the image installs twinserve with, beside those found in the models' imports, "
+        "files and settings (repeatable; e.g. one a model imports by a name built at run time)",
     )
     k8s.add_argument(
         "--api-key-secret",
@@ -234,7 +242,8 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
     """Targets from --results, with the measured model and run's settings for every flag the user left unset.
 
     Targets measured with one set of settings do not transfer to another, so an explicit flag that differs from
-    the measured run gets a warning. Also returns the P95 objective used (--slo-p95-ms, else bench's).
+    the measured run gets a warning. Also returns the P95 objective used (--slo-p95-ms, else bench's). From tune's
+    results the basis is tune's capacity (`tune_results.tune_capacity`), which the targets' description names.
     """
     try:
         measured = load_measured(args.results, args.slo_p95_ms)  # bench's results, or tune's winner as one run
@@ -260,7 +269,9 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
     try:
         basis = autoscaling_targets(results, arch, slo).basis
     except ValueError as exc:
-        raise ConfigError(f"--results: {exc}") from None
+        # tune's results: why its capacity is missing says more than "no level met the SLO".
+        why = f" ({measured.basis})" if measured.basis is not None and arch == measured.tuned_arch else ""
+        raise ConfigError(f"--results: {exc}{why}") from None
     for name, value in _bench_settings(results, basis.run).items():
         if overrides.get(name) is None:
             overrides[name] = value
@@ -272,7 +283,10 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
                 file=sys.stderr,
             )
     config = k8s_config(overrides)
-    return config, autoscaling_targets(results, arch, slo, cpu_request_cores(config)), slo
+    targets = autoscaling_targets(results, arch, slo, cpu_request_cores(config))
+    if measured.basis is not None:  # tune's capacity: the level's basis goes into the manifests' header
+        targets = dataclasses.replace(targets, source=measured.basis)
+    return config, targets, slo
 
 
 def _plan(args: argparse.Namespace) -> K8sPlan:
@@ -318,28 +332,26 @@ def _k8s(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(to_yaml([inference_service(plan)] if args.kserve else manifests(plan), header))
         return 0
-    cwd = Path.cwd()
     try:
-        copied = model_files(plan.config, cwd)
+        # What the image needs is found before anything is written; only the wheel knows its extras' names.
+        context = discover(plan.config, Path.cwd(), args.out, repository_in_image=plan.repository_volume is None)
+        extras = needed_extras(context.scanned, plan.config, args.extra)
         args.out.mkdir(parents=True, exist_ok=True)
         wheel = write_wheel(args.out)
+        check_extras(extras, provided_extras(wheel))
     except ConfigError as exc:
         print(f"twinserve: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {wheel}")
-    copy_model_files(copied, cwd, args.out)
-    for relative in copied:
-        print(f"copied {relative} to {args.out / relative}")
-    repository = plan.config.model_repository
-    in_image = repository is not None and plan.repository_volume is None
-    if in_image and repository is not None:
-        print(f"copied {repository} to {copy_repository(repository, args.out)}")
+    copy_context(context, args.out)
+    for line in [*context.describe(), *describe_extras(extras)]:
+        print(line)
     files = {
         "kubernetes.yaml": to_yaml(manifests(plan), header),
         "kserve.yaml": to_yaml([inference_service(plan)], header),
         "grafana-dashboard.json": _dashboard_json(plan),
         "prometheus-rules.yaml": to_yaml([rules_file(monitoring_scope(plan))], header),
-        "Dockerfile": dockerfile(plan.config, wheel.name, args.extra, copied, repository_in_image=in_image),
+        "Dockerfile": dockerfile(plan.config, wheel.name, extras, context),
     }
     for file_name, text in files.items():
         (args.out / file_name).write_text(text)

@@ -1,40 +1,29 @@
-"""The image the manifests run: python:3.11-slim, twinserve from its own wheel, the model's files, a non-root user.
+"""The image the manifests run: python:3.11-slim, twinserve from its own wheel with the extras its models need, the
+model modules with the files their models read, a non-root user.
 
 `twinserve k8s --out DIR` makes DIR the image's build context (`docker build DIR`): the Dockerfile, the wheel of
-the twinserve that wrote it (`twinserve.deploy.wheel`: no index needs to have this release) and a copy of each
-model file the command names — `path/file.py:Class`, or a `pkg.mod:Class` whose package sits uninstalled in the
-working directory — at the same relative path under the image's WORKDIR, where the command finds it. A model
-repository (`--model-repository DIR`) is copied into the context as `REPOSITORY_CONTEXT` and into the image at
-`REPOSITORY_PATH`, where the command names it; unless it comes from a volume (`--repository-volume`).
+the twinserve that wrote it (`twinserve.deploy.wheel`: no index needs to have this release) and what
+`twinserve.deploy.context` found the models need: each model module the command names, with the files its model
+reads, at the same relative path under the image's WORKDIR, where the command finds them; a model repository
+(`--model-repository DIR`) as REPOSITORY_CONTEXT, copied to REPOSITORY_PATH where the command names it, unless it
+comes from a volume (`--repository-volume`). pip installs the wheel with the extras `twinserve.deploy.needed_extras`
+found. Comments in the Dockerfile say what the context carries, what it skipped, and why each extra is there.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+import textwrap
+from collections.abc import Mapping, Sequence
 
 from twinserve.config import Config
+from twinserve.deploy.context import REPOSITORY_CONTEXT, WORKDIR, BuildContext, Carried
 from twinserve.deploy.k8s import READY_PATH, REPOSITORY_PATH, RUN_AS_USER, serve_command
-from twinserve.deploy.wheel import DIST_NAME
-from twinserve.errors import ConfigError
 
-__all__ = [
-    "REPOSITORY_CONTEXT",
-    "WHEEL_DIR",
-    "copy_model_files",
-    "copy_repository",
-    "dockerfile",
-    "model_files",
-    "pip_requirement",
-]
+__all__ = ["REPOSITORY_CONTEXT", "WHEEL_DIR", "WORKDIR", "dockerfile", "pip_requirement"]
 
 #: Where the image build puts the wheel before installing it.
 WHEEL_DIR = "/tmp/wheels"
-WORKDIR = "/app"
-#: The model repository's folder in the build context.
-REPOSITORY_CONTEXT = "model-repository"
 
 
 def pip_requirement(wheel: str, extras: Sequence[str] = ()) -> str:
@@ -42,93 +31,87 @@ def pip_requirement(wheel: str, extras: Sequence[str] = ()) -> str:
     return f"{WHEEL_DIR}/{wheel}{'[' + ','.join(extras) + ']' if extras else ''}"
 
 
-def model_files(config: Config, cwd: Path) -> list[PurePosixPath]:
-    """The files and folders under `cwd` the models import, as the relative paths the command uses.
-
-    `path/file.py:Class` is that file (it must lie under `cwd`, given relative to it, so the image holds it at
-    the same path); `pkg.mod:Class` is `pkg/` or `pkg.py` when one is in `cwd` (import strings resolve against
-    the working directory), else an installed package, which has nothing to copy.
-    """
-    found: list[PurePosixPath] = []
-    for target in config.models:
-        module = target.rpartition(":")[0]
-        if module.endswith(".py"):
-            path = Path(module)
-            if path.is_absolute() or ".." in path.parts:
-                raise ConfigError(
-                    f"--out: give the model file {module!r} relative to the current folder and inside it, so the "
-                    f"image can hold it at the same path under {WORKDIR}"
-                )
-            if not (cwd / path).is_file():
-                raise ConfigError(f"--out: no such model file: {module}")
-            found.append(PurePosixPath(path.as_posix()))
-            continue
-        top = module.split(".")[0]
-        if top == DIST_NAME:
-            continue  # in the wheel
-        for candidate in (PurePosixPath(top), PurePosixPath(f"{top}.py")):
-            if (cwd / candidate).exists():
-                found.append(candidate)
-                break
-    return sorted(set(found))
-
-
-def copy_model_files(files: Sequence[PurePosixPath], cwd: Path, out_dir: Path) -> None:
-    """Copy `files` (from `model_files`) from `cwd` into the build context at the same relative paths."""
-    for relative in files:
-        source, target = cwd / relative, out_dir / relative
-        if source.resolve() == target.resolve():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, target)
-
-
-def copy_repository(repository: Path, out_dir: Path) -> Path:
-    """Copy the model repository into the build context as REPOSITORY_CONTEXT (afresh: no stale versions)."""
-    target = out_dir / REPOSITORY_CONTEXT
-    if target.resolve() == repository.resolve():
-        return target  # the context already is the repository's home
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(repository, target, ignore=shutil.ignore_patterns("__pycache__"))
-    return target
-
-
 def dockerfile(
     config: Config,
     wheel: str,
-    extras: Sequence[str] = (),
-    files: Sequence[PurePosixPath] = (),
+    extras: Sequence[str] | Mapping[str, Sequence[str]] = (),
+    context: BuildContext | None = None,
     repository_in_image: bool = False,
 ) -> str:
-    """The Dockerfile of a build context holding `wheel` (a file name) and the model `files` (relative paths),
-    and with `repository_in_image` the model repository (REPOSITORY_CONTEXT, copied to REPOSITORY_PATH)."""
+    """The Dockerfile of a build context holding `wheel` (a file name) and what `context` carries; pip installs the
+    wheel with `extras` (a mapping gives each extra's reasons, written beside it). Without a context,
+    `repository_in_image` says whether the context holds the model repository (REPOSITORY_CONTEXT)."""
     health = (
         "import sys, urllib.request; "
         f"sys.exit(urllib.request.urlopen('http://127.0.0.1:{config.port}{READY_PATH}', timeout=2).status != 200)"
     )
     wheel_path = f"{WHEEL_DIR}/{wheel}"
+    carried = context.carried if context is not None else []
+    in_image = context.repository is not None if context is not None else repository_in_image
     lines = [
         "FROM python:3.11-slim",
         "ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1",
-        "# twinserve itself: the wheel `twinserve k8s --out` wrote beside this file, of the version that wrote it",
+        "# twinserve itself: the wheel `twinserve k8s --out` wrote beside this file, of the version that wrote it,",
+        *_extras_lines(extras),
         f"COPY {json.dumps([wheel, WHEEL_DIR + '/'])}",
-        f"RUN pip install {json.dumps(pip_requirement(wheel, extras))} && rm {wheel_path}",
+        f"RUN pip install {json.dumps(pip_requirement(wheel, list(extras)))} && rm {wheel_path}",
         f"RUN groupadd --gid {RUN_AS_USER} twinserve \\",
         f" && useradd --uid {RUN_AS_USER} --gid {RUN_AS_USER} --no-create-home --shell /usr/sbin/nologin twinserve",
         f"WORKDIR {WORKDIR}",
-        "# The model files the command names, at the same paths; COPY here anything else they load (weights...)",
-        *(f"COPY {json.dumps([str(path), str(path)])}" for path in files),
-        *(_repository_lines() if repository_in_image else []),
+        *_model_lines(context),
+        *_copies([c for c in carried if str(c.path) != REPOSITORY_CONTEXT]),
+        *(_repository_lines() if in_image else []),
         f"USER {RUN_AS_USER}:{RUN_AS_USER}",
         f"EXPOSE {config.port}",
         f"HEALTHCHECK --interval=10s --timeout=3s --start-period=60s CMD {json.dumps(['python', '-c', health])}",
         f"CMD {json.dumps(serve_command(config))}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _extras_lines(extras: Sequence[str] | Mapping[str, Sequence[str]]) -> list[str]:
+    """Which extras, and why: what `twinserve k8s --out` found in the models' sources, files and settings."""
+    if not extras:
+        return ["# with no extra: none found in the models' imports, files or settings (add one: k8s --extra NAME)"]
+    if not isinstance(extras, Mapping):
+        return [f"# with the extras {', '.join(extras)}"]
+    return [
+        "# with the extras the models need (found in their imports, files and settings; add one: k8s --extra NAME):",
+        *(
+            line
+            for extra, reasons in extras.items()
+            for line in textwrap.wrap(
+                f"{extra}: {'; '.join(reasons)}", 116, initial_indent="#   ", subsequent_indent="#     "
+            )
+        ),
+    ]
+
+
+def _model_lines(context: BuildContext | None) -> list[str]:
+    if context is None or not context.describe():
+        return ["# The model files the command names, at the same paths (none here: its models are installed)"]
+    return [
+        "# The model files the command names and the files their models read, at the same paths (found by",
+        "# `twinserve k8s --out`: a model's `files`, else the files beside its module):",
+        *(
+            comment
+            for line in context.describe()
+            for comment in textwrap.wrap(line, 116, initial_indent="#   ", subsequent_indent="#     ")
+        ),
+    ]
+
+
+def _copies(carried: Sequence[Carried]) -> list[str]:
+    """One COPY per folder carried, and one per folder of the files carried (several sources: one layer), in the
+    order found."""
+    copies: dict[str, list[str]] = {}  # destination -> sources
+    for item in carried:
+        if item.is_dir:
+            copies[str(item.path)] = [str(item.path)]
+        else:
+            parent = str(item.path.parent)
+            copies.setdefault("./" if parent == "." else parent + "/", []).append(str(item.path))
+    return [f"COPY {json.dumps([*sources, destination])}" for destination, sources in copies.items()]
 
 
 def _repository_lines() -> list[str]:

@@ -23,7 +23,8 @@ from twinserve import __version__
 from twinserve.cli import build_parser, main
 from twinserve.config import Config, load_config
 from twinserve.deploy.commands import k8s_config
-from twinserve.deploy.dockerfile import WHEEL_DIR, dockerfile, model_files, pip_requirement
+from twinserve.deploy.context import discover
+from twinserve.deploy.dockerfile import WHEEL_DIR, dockerfile, pip_requirement
 from twinserve.deploy.k8s import (
     DEFAULT_CPU_UTILIZATION,
     IN_FLIGHT_METRIC,
@@ -297,13 +298,16 @@ def test_out_is_a_build_context_with_the_wheel_and_the_model_files(
     out = tmp_path / "out"
     models = ["models/echo.py:Echo", "scorers.fast:Scorer", "twinserve.examples.tabular:Classifier"]
     assert main(["k8s", "--image", "i", "--arch", "async", "--out", str(out), "--extra", "otel", *models]) == 0
-    capsys.readouterr()
+    printed = capsys.readouterr().out
     text = (out / "Dockerfile").read_text()
     assert copies(text) == [
         [wheel_name(), f"{WHEEL_DIR}/"],
-        ["models/echo.py", "models/echo.py"],
+        ["models/echo.py", "models/"],
         ["scorers", "scorers"],  # an uninstalled package in the working directory; twinserve's own is in the wheel
     ]
+    assert "carried models/echo.py (66 B): the module of models/echo.py:Echo" in printed.splitlines()
+    assert "skipped scorers/__pycache__/: bytecode" in printed.splitlines()
+    assert "extra otel: --extra" in printed.splitlines()
     for source, _ in copies(text):
         assert (out / source).exists()
     assert (out / "models" / "echo.py").read_text() == (project / "models" / "echo.py").read_text()
@@ -343,7 +347,7 @@ def test_out_refuses_model_files_the_image_cannot_hold_at_the_same_path(
     assert not (tmp_path / "out").exists()  # nothing written before the check
     assert main(["k8s", "--image", "i", f"{outside}:M"]) == 0  # without --out: the user's own image may hold it
     with pytest.raises(ConfigError, match="relative to the current folder"):
-        model_files(k8s_config({"models": [f"{outside}:M"]}), tmp_path)
+        discover(k8s_config({"models": [f"{outside}:M"]}), tmp_path, tmp_path / "out")
 
 
 def test_invalid_settings_fail_like_serve(capsys: pytest.CaptureFixture[str]) -> None:
