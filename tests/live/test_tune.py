@@ -434,6 +434,21 @@ def test_tune_on_the_iris_example_writes_files_that_parse(tmp_path: Path, capsys
     assert sum(bool(progress.match(line)) for line in done.stdout.splitlines()) == len(record["probes"])
     # Each probe kept the server's process tree: memory by role and CPU, for `twinserve k8s`.
     assert all(p["resources"]["processes"] >= 1 for p in record["probes"] if p["sent"])
+    # Errors by kind (none here), adding up to the count.
+    assert all(sum(p["errors_by_kind"].values()) == p["errors"] for p in record["probes"])
+    # One log per server start, named in results.json (from its folder): a candidate started again at a later
+    # rung writes a file of its own; probes that followed on the same server name its log.
+    probes = record["probes"]
+    started = [
+        p for before, p in zip([None, *probes], probes, strict=False) if before is None or before["label"] != p["label"]
+    ]
+    logs = [p["log"] for p in started]
+    assert len(set(logs)) == len(logs) and all((out / log).is_file() for log in logs)
+    assert sorted(f.name for f in (out / "logs").iterdir()) == sorted(Path(log).name for log in logs)
+    assert all(p["log"] in logs for p in probes)
+    # The capacity, stated once with its basis; the summary says how many candidates were measured.
+    assert record["capacity"]["rate_rps"] == 10 and record["capacity"]["met_in"] >= 1
+    assert f"{record['measured_candidates']} of {len(record['standings'])} candidates measured" in done.stdout
     # The round trip: `twinserve k8s` sizes the autoscaler on this run's winner.
     code = main(["k8s", "--image", "i", "--results", str(out), "--config", str(out / "winner.toml")])
     manifests = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}

@@ -172,6 +172,8 @@ class AutoscalingTargets:
     headroom: float
     in_flight_per_pod: float | None = None  # async, hybrid
     cpu_utilization_percent: int | None = None  # sync: percent of the pod's CPU request
+    #: Where the basis level comes from, when the results say more than the level (tune's capacity and its basis).
+    source: str | None = None
 
     def describe(self) -> str:
         target = (
@@ -179,7 +181,8 @@ class AutoscalingTargets:
             if self.cpu_utilization_percent is not None
             else f"{self.in_flight_per_pod:g} requests in flight per pod"
         )
-        return f"{target} = {self.headroom:g} x {self.basis.run.label} at {self.basis.describe()}"
+        source = f"; {self.source}" if self.source else ""
+        return f"{target} = {self.headroom:g} x {self.basis.run.label} at {self.basis.describe()}{source}"
 
 
 def _in_flight(level: Level) -> float:

@@ -93,16 +93,18 @@ class _Wire(asyncio.Protocol):
         if done:
             finished = self._slot.clock.arrived(whole)
             self._busy = False
-            if not self._parser.keep_alive:
+            parser = self._parser
+            if not parser.keep_alive:
                 self._close()
-            self._slot.on_response(self._parser.status, finished)
+            status = parser.status
+            self._slot.on_response(status, finished, parser.error_code() if status >= 300 else None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost.set_result(None)
         self._closing = True
         if self._busy and self._parser.ends_at_close:
             self._busy = False
-            self._slot.on_response(self._parser.status, time.perf_counter())
+            self._slot.on_response(self._parser.status, time.perf_counter(), self._parser.error_code())
         self.fail(exc or ConnectionResetError("the server closed the connection mid-response"))
 
     def fail(self, error: Exception) -> None:
@@ -164,15 +166,16 @@ class _Connection:
         try:
             async with asyncio.timeout(deadline - time.perf_counter()):
                 _, wire = await loop.create_connection(lambda: _Wire(self), self._address, self._port)
-        except OSError as error:
-            self.on_failure(error)
+        except OSError as error:  # TimeoutError too
+            self._run.complete(self, _connect_outcome(error), time.perf_counter())
             return
         self._wire = wire
         self._arm(deadline, time.perf_counter())
         wire.send(request)
 
-    def on_response(self, status: int, finished: float) -> None:
-        self._run.complete(self, status, finished)
+    def on_response(self, status: int, finished: float, code: bytes | None = None) -> None:
+        """The exchange ended in an answer: its status, and for an error the server's code from its body."""
+        self._run.complete(self, status, finished, code)
 
     def on_failure(self, error: Exception) -> None:
         self._run.complete(self, _outcome(error), time.perf_counter())
@@ -213,6 +216,16 @@ class _Connection:
         self.close()
         if wire is not None:
             await wire.lost
+
+
+def _connect_outcome(error: OSError) -> str:
+    """The transport error kind a failed connect counts as: refused (nothing listens), timed out (the server's
+    accept backlog is full, or its host unreachable), or another error (this machine out of ports or files)."""
+    if isinstance(error, ConnectionRefusedError):
+        return "connect_refused"
+    if isinstance(error, TimeoutError):
+        return "connect_timeout"
+    return "connect_error"
 
 
 def _outcome(error: Exception) -> str:

@@ -13,13 +13,18 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from twinserve.lab.loadgen_spec import LoadSpec
 
-__all__ = ["LOOPBACK_HOSTS", "MAX_HEAD_BYTES", "_Endpoint", "_ResponseParser"]
+__all__ = ["LOOPBACK_HOSTS", "MAX_ERROR_BODY", "MAX_HEAD_BYTES", "_Endpoint", "_ResponseParser"]
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
 #: A response head, chunk-size line or trailer field longer than this is malformed.
 MAX_HEAD_BYTES = 1 << 16
 #: The response fields that frame it, in a lower-cased head; one pass over the head finds them all.
 _FRAMING_FIELDS = re.compile(rb"\r\n(content-length|transfer-encoding|connection):[ \t]*([^\r]*)")
+#: The server's error code in an error body: twinserve's `{"error": {"code": ...}}` and V1's `{"error": ..., "code":
+#: ...}` both name it so (a code inside the message is escaped, `\"code\"`, and does not match).
+_ERROR_CODE = re.compile(rb'"code"\s*:\s*"([A-Za-z0-9_.-]{1,64})"')
+#: Of an error response's body, this much is kept to read its code from.
+MAX_ERROR_BODY = 4096
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,11 @@ _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE, _DONE = range(
 class _ResponseParser:
     """Sans-IO framing of HTTP/1.x responses: `feed` it bytes as they come and it says when a response is whole.
 
-    Interim (1xx) responses are skipped; bodies are counted, not kept.
+    Interim (1xx) responses are skipped; bodies are counted, not kept, except the first `MAX_ERROR_BODY` bytes of
+    an error response's (a status of 300 or more), where `error_code` finds the server's code.
     """
 
-    __slots__ = ("_buffer", "_remaining", "_state", "keep_alive", "status")
+    __slots__ = ("_buffer", "_error_body", "_remaining", "_state", "keep_alive", "status")
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -70,6 +76,16 @@ class _ResponseParser:
         self._remaining = 0
         self.status = 0
         self.keep_alive = True
+        self._error_body: bytearray | None = None
+
+    def error_code(self) -> bytes | None:
+        """The server's error code (`queue_full`) in the JSON body of the error response just read; None for a
+        2xx, or a body that names none."""
+        body = self._error_body
+        if not body:
+            return None
+        found = _ERROR_CODE.search(body)
+        return found.group(1) if found else None
 
     @property
     def between_responses(self) -> bool:
@@ -92,12 +108,16 @@ class _ResponseParser:
         while state != _DONE:
             if state in (_LENGTH, _CHUNK_DATA):
                 take = min(self._remaining, size - pos)
+                if self._error_body is not None and len(self._error_body) < MAX_ERROR_BODY:
+                    self._error_body += data[pos : pos + take]
                 pos += take
                 self._remaining -= take
                 if self._remaining:
                     break
                 state = _DONE if state == _LENGTH else _CHUNK_SIZE
             elif state == _UNTIL_CLOSE:
+                if self._error_body is not None and len(self._error_body) < MAX_ERROR_BODY:
+                    self._error_body += data[pos:]
                 break
             else:
                 end = data.find(b"\r\n\r\n" if state == _HEAD else b"\r\n", pos)
@@ -110,6 +130,7 @@ class _ResponseParser:
                     status, keep_alive, state, self._remaining = _framing(data[pos : end + 2])
                     if state != _HEAD:  # else an interim (1xx) response, skipped
                         self.status, self.keep_alive = status, keep_alive
+                        self._error_body = bytearray() if status >= 300 else None
                     pos = end + 4
                     continue
                 line, pos = data[pos:end], end + 2

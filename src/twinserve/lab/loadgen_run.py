@@ -92,15 +92,16 @@ class _Run:
         assert self._tasks is not None
         self._tasks.create_task(coroutine)
 
-    def complete(self, connection: _Connection, outcome: Outcome, finished: float) -> None:
-        """Record the exchange `connection` just finished, and hand it its next request."""
+    def complete(self, connection: _Connection, outcome: Outcome, finished: float, code: bytes | None = None) -> None:
+        """Record the exchange `connection` just finished (`code`: an error answer's code from its body), and hand
+        it its next request."""
         try:
             self._active -= 1
             if self._retries and self._retry(connection, outcome):
                 return
             due = connection.due
             if self._window_start <= due < self._window_end:
-                self._tally.record(outcome, due, connection.sent_at, finished, self._window_end)
+                self._tally.record(outcome, due, connection.sent_at, finished, self._window_end, code)
             if isinstance(outcome, int) and 200 <= outcome < 300 and self._window_start <= finished < self._window_end:
                 self._tally.ok_in_window += 1  # whenever it fell due: the server's answers within the window
             if self._closed_loop:
@@ -207,4 +208,5 @@ class _Run:
             pool_exhausted=self._pool_exhausted,
             retries=tally.retries,
             ok_in_window=tally.ok_in_window,
+            http_error_codes=tally.error_codes(),
         )

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from hdrh.histogram import HdrHistogram
@@ -13,7 +13,9 @@ from hdrh.histogram import HdrHistogram
 __all__ = ["HISTOGRAM_MAX_US", "PERCENTILES", "TRANSPORT_ERROR_KINDS", "LevelResult", "Outcome", "_Tally"]
 
 #: `unsent`: an open-loop request that waited out its whole timeout for a free connection, so never reached the server.
-TRANSPORT_ERROR_KINDS = ("connect_refused", "reset", "timeout", "unsent", "other")
+#: `connect_timeout`: its connection was not accepted before its deadline (a full accept backlog); `connect_error`:
+#: connecting failed otherwise (this machine out of ports or files); `timeout`: sent, not answered in time.
+TRANSPORT_ERROR_KINDS = ("connect_refused", "connect_timeout", "connect_error", "reset", "timeout", "unsent", "other")
 #: Summary key -> percentile, for both latency and service time.
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 HISTOGRAM_MAX_US = 60_000_000
@@ -54,9 +56,19 @@ class LevelResult:
     #: Past a saturated pool (open loop), the requests that fell due in the window (`ok`) are answered long after
     #: it, behind the warm-up's backlog, so `ok` per second is not a rate of answers.
     ok_in_window: int = 0
+    #: `http_errors` by status and the server's error code from the answer's JSON body (`"503 queue_full"`; the
+    #: status alone where the body names none).
+    http_error_codes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def errors_by_kind(self) -> dict[str, int]:
+        """Every failed request by kind: HTTP answers by status and code (`"503 queue_full"`), transport failures
+        by kind (`"timeout"`, `"connect_refused"`); kinds that did not occur left out."""
+        kinds = dict(self.http_error_codes or self.http_errors)
+        kinds.update((kind, n) for kind, n in self.transport_errors.items() if n)
+        return kinds
 
 
 class _Histogram:
@@ -111,10 +123,27 @@ class _Tally:
         self.ok = 0
         self.ok_in_window = 0
         self.http_errors: Counter[str] = Counter()
+        #: (status, the server's error code or None) -> count: keyed by what came off the wire, named once at the end.
+        self.http_error_codes: Counter[tuple[int, bytes | None]] = Counter()
         self.transport_errors = dict.fromkeys(TRANSPORT_ERROR_KINDS, 0)
         self.retries = 0
 
-    def record(self, outcome: Outcome, due: float, sent_at: float | None, finished: float, window_end: float) -> None:
+    def error_codes(self) -> dict[str, int]:
+        """The HTTP errors by status and code, named: `{"503 queue_full": 12, "500": 1}`."""
+        named: Counter[str] = Counter()
+        for (status, code), n in self.http_error_codes.items():
+            named[f"{status} {code.decode('ascii')}" if code else str(status)] += n
+        return dict(sorted(named.items()))
+
+    def record(
+        self,
+        outcome: Outcome,
+        due: float,
+        sent_at: float | None,
+        finished: float,
+        window_end: float,
+        code: bytes | None = None,
+    ) -> None:
         self.sent += 1
         if sent_at is not None and sent_at < window_end:
             self.sent_in_window += 1
@@ -125,6 +154,7 @@ class _Tally:
             self.ok += 1
         else:
             self.http_errors[str(outcome)] += 1
+            self.http_error_codes[outcome, code] += 1
         assert sent_at is not None
         # A timer may wake the scheduler a little early: such a request is still charged its whole service time.
         self.latency.record(finished - min(due, sent_at))

@@ -107,27 +107,41 @@ def model_bodies(model: str) -> tuple[str, list[bytes]]:
 
 
 class ProbeServers:
-    """At most one probe server at a time, kept while the candidate stays the same."""
+    """At most one probe server at a time, kept while the candidate stays the same.
+
+    Each server started writes its own log in the request's `log_dir`, numbered in order of starting and named
+    by candidate and stage (`03-async_workers-2_..._rung1.log`): a candidate started again at a later rung gets
+    a new file, never the last one's."""
 
     def __init__(self, request: TuneRequest, scratch: Path | None = None) -> None:
         self._request = request
         self._scratch = scratch  # where scratch repositories go (a model with settings of its own)
         self._label: str | None = None
         self._server: TwinserveServer | None = None
+        self._starts = 0
         #: pid -> role ("server", "model_worker") of the running server's processes, from its /metrics.
         self.roles: dict[int, str] = {}
+        #: The log of the server last started (None without a `log_dir`).
+        self.log: Path | None = None
 
     def running(self, variant: Variant) -> bool:
         """Whether `variant`'s server is the one up (a probe on it follows another)."""
         return self._label == variant.label and self._server is not None
 
-    def get(self, variant: Variant) -> TwinserveServer:
+    def _log_path(self, variant: Variant, stage: str) -> Path | None:
+        self._starts += 1
+        if self._request.log_dir is None:
+            return None
+        name = variant.label.replace(" ", "_").replace("=", "-")
+        return self._request.log_dir / f"{self._starts:02d}-{name}-{stage}.log"
+
+    def get(self, variant: Variant, stage: str = "") -> TwinserveServer:
+        """`variant`'s server: the running one, or a new one started for `stage` (which names its log)."""
         if self.running(variant):
             assert self._server is not None
             return self._server
         self.close()
-        log_dir = self._request.log_dir
-        log = None if log_dir is None else log_dir / (variant.label.replace(" ", "_").replace("=", "-") + ".log")
+        log = self.log = self._log_path(variant, stage)
         subject = self._request.subject
         if subject is not None and subject.per_model:
             if self._scratch is None:
@@ -157,11 +171,12 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
     started = time.monotonic()
     reused = servers.running(probe.candidate)
     try:
-        server = servers.get(probe.candidate)
+        server = servers.get(probe.candidate, probe.stage)
     except ServerFailed as exc:
+        log = None if servers.log is None else str(servers.log)
         servers.close()
         reason = str(exc).splitlines()[0]
-        return ProbeResult(probe, 0, 0, 0.0, 0.0, None, None, None, 0.0, time.monotonic() - started, reason)
+        return ProbeResult(probe, 0, 0, 0.0, 0.0, None, None, None, 0.0, time.monotonic() - started, reason, log=log)
     # Past a few SLOs a request has missed it anyway: the probe need not wait longer for it.
     timeout_s = max(1.0, 10 * request.goal.slo_p95_ms / 1000)
     if reused:  # the last probe's backlog (an overloaded one's) drains before this one counts
@@ -178,11 +193,11 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
     with TreeSampler(server.pid, interval=0.2, roles=servers.roles) as sampler:
         level = run_level_sync(spec)
     resources = sampler.result()
-    errors = sum(level.http_errors.values()) + sum(level.transport_errors.values())
+    kinds = level.errors_by_kind()
     return ProbeResult(
         probe=probe,
         sent=level.sent,
-        errors=errors,
+        errors=sum(kinds.values()),
         achieved_rps=round(level.achieved_rate or 0.0, 1),
         throughput_rps=round(level.throughput_rps, 1),
         p50_ms=level.latency_ms.get("p50"),
@@ -194,6 +209,8 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
         generator_limited=level.generator_limited,
         mean_ms=level.latency_ms.get("mean"),
         resources=resources,
+        error_kinds=kinds,
+        log=None if servers.log is None else str(servers.log),
     )
 
 

@@ -148,7 +148,8 @@ def run_tune_command(args: argparse.Namespace) -> int:
     lines = decision_lines(outcome)
     console.print(escape(lines[0]), style="bold green" if outcome.decision.winner else "bold red")
     for line in lines[1:]:
-        console.print(escape(line), style="yellow" if "too noisy" in line else None)
+        doubt = any(words in line for words in ("too close to call", "not searched", "no capacity", "ran out"))
+        console.print(escape(line), style="yellow" if doubt else None)
     console.print(f"\nWrote {', '.join(str(p) for p in written.values())}")
     config = winner_config(outcome)
     if config is None:

@@ -1,7 +1,8 @@
-"""What `twinserve tune` leaves in --out: `results.json` (every probe), `winner.toml` (a settings file
-`twinserve serve --config` reads; for a model with per-model settings of its own, the server-wide part, and
-`winner-model-settings.toml` its `[settings]` table), `report.html` (the decision, a Pareto plot of throughput
-vs P95 with memory as marker size, every probe), and the lines printed at the end.
+"""What `twinserve tune` leaves in --out: `results.json` (every probe, the winner's capacity and its basis, every
+candidate's standing), `winner.toml` (a settings file `twinserve serve --config` reads; for a model with
+per-model settings of its own, the server-wide part, and `winner-model-settings.toml` its `[settings]` table),
+`report.html` (the decision, a Pareto plot of throughput vs P95 with memory as marker size, every candidate and
+every probe), and the lines printed at the end. What the lines say is `tune_summary`'s.
 
 The HTML reuses the bench report's style sheet, table and SVG scales (`report_html`, `report_svg`).
 """
@@ -24,8 +25,16 @@ from twinserve.lab.settings_writer import serve_command, settings_file_text
 from twinserve.lab.tune import TuneOutcome
 from twinserve.lab.tune_search import Ranked, meets
 from twinserve.lab.tune_subject import candidate_settings, server_level, settings_table
+from twinserve.lab.tune_summary import Summary, summarize
 
-__all__ = ["decision_lines", "tune_record", "winner_config", "winner_model_settings", "write_tune_outputs"]
+__all__ = [
+    "decision_lines",
+    "tune_record",
+    "tune_summary",
+    "winner_config",
+    "winner_model_settings",
+    "write_tune_outputs",
+]
 
 _ARCH_COLOURS = {"sync": "#0072B2", "async": "#E69F00", "hybrid": "#009E73"}
 #: The Pareto plot's P95 axis stops at this many SLOs; points above sit on its edge.
@@ -100,52 +109,37 @@ def _model_settings_text(outcome: TuneOutcome, settings: dict[str, Any]) -> str:
     return "\n".join(f"# {line}" for line in header) + "\n" + settings_table(settings)
 
 
-def _score_text(outcome: TuneOutcome, r: Ranked) -> str:
-    goal = outcome.request.goal
-    if goal.target_rps is not None:
-        return f"P95 {r.p95_ms:.1f} ms at {goal.target_rps:g} req/s" if r.p95_ms is not None else "no P95"
-    p95 = f" (P95 {r.p95_ms:.1f} ms there)" if r.p95_ms is not None else ""
-    return f"{r.rate:,.0f} req/s within the SLO{p95}"
-
-
-def _samples_text(outcome: TuneOutcome, samples: list[float]) -> str:
-    if outcome.request.goal.target_rps is not None:
-        return ", ".join(f"{-s:.1f}" for s in samples if math.isfinite(s)) + " ms P95"
-    return ", ".join(f"{s:,.0f}" for s in samples) + " req/s"
+def tune_summary(outcome: TuneOutcome) -> Summary:
+    """What the run's evidence supports: the capacity, every candidate's standing, the verdict's lines."""
+    return summarize(
+        outcome.plan,
+        outcome.results,
+        outcome.decision,
+        pruned=len(outcome.space.pruned),
+        elapsed_s=outcome.elapsed_s,
+        budget_s=outcome.request.budget_s,
+    )
 
 
 def decision_lines(outcome: TuneOutcome) -> list[str]:
-    """The verdict, as plain lines (the terminal and the report's first section)."""
-    d, goal = outcome.decision, outcome.request.goal
-    slo = f"P95 <= {goal.slo_p95_ms:g} ms" + (f", P99 <= {goal.slo_p99_ms:g} ms" if goal.slo_p99_ms else "")
-    lines: list[str] = []
-    if d.winner is None:
-        lines.append(f"No setting met {slo}" + (f" at {goal.target_rps:g} req/s" if goal.target_rps else "") + ".")
-        if d.ranking:
-            closest = d.ranking[0]
-            lines.append(f"Closest: {closest.candidate.label} ({_score_text(outcome, closest)}).")
-    else:
-        lines.append(f"Winner: {d.winner.candidate.label}: {_score_text(outcome, d.winner)}; goal {slo}.")
-        if len(d.samples) > 1 and d.spread is not None:
-            lines.append(f"Repeated {len(d.samples)} times: {_samples_text(outcome, d.samples)}.")
-        if d.runner_up is not None:
-            runner = f"the runner-up, {d.runner_up.candidate.label}, {_score_text(outcome, d.runner_up)}"
-            if d.too_noisy:
-                lines.append(f"The machine was too noisy to decide: {runner}, is within the winner's spread.")
-            else:
-                lines.append(f"Clear: {runner}, is outside the winner's spread.")
-    if d.stopped == "budget":
-        lines.append("The budget ran out before the search finished: the pick is the best measured so far.")
-    lines.append(
-        f"{len(outcome.results)} probes of {len(outcome.space.candidates)} candidates "
-        f"({len(outcome.space.pruned)} pruned) in {outcome.elapsed_s:.0f} s of a {outcome.request.budget_s:g} s budget."
-    )
-    return lines
+    """The verdict, as plain lines (the terminal, the report's first section, winner.toml's header)."""
+    return tune_summary(outcome).lines
 
 
-def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]:
-    """Everything for results.json."""
+def _relative(path: str | None, out: Path | None) -> str | None:
+    """A log's path relative to the results' folder where it lies in it (results.json names it from there)."""
+    if path is None or out is None:
+        return path
+    try:
+        return Path(path).resolve().relative_to(out.resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+def tune_record(outcome: TuneOutcome, machine: dict[str, Any], out: Path | None = None) -> dict[str, Any]:
+    """Everything for results.json (`out`: its folder, which the server logs' paths are relative to)."""
     goal, d = outcome.request.goal, outcome.decision
+    summary = tune_summary(outcome)
     probes = []
     for number, r in enumerate(outcome.results, 1):
         ok, why = meets(r, goal)
@@ -160,6 +154,7 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]
                 "seconds": r.probe.seconds,
                 "sent": r.sent,
                 "errors": r.errors,
+                "errors_by_kind": r.error_kinds,
                 "achieved_rps": r.achieved_rps,
                 "throughput_rps": r.throughput_rps,
                 "latency_ms": {"p50": r.p50_ms, "p95": r.p95_ms, "p99": r.p99_ms, "mean": r.mean_ms},
@@ -168,6 +163,7 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]
                 "wall_s": r.wall_s,
                 "failed": r.failed,
                 "generator_limited": r.generator_limited,
+                "log": _relative(r.log, out),
                 "meets": ok,
                 "why": why,
             }
@@ -199,14 +195,23 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any]) -> dict[str, Any]
         ],
         "plan": {"n0": outcome.plan.n0, "base_s": outcome.plan.base_s, "repeats": outcome.plan.repeats},
         "probes": probes,
+        # The one capacity figure (tune's summary, `twinserve k8s --results`) and its basis; None where there is
+        # no winner, or the winner has none (`capacity_note` says why).
+        "capacity": None if summary.capacity is None else summary.capacity.to_dict(),
+        "capacity_note": summary.no_capacity,
+        # Every candidate of the search against the winner's load, with its numbers.
+        "standings": [s.to_dict(goal) for s in summary.standings],
+        "measured_candidates": summary.measured,
         "decision": {
             "winner": _ranked(d.winner),
             "runner_up": _ranked(d.runner_up),
             "samples": [_finite(s) for s in d.samples],
             "too_noisy": d.too_noisy,
             "stopped": d.stopped,
+            # The winner's measurements as run (its last rung and each repeat), and as asked (--repeats).
+            "repeats": {"run": summary.repeated, "asked": outcome.plan.repeats},
             "ranking": [_ranked(r) for r in d.ranking],
-            "lines": decision_lines(outcome),
+            "lines": summary.lines,
         },
         "serve_command": None if config is None else serve_command(config),
         # A model with settings of its own: what it had, the winner's [settings] for it, and the server's part.
@@ -301,10 +306,13 @@ def _report_html(record: dict[str, Any]) -> str:
     search += "".join(
         f"<li>pruned {html.escape(p['label'])}: {html.escape(p['reason'])}</li>" for p in record["pruned"]
     )
-    headers = ("#", "candidate", "stage", "req/s asked", "answered/s", "p50", "p95", "p99", "errors", "MiB", "verdict")
+    headers = (
+        "#", "candidate", "stage", "req/s asked", "answered/s", "p50", "p95", "p99", "errors", "MiB", "verdict", "log"
+    )  # fmt: skip
     rows = []
     for p in record["probes"]:
         lat = p["latency_ms"]
+        kinds = p.get("errors_by_kind") or {}
         cells = [
             str(p["n"]),
             p["label"],
@@ -312,17 +320,35 @@ def _report_html(record: dict[str, Any]) -> str:
             f"{p['rate_rps']:,.1f}",
             f"{p['throughput_rps']:,.1f}",
             *(f"{lat[k]:.1f}" if lat[k] is not None else "-" for k in ("p50", "p95", "p99")),
-            str(p["errors"]),
+            f"{p['errors']:,}" + "".join(f"; {kind} {n:,}" for kind, n in kinds.items()),
             f"{p['rss_mib']:,.0f}",
             p["why"],
         ]
-        rows.append(([html.escape(c) for c in cells], "" if p["meets"] else "err"))
+        log = p.get("log")
+        link = f'<a href="{html.escape(log)}">{html.escape(Path(log).name)}</a>' if log else "-"
+        rows.append(([*(html.escape(c) for c in cells), link], "" if p["meets"] else "err"))
+    standings = [
+        (
+            [html.escape(s["label"]), html.escape(s["standing"].replace("_", " ")), str(s["probes"]),
+             html.escape(s["text"])],
+            "err" if s["standing"] in ("behind", "missed") else "",
+        )
+        for s in record.get("standings", [])
+    ]  # fmt: skip
+    capacity = record.get("capacity")
+    basis = (
+        f"<p>Capacity: {capacity['rate_rps']:,.1f} req/s: {html.escape(capacity['basis'])}.</p>"
+        if capacity
+        else (f"<p>No capacity: {html.escape(record['capacity_note'])}.</p>" if record.get("capacity_note") else "")
+    )
     sections = [
         f"<section><h1>twinserve tune: {html.escape(record['model_name'])}</h1><dl>{dl}</dl></section>",
-        f'<section class="advice"><h2>Decision</h2><ul>{lines}</ul>{serve}</section>',
+        f'<section class="advice"><h2>Decision</h2><ul>{lines}</ul>{basis}{serve}</section>',
         f"<section><h2>Throughput vs P95 (marker size: memory)</h2>{_pareto_svg(record)}</section>",
         f"<section><h2>Search</h2><ul>{search}</ul></section>",
-        f"<section><h2>Every probe</h2>{_table(headers, rows, {0, 3, 4, 5, 6, 7, 8, 9})}</section>",
+        "<section><h2>Every candidate against the winner</h2>"
+        f"{_table(('candidate', 'standing', 'probes', 'evidence'), standings, {2})}</section>",
+        f"<section><h2>Every probe</h2>{_table(headers, rows, {0, 3, 4, 5, 6, 7, 9})}</section>",
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -334,7 +360,7 @@ def _report_html(record: dict[str, Any]) -> str:
 def write_tune_outputs(outcome: TuneOutcome, out: Path, machine: dict[str, Any]) -> dict[str, Path]:
     """Write results.json, report.html and (when there is a winner) winner.toml; their paths by name."""
     out.mkdir(parents=True, exist_ok=True)
-    record = tune_record(outcome, machine)
+    record = tune_record(outcome, machine, out)
     written = {"results": out / "results.json", "report": out / "report.html"}
     written["results"].write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     written["report"].write_text(_report_html(record), encoding="utf-8")
@@ -345,7 +371,7 @@ def write_tune_outputs(outcome: TuneOutcome, out: Path, machine: dict[str, Any])
             [
                 f"twinserve tune {_subject_text(outcome)} ({datetime.date.today().isoformat()}): "
                 f"{outcome.decision.winner.candidate.label}",
-                *decision_lines(outcome),
+                *record["decision"]["lines"],
                 "Serve with: twinserve serve --config THIS_FILE (flags override it)",
             ]
         )

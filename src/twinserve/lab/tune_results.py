@@ -1,10 +1,11 @@
-"""Reading `twinserve tune`'s results.json back: its probes as tune's own `ProbeResult`s, and the winner's probes
+"""Reading `twinserve tune`'s results.json back: its probes as tune's own `ProbeResult`s, and the winner's capacity
 as the bench `Results` that the advisor's autoscaling rule (`lab.advise.autoscaling_targets`) reads.
 
 `twinserve k8s --results` takes either file (or the folder holding it). For tune's, the winner is one bench run
-whose levels are its open-loop probes that met the goal (judged by tune's own `meets`, at the SLO `k8s` sizes on),
-so the HPA's per-pod target is the same rule as bench's: the highest-throughput level within the SLO, in flight
-there by Little's law (async, hybrid) or its CPU (sync), times `advise.HEADROOM`; memory from that probe's RSS.
+whose one level is the probe tune's capacity rests on (results.json's `capacity`: the figure tune's summary
+states, `tune_summary.capacity`), so the HPA's per-pod target is that probe's requests in flight by Little's law
+(async, hybrid) or its CPU (sync), times `advise.HEADROOM`; memory from its RSS. At another SLO than tune's
+(`k8s --slo-p95-ms`) the capacity is found again from the probes by the same rule, and the basis says so.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 import orjson
 
 from twinserve.lab.results import Level, Machine, Resources, Results, Run, load_results
-from twinserve.lab.tune_search import Goal, Probe, ProbeResult, meets
+from twinserve.lab.tune_search import Goal, Probe, ProbeResult
+from twinserve.lab.tune_summary import capacity, no_capacity_reason
 from twinserve.lab.variants import Variant
 
-__all__ = ["TUNE_KIND", "Measured", "load_measured", "probe_results", "tune_as_results"]
+__all__ = ["TUNE_KIND", "Measured", "load_measured", "probe_results", "tune_as_results", "tune_capacity"]
 
 #: The `kind` of tune's results.json (bench's has `schema_version` instead).
 TUNE_KIND = "twinserve-tune"
@@ -33,6 +35,8 @@ class Measured:
     tuned_arch: str | None = None
     #: A model of a repository was tuned: the repository the pod serves (its [settings] hold the model's knobs).
     model_repository: Path | None = None
+    #: tune's: the capacity the run's one level is, and its basis (or why there is none), in words.
+    basis: str | None = None
 
 
 def probe_results(record: dict[str, Any]) -> list[ProbeResult]:
@@ -57,6 +61,8 @@ def probe_results(record: dict[str, Any]) -> list[ProbeResult]:
                 generator_limited=p.get("generator_limited", False),
                 mean_ms=latency.get("mean"),
                 resources=None if p.get("resources") is None else Resources.model_validate(p["resources"]),
+                error_kinds=dict(p.get("errors_by_kind") or {}),
+                log=p.get("log"),
             )
         )
     return found
@@ -80,8 +86,9 @@ def _level(r: ProbeResult) -> Level:
     )
 
 
-def tune_as_results(record: dict[str, Any], slo_p95_ms: float | None = None) -> Results:
-    """The tune winner as one bench run: its probes that met the goal, at `slo_p95_ms` (default: tune's own).
+def tune_capacity(record: dict[str, Any], slo_p95_ms: float | None = None) -> tuple[ProbeResult | None, str]:
+    """The probe tune's capacity rests on (None where there is none), and its basis in words: results.json's
+    `capacity` at tune's own SLO, else found again at `slo_p95_ms` by the same rule.
 
     ValueError when tune found no winner.
     """
@@ -89,10 +96,30 @@ def tune_as_results(record: dict[str, Any], slo_p95_ms: float | None = None) -> 
     if winner is None:
         raise ValueError("this tune run found no setting that met its goal: nothing to size the autoscaler on")
     g = record["goal"]
-    slo = slo_p95_ms or g["slo_p95_ms"]
-    goal = Goal(slo, g.get("slo_p99_ms"), None, g.get("max_memory_mib"))
-    # Every stage of the winner counts: its capacity search, its later rungs, its repeats.
-    met = [r for r in probe_results(record) if r.probe.candidate.label == winner["label"] and meets(r, goal)[0]]
+    own = g["slo_p95_ms"]
+    slo = slo_p95_ms or own
+    probes = probe_results(record)
+    stored = record.get("capacity")
+    if stored is not None and slo == own:
+        return probes[stored["probe"] - 1], f"tune's capacity: {stored['basis']}"
+    goal = Goal(slo, g.get("slo_p99_ms"), g.get("target_rps"), g.get("max_memory_mib"))
+    found = capacity(probes, winner["label"], winner["stage"], goal, record["plan"]["repeats"])
+    again = f" (found again from tune's probes at P95 <= {slo:g} ms; tune's goal was {own:g} ms)" if slo != own else ""
+    if found is None:
+        reason = no_capacity_reason(probes, winner["label"], winner["stage"], goal)
+        return None, f"tune's winner has no capacity at P95 <= {slo:g} ms{again}: {reason}"
+    return found.basis, f"tune's capacity{again}: {found.basis_text()}"
+
+
+def tune_as_results(record: dict[str, Any], slo_p95_ms: float | None = None) -> Results:
+    """The tune winner as one bench run whose one level is the probe its capacity rests on (`tune_capacity`; no
+    level where it has none), at `slo_p95_ms` (default: tune's own).
+
+    ValueError when tune found no winner.
+    """
+    basis, _ = tune_capacity(record, slo_p95_ms)
+    winner = record["decision"]["winner"]
+    slo = slo_p95_ms or record["goal"]["slo_p95_ms"]
     # A model tuned with per-model settings keeps those in its own [settings]: the pod's flags are the server's.
     server_level = record.get("server_settings")
     settings = dict(winner["settings"] if server_level is None else server_level)
@@ -101,7 +128,7 @@ def tune_as_results(record: dict[str, Any], slo_p95_ms: float | None = None) -> 
         arch=winner["arch"],
         settings=settings,
         command=list(record.get("serve_command") or []),
-        levels=[_level(r) for r in met],
+        levels=[] if basis is None else [_level(basis)],
     )
     return Results(
         created=record["created"],
@@ -111,7 +138,7 @@ def tune_as_results(record: dict[str, Any], slo_p95_ms: float | None = None) -> 
         model=record["model"],
         model_name=record["model_name"],
         payload="examples",
-        duration_s=max((r.probe.seconds for r in met), default=0.0),
+        duration_s=0.0 if basis is None else basis.probe.seconds,
         warmup_s=0.0,
         slo_p95_ms=slo,
         runs=[run],
@@ -131,9 +158,10 @@ def load_measured(path: Path, slo_p95_ms: float | None = None) -> Measured:
         return Measured(load_results(path))
     try:
         results = tune_as_results(data, slo_p95_ms)
-    except (KeyError, TypeError) as exc:
+        _, basis = tune_capacity(data, slo_p95_ms)
+    except (KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"{path}: not a twinserve tune results file this version reads ({exc!r} missing)") from None
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     repository = data.get("model_repository")
-    return Measured(results, results.runs[0].arch, None if repository is None else Path(repository))
+    return Measured(results, results.runs[0].arch, None if repository is None else Path(repository), basis)

@@ -32,6 +32,7 @@ __all__ = [
     "Probe",
     "ProbeResult",
     "Ranked",
+    "errors_text",
     "meets",
     "next_step",
     "plan_search",
@@ -88,6 +89,17 @@ class ProbeResult:
     mean_ms: float | None = None
     #: The server's process tree over the probe (RSS per process and role, CPU): pod sizing and CPU targets.
     resources: Resources | None = None
+    #: `errors` by kind: HTTP status and the server's error code (`"503 queue_full"`), transport failures
+    #: (`"timeout"`, `"connect_refused"`, ...): `LevelResult.errors_by_kind`.
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    #: The output of the server the probe ran on (one file per server start).
+    log: str | None = None
+
+
+def errors_text(result: ProbeResult) -> str:
+    """`1,704 errors (503 queue_full 1,700, timeout 4)`; the kinds where known."""
+    kinds = ", ".join(f"{kind} {n:,}" for kind, n in sorted(result.error_kinds.items(), key=lambda kv: -kv[1]))
+    return f"{result.errors:,} errors" + (f" ({kinds})" if kinds else "")
 
 
 def meets(result: ProbeResult, goal: Goal) -> tuple[bool, str]:
@@ -97,7 +109,7 @@ def meets(result: ProbeResult, goal: Goal) -> tuple[bool, str]:
     if result.sent == 0 or result.p95_ms is None:
         return False, "no responses"
     if result.errors:
-        return False, f"{result.errors} errors"
+        return False, errors_text(result)
     if result.p95_ms > goal.slo_p95_ms:
         return False, f"p95 {result.p95_ms:.1f} ms > {goal.slo_p95_ms:g}"
     if goal.slo_p99_ms is not None and (result.p99_ms is None or result.p99_ms > goal.slo_p99_ms):

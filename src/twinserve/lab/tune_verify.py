@@ -92,8 +92,7 @@ def verify(
         remote=True,  # a deployment is the point: the user named it
     )
     level = run_level_sync(spec)
-    errors = {**{f"HTTP {k}": v for k, v in level.http_errors.items()}, **level.transport_errors}
-    errors = {k: v for k, v in errors.items() if v}
+    errors = level.errors_by_kind()  # "503 queue_full", "timeout", ...
     probe = Probe(Variant("async", {}), "verify", rate, seconds)  # the deployment's settings are its own
     result = ProbeResult(
         probe,
@@ -106,6 +105,7 @@ def verify(
         level.latency_ms.get("p99"),
         0.0,
         seconds,
+        error_kinds=errors,
     )
     passed, reason = meets(result, Goal(goal.slo_p95_ms, goal.slo_p99_ms))  # memory: not ours to read remotely
     return Verification(base, name, goal, rate, seconds, level, passed, reason, errors)
