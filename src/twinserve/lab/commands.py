@@ -339,11 +339,11 @@ def _bench_targets(args: argparse.Namespace) -> tuple[Path | None, list[BenchTar
 def _advise(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from twinserve.lab.results import load_results
+    from twinserve.lab.tune_results import load_measured
 
-    path: Path = args.results / "results.json" if args.results.is_dir() else args.results
     try:
-        results = load_results(path)
+        # bench's results, or tune's winner as one run at the capacity tune stated (the figure k8s sizes on too)
+        results = load_measured(args.results, args.slo_p95_ms).results
     except (OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     slo = args.slo_p95_ms or results.slo_p95_ms or 200.0

@@ -203,7 +203,7 @@ def measure_probe(servers: ProbeServers, probe: Probe, name: str, request: TuneR
         p50_ms=level.latency_ms.get("p50"),
         p95_ms=level.latency_ms.get("p95"),
         p99_ms=level.latency_ms.get("p99"),
-        rss_mib=resources.rss_mib_max,
+        memory_mib=resources.memory_mib,  # peak PSS of the tree (what --max-memory-mib caps)
         wall_s=round(time.monotonic() - started, 3),
         failed=None if level.sent else "no request was sent",
         generator_limited=level.generator_limited,

@@ -78,7 +78,7 @@ def _probe_line(number: int, result: ProbeResult, spent: float, budget: float, p
         mark += " [yellow](generator-limited)[/]"
     return (
         f"{number:>3} {spent:>5.0f}/{budget:<4.0f}s {p.probe.stage:<8} {p.probe.candidate.label:<52} "
-        f"{p.probe.rate:>8,.1f}/s x {p.probe.seconds:g}s  {latency}  {p.rss_mib:>5,.0f} MiB  {mark}"
+        f"{p.probe.rate:>8,.1f}/s x {p.probe.seconds:g}s  {latency}  {p.memory_mib:>5,.0f} MiB  {mark}"
     )
 
 

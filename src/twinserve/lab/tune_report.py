@@ -158,7 +158,7 @@ def tune_record(outcome: TuneOutcome, machine: dict[str, Any], out: Path | None 
                 "achieved_rps": r.achieved_rps,
                 "throughput_rps": r.throughput_rps,
                 "latency_ms": {"p50": r.p50_ms, "p95": r.p95_ms, "p99": r.p99_ms, "mean": r.mean_ms},
-                "rss_mib": r.rss_mib,
+                "memory_mib": r.memory_mib,
                 "resources": None if r.resources is None else r.resources.model_dump(),
                 "wall_s": r.wall_s,
                 "failed": r.failed,
@@ -237,7 +237,7 @@ def _pareto_svg(record: dict[str, Any]) -> str:
     yticks = _linear_ticks(min(cap, 1.06 * highest))
     x = _Scale(0.0, xticks[-1], False, m["left"], width - m["right"])
     y = _Scale(0.0, yticks[-1], False, height - m["bottom"], m["top"])
-    rss_max = max((p["rss_mib"] for p in points), default=1.0) or 1.0
+    memory_max = max((p["memory_mib"] for p in points), default=1.0) or 1.0
     out = [
         f'<svg class="plot" data-plot="pareto" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
         'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="throughput vs P95, marker size = memory">',
@@ -265,10 +265,10 @@ def _pareto_svg(record: dict[str, Any]) -> str:
     out.append(f'<polyline points="{path}" stroke="#555" stroke-dasharray="4 3" class="line"/>')
     for p in points:
         p95 = p["latency_ms"]["p95"]
-        radius = 3 + 9 * math.sqrt(max(p["rss_mib"], 0.0) / rss_max)
+        radius = 3 + 9 * math.sqrt(max(p["memory_mib"], 0.0) / memory_max)
         title = (
             f"{p['label']} · {p['stage']} · {p['rate_rps']:g} req/s asked · {p['throughput_rps']:,.0f}/s answered · "
-            f"p95 {p95:.1f} ms · {p['rss_mib']:,.0f} MiB · {p['why']}"
+            f"p95 {p95:.1f} ms · {p['memory_mib']:,.0f} MiB · {p['why']}"
         )
         colour = _ARCH_COLOURS.get(p["arch"], "#777")
         out.append(
@@ -281,7 +281,7 @@ def _pareto_svg(record: dict[str, Any]) -> str:
         out.append(f'<circle cx="{legend_x}" cy="{m["top"] + 14}" r="5" fill="{colour}"/>')
         out.append(_svg_text(legend_x + 10, m["top"] + 18, arch, "start"))
         legend_x += 80
-    out.append(_svg_text(legend_x, m["top"] + 18, "marker area: memory (RSS); faded: missed the goal", "start"))
+    out.append(_svg_text(legend_x, m["top"] + 18, "marker area: memory (PSS); faded: missed the goal", "start"))
     out.append("</svg>")
     return "\n".join(out)
 
@@ -321,7 +321,7 @@ def _report_html(record: dict[str, Any]) -> str:
             f"{p['throughput_rps']:,.1f}",
             *(f"{lat[k]:.1f}" if lat[k] is not None else "-" for k in ("p50", "p95", "p99")),
             f"{p['errors']:,}" + "".join(f"; {kind} {n:,}" for kind, n in kinds.items()),
-            f"{p['rss_mib']:,.0f}",
+            f"{p['memory_mib']:,.0f}",
             p["why"],
         ]
         log = p.get("log")

@@ -4,8 +4,9 @@ as the bench `Results` that the advisor's autoscaling rule (`lab.advise.autoscal
 `twinserve k8s --results` takes either file (or the folder holding it). For tune's, the winner is one bench run
 whose one level is the probe tune's capacity rests on (results.json's `capacity`: the figure tune's summary
 states, `tune_summary.capacity`), so the HPA's per-pod target is that probe's requests in flight by Little's law
-(async, hybrid) or its CPU (sync), times `advise.HEADROOM`; memory from its RSS. At another SLO than tune's
-(`k8s --slo-p95-ms`) the capacity is found again from the probes by the same rule, and the basis says so.
+(async, hybrid) or its CPU (sync), times `advise.HEADROOM`; memory from its PSS per process and role. At another
+SLO than tune's (`k8s --slo-p95-ms`) the capacity is found again from the probes by the same rule, and the basis
+says so.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def probe_results(record: dict[str, Any]) -> list[ProbeResult]:
                 p50_ms=latency.get("p50"),
                 p95_ms=latency.get("p95"),
                 p99_ms=latency.get("p99"),
-                rss_mib=p["rss_mib"],
+                memory_mib=p.get("memory_mib", p.get("rss_mib", 0.0)),  # rss_mib: written before PSS
                 wall_s=p["wall_s"],
                 failed=p.get("failed"),
                 generator_limited=p.get("generator_limited", False),

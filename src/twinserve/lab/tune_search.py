@@ -70,7 +70,7 @@ class Probe:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe measured (latencies from each request's scheduled send time, ms; memory: the tree's RSS)."""
+    """What one probe measured (latencies from each request's scheduled send time, ms; memory: the tree's peak PSS)."""
 
     probe: Probe
     sent: int
@@ -80,14 +80,14 @@ class ProbeResult:
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
-    rss_mib: float
+    memory_mib: float
     wall_s: float
     failed: str | None = None  # the server did not start, or the probe could not run
     #: The load generator may have been the limit (it shares the machine): the latencies are an upper bound.
     generator_limited: bool = False
     #: The mean latency (ms): Little's law turns a rate into requests in flight with it (`twinserve k8s`).
     mean_ms: float | None = None
-    #: The server's process tree over the probe (RSS per process and role, CPU): pod sizing and CPU targets.
+    #: The server's process tree over the probe (PSS and RSS per process and role, CPU): pod sizing and CPU targets.
     resources: Resources | None = None
     #: `errors` by kind: HTTP status and the server's error code (`"503 queue_full"`), transport failures
     #: (`"timeout"`, `"connect_refused"`, ...): `LevelResult.errors_by_kind`.
@@ -117,8 +117,8 @@ def meets(result: ProbeResult, goal: Goal) -> tuple[bool, str]:
     # Against what fell due (Poisson: the count in a short window varies), not the asked rate.
     if result.throughput_rps < ANSWERED * result.achieved_rps:
         return False, f"answered {result.throughput_rps:,.0f}/s of {result.achieved_rps:,.0f}/s sent"
-    if goal.max_memory_mib is not None and result.rss_mib > goal.max_memory_mib:
-        return False, f"memory {result.rss_mib:,.0f} MiB > {goal.max_memory_mib:g}"
+    if goal.max_memory_mib is not None and result.memory_mib > goal.max_memory_mib:
+        return False, f"memory {result.memory_mib:,.0f} MiB > {goal.max_memory_mib:g}"
     return True, "meets"
 
 

@@ -77,7 +77,7 @@ def _probe(
         p50_ms=mean * 0.8,
         p95_ms=p95,
         p99_ms=p95 * 1.2,
-        rss_mib=_resources(cpu).rss_mib_max,
+        memory_mib=_resources(cpu).memory_mib,
         wall_s=3.0,
         mean_ms=mean,
         resources=_resources(cpu),
@@ -287,3 +287,13 @@ def test_k8s_sizes_on_the_capacity_tune_states_not_a_lucky_probe(
     assert (
         "3,950 req/s at 3963 req/s offered" in target and "tune's capacity: met P95 <= 50 ms at 3,963 req/s" in target
     )
+
+
+def test_advise_reads_tune_results_and_states_tune_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `twinserve advise` refused tune's results.json ("not a twinserve results file"); now it advises from
+    the probe tune's capacity rests on, the one k8s sizes the autoscaler on (200 req/s offered, 195 answered)."""
+    write_tune(tmp_path, "async")
+    assert main(["advise", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Run async with --workers 2 --max-batch-size 32" in out
+    assert "up to 195 req/s at 200 req/s offered (P95 35.0 ms, no errors" in out

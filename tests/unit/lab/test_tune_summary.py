@@ -35,7 +35,7 @@ def probe(
         p50_ms=p95 / 2,
         p95_ms=p95,
         p99_ms=p95 * 1.2,
-        rss_mib=300.0,
+        memory_mib=300.0,
         wall_s=3.0,
         mean_ms=p95 / 3,
         error_kinds=kinds or {},
