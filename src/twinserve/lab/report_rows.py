@@ -28,7 +28,8 @@ def _load_text(level: Level, *, offered: str = "") -> str:
 
 
 def _errors_text(level: Level) -> str:
-    kinds = {**level.http_errors, **level.transport_errors}
+    # By status and the server's error code ("503 queue_full") where the driver read them (twinserve's own).
+    kinds = {**(level.http_error_codes or level.http_errors), **level.transport_errors}
     detail = ", ".join(f"{kind}: {n:,}" for kind, n in sorted(kinds.items()) if n)
     return f"{level.errors:,} ({level.error_rate:.1%}) · {detail}" if level.errors else "0"
 

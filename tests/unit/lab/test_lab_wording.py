@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tests.factory import level, results, run
 from twinserve.lab.advise import advise
+from twinserve.lab.report_rows import _errors_text
 from twinserve.lab.results import Ceiling
 
 
@@ -20,3 +21,9 @@ def test_a_share_of_the_ceiling_under_one_percent_keeps_two_digits() -> None:
     # 300 req/s of one instance against 2 cores x 80,000 instances/s: 0.19%, not "0%".
     assert "up to 300 req/s at 1 connection (" in line
     assert "That is 0.19% of the model's in-process ceiling on 2 core(s)" in line
+
+
+def test_errors_are_named_by_status_and_the_servers_code() -> None:
+    refused = level(32, 950, 80, errors=12).model_copy(update={"http_error_codes": {"503 queue_full": 12}})
+    assert _errors_text(refused) == "12 (0.3%) · 503 queue_full: 12"
+    assert _errors_text(level(32, 950, 80, errors=12)) == "12 (0.3%) · 503: 12"  # a driver that reads no body
