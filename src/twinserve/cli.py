@@ -107,8 +107,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     prepare_multiprocess_dir()
     from twinserve.servers import serve
+    from twinserve.servers.startup import StartupFailed
 
-    serve(config)
+    try:
+        serve(config)
+    except StartupFailed as exc:  # a model that would not load, in whichever process: one line, like a bad flag
+        print(f"twinserve: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     return 0
 
 

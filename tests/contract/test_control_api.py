@@ -1,6 +1,6 @@
 """The routes that change what the server serves (repository load, unload, traffic) against hostile requests, in
 every architecture, in process: cross-site requests (fronts/hosts.py `check_site`; docs/security.md "Cross-site
-requests"), and names and bodies no folder or policy could be (4xx, never a 500).
+requests"), and names and bodies no folder or policy could be (4xx, never a 500); and what a traffic change keeps.
 
 A page on another site can make a browser send, with no CORS preflight (Fetch standard, "CORS-safelisted request
 header": `Content-Type` one of `application/x-www-form-urlencoded`, `multipart/form-data`, `text/plain`, or none),
@@ -27,6 +27,7 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 TEXT = {"Content-Type": "text/plain;charset=UTF-8"}
 UNLOAD, LOAD = "/v2/repository/models/scaler/unload", "/v2/repository/models/scaler/load"
 TRAFFIC = "/v2/repository/models/scaler/traffic"
+NO_TRAFFIC: dict[str, object] = {"split": {}, "sticky_header": None, "shadow": None}
 MODEL = "import twinserve\n\n\nclass Scaler(twinserve.Model):\n    def predict(self, batch):\n        return batch\n"
 
 
@@ -48,7 +49,7 @@ def app(request: pytest.FixtureRequest, apps: dict[str, Client]) -> Iterator[Cli
     yield client
     # Each test starts from the model loaded and its default traffic: loaded again only after a test that changed
     # either (a load imports the model anew; hybrid starts its model worker again).
-    if not _serving(client) or client.request("GET", TRAFFIC).json()["traffic"]["split"]:
+    if not _serving(client) or client.request("GET", TRAFFIC).json()["traffic"] != NO_TRAFFIC:
         assert client.request("POST", LOAD).status == 200
 
 
@@ -163,3 +164,29 @@ def test_a_traffic_body_no_policy_could_be_is_400(app: Client, body: bytes) -> N
     answer = app.request("POST", TRAFFIC, content=body, headers={"Content-Type": "application/json"})
     assert answer.status == 400, answer.text
     assert app.request("GET", TRAFFIC).json()["traffic"]["split"] == {}
+
+
+# -- what a traffic change keeps ---------------------------------------------------------------------------------
+def test_a_traffic_change_keeps_the_parts_it_does_not_name(app: Client) -> None:
+    """`{"split": ...}` alone used to drop a configured shadow without a word (issue #43): each part the body names
+    is replaced, `null` removes one, the others stay, and the answer is the whole policy in force."""
+
+    def change(body: dict[str, object]) -> dict[str, object]:
+        answer = app.request("POST", TRAFFIC, json=body)
+        assert answer.status == 200, answer.text
+        in_force: dict[str, object] = answer.json()["traffic"]
+        assert app.request("GET", TRAFFIC).json()["traffic"] == in_force
+        return in_force
+
+    whole: dict[str, object] = {
+        "split": {"1": 1, "2": 3},
+        "sticky_header": "X-Session-Id",
+        "shadow": {"version": "1", "share": 0.5},
+    }
+    assert change(whole) == whole
+    assert change({"split": {"2": 100}}) == {**whole, "split": {"2": 100}}  # replaced whole, not merged
+    assert change({}) == {**whole, "split": {"2": 100}}
+    assert change({"shadow": None}) == {"split": {"2": 100}, "sticky_header": "X-Session-Id", "shadow": None}
+    assert change({"split": None, "sticky_header": None}) == NO_TRAFFIC
+    assert app.request("POST", TRAFFIC, json={"split": {"9": 1}}).status == 400  # refused whole: nothing changes
+    assert app.request("GET", TRAFFIC).json()["traffic"] == NO_TRAFFIC

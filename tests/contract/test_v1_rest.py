@@ -8,6 +8,9 @@ Rules, by source:
 - KServe V1 protocol: `GET /` is liveness (`{"status": "alive"}`), `GET /v1/models` lists the models' names
   (`{"models": [...]}`), `GET /v1/models/<name>` is a model's readiness (`name`, `ready`), errors carry `error` as
   the message string (the SDK shows it as the message).
+- TF-Serving REST API guide, "JSON mapping": a DT_FLOAT or DT_DOUBLE value is a JSON number (its json_tensor.cc
+  refuses any other JSON type for it); so a float field takes numbers, integers included, never `true` or a string
+  such as `"1.5"`: a schema violation, 422 `validation_failed` like any other, rows and columns alike.
 - twinserve keeps its `code` and `request_id` beside `error` (docs/http-contract.md "Error bodies"), and reads a
   form-typed (or untyped) body as JSON only from a client that is not a cross-site page (403 `cross_site`):
   browsers send `Origin` on every cross-site POST.
@@ -143,6 +146,16 @@ def test_columnar_inputs_of_no_batch_shape_are_422(app: Client, inputs: object) 
 def test_columnar_inputs_validated_against_the_schema(app: Client) -> None:
     answer = app.request("POST", "/v1/models/iris:predict", json={"inputs": {"sepal_length": [1.0]}})
     _v1_error(answer, 422, "validation_failed")
+
+
+@pytest.mark.parametrize("value", [True, "3.5"], ids=["true", "string"])
+def test_a_float_field_takes_json_numbers_only(app: Client, value: object) -> None:
+    row = {**SETOSA, "sepal_width": value}
+    for body in ({"instances": [row]}, {"inputs": {name: [v] for name, v in row.items()}}):
+        message = _v1_error(app.request("POST", "/v1/models/iris:predict", json=body), 422, "validation_failed")
+        assert "sepal_width: Input should be a valid number" in message, message
+    integers = {"instances": [{**SETOSA, "sepal_width": 3}]}
+    assert app.request("POST", "/v1/models/iris:predict", json=integers).status == 200
 
 
 def test_instances_and_inputs_together_are_400(app: Client) -> None:

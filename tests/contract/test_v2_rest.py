@@ -8,6 +8,8 @@ Rules, by source:
   whose `error` is a string).
 - "Tensor Data": JSON `data` of UINT64 holds values up to 2**64 - 1; a mix of values at or past 2**63 with smaller
   ones is exact (numpy alone would read it as float64 and lose the low bits).
+- "Tensor Data": data must match its datatype: FP32 data holds JSON numbers (integers fill it), never `true` or a
+  string such as `"1.5"` (numpy alone would read `[true, 1.5]` as `[1.0, 1.5]`): 400, as any datatype mismatch.
 - Triton's binary data extension: a BYTES element is a 4-byte little-endian length and that many raw bytes, no
   encoding: an element that is not UTF-8 reaches a model that takes `bytes` as it was sent.
 """
@@ -66,6 +68,16 @@ def test_uint64_json_data_out_of_range_or_not_integers_is_400(app: Client, data:
     answer = app.request("POST", "/v2/models/counters/infer", json=body)
     assert answer.status == 400, answer.text
     assert list(answer.json()) == ["error"]
+
+
+@pytest.mark.parametrize(("data", "got"), [([5.1, True, 1.4, 0.2], "booleans"), ([5.1, "3.5", 1.4, 0.2], "strings")])
+def test_fp32_data_takes_json_numbers_only(app: Client, data: list[object], got: str) -> None:
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 4]}
+    answer = app.request("POST", "/v2/models/iris/infer", json={"inputs": [{**tensor, "data": data}]})
+    assert answer.status == 400, answer.text
+    assert answer.json() == {"error": f"input 'input': FP32 data must be numbers, got {got}"}
+    integers = {"inputs": [{**tensor, "data": [5, 3, 1, 1]}]}  # JSON has no 5.0: integers fill floats
+    assert app.request("POST", "/v2/models/iris/infer", json=integers).status == 200
 
 
 def _binary_bytes(elements: list[bytes]) -> tuple[bytes, int]:

@@ -98,6 +98,40 @@ def test_serve_says_where_it_listens_and_its_curl_line_works_as_pasted(arch: str
     assert json.loads(done.stdout)["predictions"][0]["label"] == "setosa"
 
 
+LOAD_FAILED = "model 'failstoload' raised in load: RuntimeError: model load failed on purpose"
+
+
+@pytest.mark.parametrize(
+    ("arch", "workers", "model", "line"),
+    [
+        ("sync", "2", "FailsToLoad", LOAD_FAILED),
+        ("async", "1", "FailsToLoad", LOAD_FAILED),
+        ("async", "2", "FailsToLoad", LOAD_FAILED),
+        ("hybrid", "1", "FailsToLoad", LOAD_FAILED),
+        # Its construction, in uvicorn's app factory: with two workers uvicorn started them again and again, exit 0.
+        ("async", "2", "init.py:Unbuildable", "model 'unbuildable' raised in __init__: ValueError: no settings here"),
+    ],
+)
+def test_a_model_that_will_not_load_fails_the_start_in_one_plain_line(
+    tmp_path: Path, arch: str, workers: str, model: str, line: str
+) -> None:
+    """Issue #43: async and hybrid ended with a JSON-escaped traceback (and exit 0 with several workers), sync with
+    gunicorn's bare line. Now the last line is the reason, plain, its cause included; every other line is the log
+    (JSON here), whose records hold the tracebacks; the exit status is 3 (gunicorn's and uvicorn's boot failure)."""
+    (tmp_path / "init.py").write_text(
+        "import twinserve\n\n\nclass Unbuildable(twinserve.Model):\n    def __init__(self):\n"
+        "        raise ValueError('no settings here')\n\n    def predict(self, batch):\n        return batch\n"
+    )
+    target = str(tmp_path / model) if model.startswith("init.py") else model_path(model)
+    result = twinserve("serve", target, "--arch", arch, "--workers", workers, "--port", "0", "--log-format", "json")
+    assert result.returncode == 3, result.stderr
+    *log, last = result.stderr.strip().splitlines()
+    assert last == f"twinserve: error: {line}", result.stderr
+    for record in log:
+        json.loads(record)  # the log: one JSON record a line, the plain line is the last alone
+    assert any("Traceback" in json.loads(record).get("exception", "") for record in log), "a traceback is logged"
+
+
 def test_bench_fails_fast_on_a_bad_model(tmp_path: Path) -> None:
     result = twinserve("bench", "no_such_module:Model", "--out", str(tmp_path / "never"))
     assert result.returncode == 2

@@ -261,7 +261,8 @@ def test_the_api_changes_the_split(tmp_path: Path, arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_server_process_follows_a_traffic_change(tmp_path: Path, arch: str) -> None:
     root = tmp_path / "repository"
-    _model(root / "scaler", 'model = "model.py:Numbered"\n[traffic]\nsplit = {"2" = 1}\n')
+    traffic = '[traffic]\nsplit = {"2" = 1}\nshadow = {version = "1", share = 0.5}\n'
+    _model(root / "scaler", 'model = "model.py:Numbered"\n' + traffic)
     flags = ("--model-repository", str(root), "--workers", "2", "--model-control", "explicit")
     with Server([], arch, *flags) as server:
 
@@ -278,7 +279,9 @@ def test_every_server_process_follows_a_traffic_change(tmp_path: Path, arch: str
         url = f"{server.url}/v2/repository/models/scaler/traffic"
         assert httpx.post(url, json={"split": {"1": 1}}, timeout=30).status_code == 200
         wait_until(lambda: answers() == {1}, timeout=120)
-        assert httpx.get(url, timeout=30).json()["traffic"]["split"] == {"1": 1}
+        # The change named the split alone: every process keeps the shadow (issue #43: it was dropped).
+        kept = {"split": {"1": 1}, "sticky_header": None, "shadow": {"version": "1", "share": 0.5}}
+        assert all(httpx.get(url, timeout=30).json()["traffic"] == kept for _ in range(12))
 
 
 # -- gRPC ------------------------------------------------------------------------------------------------------

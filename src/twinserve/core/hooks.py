@@ -11,9 +11,12 @@ from twinserve.core.bridge import run_coroutine
 from twinserve.errors import ModelFailed, TwinserveError
 from twinserve.model import Hook
 
-__all__ = ["call_async", "call_blocking", "model_code"]
+__all__ = ["LOG_HINT", "call_async", "call_blocking", "model_code"]
 
 logger = logging.getLogger("twinserve.runtime")
+
+#: What a client reads in place of a model's exception text (which goes to the log alone).
+LOG_HINT = "; the server log has the details"
 
 
 @contextmanager
@@ -29,7 +32,7 @@ def model_code(model: str, stage: str) -> Iterator[None]:
     except Exception as exc:
         logger.exception("model %r raised in %s", model, stage)
         raise ModelFailed(
-            f"model {model!r} raised in {stage}; the server log has the details", private=f"{type(exc).__name__}: {exc}"
+            f"model {model!r} raised in {stage}{LOG_HINT}", private=f"{type(exc).__name__}: {exc}"
         ) from exc
 
 

@@ -75,7 +75,8 @@ class ModelRuntime:
         label = name or getattr(model_class, "name", None) or model_class.__name__.lower()
         #: This model's effective settings: the server's Config with its per-model keys over it (core/settings.py).
         self.config = config = model_config(config, {**class_settings(model_class), **(settings or {})}, label)
-        self.model = model_class()
+        with model_code(label, "__init__"):  # its own code: a failure names the model and keeps its text private
+            self.model = model_class()
         with contextlib.suppress(AttributeError):  # __slots__ or read-only: the model just doesn't see it
             self.model.config = config
         #: `--device` resolved (once per process): a GPU asked for and not there fails here, at start-up.
@@ -207,11 +208,18 @@ class ModelRuntime:
     def _loaded(self, start: float) -> None:
         threads = limit_threads(self.config, self.executor_name)  # its libraries are imported now: before any batch
         self.load_seconds = time.perf_counter() - start
-        self._metrics["load"].observe(self.import_seconds + self.load_seconds)
+        # Its cold start, one figure for the log and `twinserve_model_load_seconds`: the import and construction
+        # plus the load, not any wait between them (a cold model of --max-loaded-models, built at start).
+        cold_start = self.import_seconds + self.load_seconds
+        self._metrics["load"].observe(cold_start)
         self.ready = True
         logger.info(
-            "model %r ready in %.3f s (executor %s, max batch %d, math threads per process %s)",
+            "model %r version %s ready in %.3f s (import %.3f s, load %.3f s; executor %s, max batch %d, "
+            "math threads per process %s)",
             self.name,
+            self.spec.version,
+            cold_start,
+            self.import_seconds,
             self.load_seconds,
             self.executor_name,
             self.max_batch_size,

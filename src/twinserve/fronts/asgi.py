@@ -127,13 +127,17 @@ class _Target:
 
 
 def create_asgi_app(
-    service: Service, sockets: OpenSockets | None = None, on_ready: Callable[[], None] | None = None
+    service: Service,
+    sockets: OpenSockets | None = None,
+    on_ready: Callable[[], None] | None = None,
+    on_startup_failure: Callable[[BaseException], str] | None = None,
 ) -> ASGIApp:
     """The ASGI app serving the shared route table over `service`; models load in its lifespan.
 
     Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown. `on_ready` is called once the
     models have loaded, before the server is told the startup is complete (a serving process settles its heap:
-    core/heap.py).
+    core/heap.py). `on_startup_failure` reports a startup that failed and answers the one line the server is told
+    (`lifespan.startup.failed`'s message, which the server logs); without it, the message is the traceback.
     """
     if sockets is None:
         sockets = OpenSockets()
@@ -149,7 +153,7 @@ def create_asgi_app(
         )
         for route in ROUTES
     )
-    app: ASGIApp = _AsgiFront(service, dispatcher, on_ready)
+    app: ASGIApp = _AsgiFront(service, dispatcher, on_ready, on_startup_failure)
     if service.cors is not None:
         app = _Cors(app, service)
     # Outermost: a request naming a foreign host gets nothing else, not even a preflight's answer.
@@ -160,11 +164,16 @@ class _AsgiFront:
     """The lifespan (models load at startup, close at shutdown), then every request through the dispatcher."""
 
     def __init__(
-        self, service: Service, dispatcher: Dispatcher[_Target], on_ready: Callable[[], None] | None = None
+        self,
+        service: Service,
+        dispatcher: Dispatcher[_Target],
+        on_ready: Callable[[], None] | None = None,
+        on_startup_failure: Callable[[BaseException], str] | None = None,
     ) -> None:
         self.service = service
         self.match = dispatcher.match
         self._on_ready = on_ready
+        self._on_startup_failure = on_startup_failure
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -205,8 +214,9 @@ class _AsgiFront:
         await AsgiReply(reply, exchange.request_id)(scope, receive, send)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI's lifespan protocol; a failure is reported with its traceback (the server logs it and exits). The
-        lifespan state carries the refusal twinserve's own HTTP server makes before the app (fronts/early.py)."""
+        """ASGI's lifespan protocol; a failure is reported (the server logs the message and exits): at startup in the
+        one line `on_startup_failure` makes of it, if given, else with its traceback. The lifespan state carries the
+        refusal twinserve's own HTTP server makes before the app (fronts/early.py)."""
         service = self.service
         started = False
         await receive()  # lifespan.startup
@@ -239,7 +249,10 @@ class _AsgiFront:
             mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
             if service.tracer is not None:
                 service.tracer.shutdown()
-        except BaseException:
+        except BaseException as exc:
+            if not started and self._on_startup_failure is not None and isinstance(exc, Exception):
+                await send({"type": "lifespan.startup.failed", "message": self._on_startup_failure(exc)})
+                raise
             failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
             await send({"type": failed, "message": traceback.format_exc()})
             raise

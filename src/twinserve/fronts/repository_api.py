@@ -78,8 +78,9 @@ class RepositoryApi:
         return Reply(200, dumps({"name": model, "traffic": policy.describe()}))
 
     def set_traffic(self, key: str | None, model: str, body: bytes) -> Reply:
-        """Replace `model`'s traffic policy by the body's (the `[traffic]` table as JSON), in every server process;
-        the admin key and `--model-control explicit`, as for load and unload."""
+        """Change the parts of `model`'s traffic policy the body names (the `[traffic]` table as JSON; a part set to
+        null is removed, a part left out is kept), in every server process; the answer is the whole policy now in
+        force. The admin key and `--model-control explicit`, as for load and unload."""
         control = self.control(key, "changing a model's traffic")
         try:
             described = control.set_traffic(model, _json_object(body))

@@ -190,7 +190,8 @@ class _Metrics:
         self.cache = Counter("twinserve_cache_requests_total", "Cache lookups per instance.", ["model", "result"])
         self.load_seconds = Histogram(
             "twinserve_model_load_seconds",
-            "Cold start of a model version: its import and its load(), to ready (each load, at start or on demand).",
+            "Cold start of a model version, as its 'ready in' log line says: its import and construction plus its "
+            "load() (hybrid: its model workers' start and load) to ready; each load, at start or on demand.",
             ["model", "version"], buckets=LOAD_BUCKETS,
         )  # fmt: skip
         self.evictions = Counter(

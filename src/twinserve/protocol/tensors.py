@@ -76,8 +76,15 @@ _LENGTH = struct.Struct("<I")
 
 
 # -- arrays ------------------------------------------------------------------------------------------------------
-def array_from_json(tensor: str, datatype: str, shape: Sequence[int], data: Any) -> np.ndarray[Any, Any]:
-    """`data` (nested or flat, row-major) as an array of `datatype` and `shape`; InvalidTensor (400) if it is not."""
+def array_from_json(
+    tensor: str, datatype: str, shape: Sequence[int], data: Any, booleans: bool = True
+) -> np.ndarray[Any, Any]:
+    """`data` (nested or flat, row-major) as an array of `datatype` and `shape`; InvalidTensor (400) if it is not.
+
+    Every element must be of the JSON type the datatype takes (the Open Inference Protocol's "data must match the
+    datatype"; TF-Serving's JSON mapping alike): numbers, integers for the integer types, true/false for BOOL,
+    strings for BYTES. numpy alone would read `[true, 1.5]` as `[1.0, 1.5]`, so numeric data is searched for a
+    JSON boolean, unless the caller knows there is none (`booleans=False`: its body holds no `true` or `false`)."""
     if not isinstance(data, list):
         raise InvalidTensor(f"input {tensor!r}: data must be a list, got {type(data).__name__}")
     try:
@@ -89,6 +96,8 @@ def array_from_json(tensor: str, datatype: str, shape: Sequence[int], data: Any)
     if array.size != math.prod(shape):
         raise InvalidTensor(f"input {tensor!r}: {array.size} data elements do not fill shape {list(shape)}")
     kind = array.dtype.kind
+    if array.size and kind in "iuf" and booleans and datatype != "BOOL" and _holds_boolean(data):
+        kind = "b"  # a boolean among the numbers: refused as booleans are, below
     if array.size and kind not in _JSON_KINDS[datatype]:
         expected = _EXPECTED[_JSON_KINDS[datatype]]
         raise InvalidTensor(f"input {tensor!r}: {datatype} data must be {expected}, got {_KIND_NAMES.get(kind, kind)}")
@@ -98,6 +107,18 @@ def array_from_json(tensor: str, datatype: str, shape: Sequence[int], data: Any)
         if array.min() < info.min or array.max() > info.max:
             raise InvalidTensor(f"input {tensor!r}: a value is out of the range of {datatype}")
     return array.astype(target, copy=False).reshape(shape)
+
+
+def _holds_boolean(data: list[Any]) -> bool:
+    """Whether nested lists `data` hold a bool anywhere (a JSON true or false)."""
+    pending = [data]
+    while pending:
+        for item in pending.pop():
+            if item is True or item is False:
+                return True
+            if type(item) is list:
+                pending.append(item)
+    return False
 
 
 def _uint64(tensor: str, data: list[Any], array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

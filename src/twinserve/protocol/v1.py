@@ -8,12 +8,15 @@ go back the same way: an object of named lists when every prediction is an objec
 list.
 
 Parsing and validation happen in one pass in pydantic-core straight from the request bytes, so malformed JSON
-(400) and schema violations (422, naming the instance index and field) come from the same call.
+(400) and schema violations (422, naming the instance index and field) come from the same call. Validation is
+pydantic's strict JSON mode (`json_strictness`): a value must be of the JSON type its field takes, so `true` or
+`"1.5"` for a float is a 422, as TF-Serving's REST API refuses them for a float tensor.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ __all__ = [
     "check_instance_count",
     "dumps",
     "json_default",
+    "json_strictness",
     "reject_non_json_numbers",
     "request_error",
 ]
@@ -64,6 +68,18 @@ class V1Request:
 
     instances: list[Any]
     columnar: bool = False
+
+
+def json_strictness(input_type: Any) -> bool | None:
+    """How a body's instances of `input_type` are validated: in pydantic's strict JSON mode (True), where each value
+    must be of the JSON type its field takes: a number for a float (an integer fills it), an integer for an int,
+    true or false for a bool, a string for a str (dates, UUIDs, enums are still read from their strings). That is
+    TF-Serving's JSON mapping (its REST API guide, "JSON mapping": DT_FLOAT is a JSON number, DT_BOOL true or
+    false; `json_tensor.cc` refuses any other JSON type) and the Open Inference Protocol's rule that data matches
+    its datatype. None, leaving it to the type's own pydantic config, when that config sets `strict` itself: a
+    model that wants pydantic's coercions (`"1.5"` as 1.5) says so with `ConfigDict(strict=False)`."""
+    config = getattr(input_type, "model_config", None) or getattr(input_type, "__pydantic_config__", None)
+    return None if isinstance(config, Mapping) and "strict" in config else True
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -115,6 +131,8 @@ class V1Codec:
             __config__=ConfigDict(extra="ignore"),
             instances=(list[input_type], Field(min_length=1, max_length=max_instances)),
         )
+        #: pydantic's `strict` for a body's instances (`json_strictness`).
+        self.strict = json_strictness(input_type)
         self.input_adapter: TypeAdapter[Any] = TypeAdapter(input_type)
         self._rows: TypeAdapter[list[Any]] = TypeAdapter(list[input_type])
         self.output_adapter: TypeAdapter[Any] = TypeAdapter(output_type)
@@ -145,7 +163,8 @@ class V1Codec:
     def _instances(self, body: bytes) -> list[Any]:
         check_instance_count(body, self.max_instances)
         try:
-            return self._request.model_validate_json(body).instances  # type: ignore[attr-defined, no-any-return]
+            request = self._request.model_validate_json(body, strict=self.strict)
+            return request.instances  # type: ignore[attr-defined, no-any-return]
         except ValidationError as exc:
             raise request_error(exc, self.max_instances) from None
 
@@ -166,7 +185,8 @@ class V1Codec:
         if self.max_instances is not None and len(rows) > self.max_instances:
             raise too_many_instances(self.max_instances)
         try:
-            return V1Request(self._rows.validate_python(rows), columnar=True)
+            # As JSON, like a row body: strict JSON mode still reads a date or an enum from its string.
+            return V1Request(self._rows.validate_json(orjson.dumps(rows), strict=self.strict), columnar=True)
         except ValidationError as exc:
             raise request_error(exc, self.max_instances) from None
 

@@ -219,7 +219,7 @@ class V2Codec:
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidTensor("the request id must be a string")
         requested, timeout = self._requested(request, parameters), _timeout(parameters)
-        arrays = self._arrays(request.get("inputs"), binary)
+        arrays = self._arrays(request.get("inputs"), binary, _may_hold_booleans(header))
         rows = {array.shape[0] for array in arrays.values()}
         if len(rows) > 1:
             raise InvalidTensor(f"the inputs disagree on the batch dimension: {sorted(rows)}")
@@ -242,8 +242,9 @@ class V2Codec:
     def _too_many_rows(self) -> TooManyInstances:
         return TooManyInstances(f"a request may hold at most {self.max_instances} rows (--max-instances)")
 
-    def _arrays(self, inputs: Any, binary: memoryview) -> dict[str, np.ndarray[Any, Any]]:
-        """Every input tensor, checked against the model's and decoded from its JSON data or binary data."""
+    def _arrays(self, inputs: Any, binary: memoryview, booleans: bool = True) -> dict[str, np.ndarray[Any, Any]]:
+        """Every input tensor, checked against the model's and decoded from its JSON data or binary data
+        (`booleans`: whether the JSON may hold a true or false, which numeric data must not)."""
         if not isinstance(inputs, list) or not inputs:
             raise InvalidTensor("the request must have a non-empty 'inputs' list")
         arrays, offset, elements = {}, 0, 0
@@ -279,7 +280,7 @@ class V2Codec:
                 arrays[name] = array_from_bytes(name, tensor.datatype, shape, binary[offset : offset + size])
                 offset += size
             elif item.get("data") is not None:
-                arrays[name] = array_from_json(name, tensor.datatype, shape, item["data"])
+                arrays[name] = array_from_json(name, tensor.datatype, shape, item["data"], booleans)
             else:
                 raise InvalidTensor(f"input {name!r} has neither 'data' nor binary data")
         if offset != len(binary):
@@ -341,6 +342,12 @@ class V2Codec:
         if not buffers:
             return body, None
         return body + b"".join(buffers), len(body)
+
+
+def _may_hold_booleans(header: bytes | memoryview) -> bool:
+    """Whether a JSON header may hold a `true` or `false`: only then is numeric data searched for one."""
+    text = header if isinstance(header, bytes) else header.tobytes()
+    return b"true" in text or b"false" in text
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes | memoryview, memoryview]:

@@ -112,7 +112,7 @@ class WebSocketCodec:
         try:
             reject_non_json_numbers(text)  # NaN, Infinity, 1e400: 400 here as over HTTP
             check_instance_count(text, self._max_instances)  # 413 before the parser builds a single instance
-            message: Any = self._message.model_validate_json(text)
+            message: Any = self._message.model_validate_json(text, strict=self._v1.strict)  # as over HTTP
         except (MalformedRequest, TooManyInstances) as exc:
             raise MessageError(_text_id(text), exc) from None
         except ValidationError as exc:

@@ -171,10 +171,13 @@ class ModelControl:
 
     # -- both ---------------------------------------------------------------------------------------------
     def set_traffic(self, name: str, table: Any) -> dict[str, Any]:
-        """Spread `name`'s unversioned requests by the traffic `table` from now on (repository/traffic.py): a
-        ValueError naming what is wrong with it; the policy as it reads after."""
-        policy = TrafficPolicy.parse(table)
-        self.registry.set_traffic(name, policy)  # a swap of one dict entry: no request waits for it
+        """Spread `name`'s unversioned requests by its policy with the parts the traffic `table` names changed
+        (`TrafficPolicy.updated`: the others kept, a part set to null removed) from now on: a ValueError naming what
+        is wrong with it; the whole policy as it reads after. Another process's whole policy, published with every
+        part named, replaces this process's."""
+        policy = self.registry.traffic.get(name, TrafficPolicy()).updated(table)
+        # A swap of one dict entry: no request waits for it. An empty policy is none: the default takes all.
+        self.registry.set_traffic(name, None if policy.empty else policy)
         return policy.describe()
 
     def _known(self, name: str) -> None:

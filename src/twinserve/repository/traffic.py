@@ -1,6 +1,7 @@
 """Traffic split and shadow traffic across the versions of one model: a pure policy, no server in it.
 
-A model's `[traffic]` table (its `twinserve.toml`, or the repository API at run time) reads
+A model's `[traffic]` table (its `twinserve.toml`, or the repository API at run time, which changes the parts it
+names and keeps the others: `TrafficPolicy.updated`) reads
 
     split = {"1" = 90, "2" = 10}       # weights, by version: where the unversioned routes send each request
     sticky_header = "X-Session-Id"     # optional: requests with the same value of this header go to one version
@@ -58,7 +59,7 @@ class TrafficPolicy:
         unknown = sorted(set(table) - _KEYS)
         if unknown:
             raise ValueError(f"traffic: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(_KEYS))})")
-        split = _split(table.get("split", {}))
+        split = _split({} if table.get("split") is None else table["split"])  # null: no split, as the API says it
         sticky = table.get("sticky_header")
         if sticky is not None and (not isinstance(sticky, str) or not sticky.strip()):
             raise ValueError("traffic.sticky_header must be a header name")
@@ -67,6 +68,17 @@ class TrafficPolicy:
         if versions is not None:
             policy.check(versions)
         return policy
+
+    def updated(self, table: Any) -> TrafficPolicy:
+        """This policy with each part `table` names replaced whole (a `split` by the weights given, not merged
+        with the old ones), a part it sets to null removed, and every part it leaves out kept: the repository
+        API's change (`{"split": {"1": 100}}` keeps a shadow; `{"shadow": null}` drops it). ValueError as `parse`."""
+        return TrafficPolicy.parse({**self.describe(), **table} if isinstance(table, Mapping) else table)
+
+    @property
+    def empty(self) -> bool:
+        """Whether it changes nothing: no split, no sticky header, no shadow (the default version takes all)."""
+        return not self.split and self.sticky_header is None and self.shadow is None
 
     def check(self, versions: Collection[str]) -> None:
         """ValueError unless every version this policy names is among `versions`."""

@@ -43,6 +43,26 @@ def _curl(base: str, spec: ModelSpec) -> str | None:
     return f"curl -s {url} -H 'content-type: application/json' -d {shlex.quote(body)}"
 
 
+def _served(config: Config, base: str) -> tuple[str, list[str], str | None]:
+    """What the server serves, for a person; the models, for a program (MODEL arguments as given, a repository's
+    model names as its index lists them); a curl line to try, if there is one."""
+    repository = config.model_repository
+    if repository is not None:
+        from twinserve.repository.layout import read_repository
+
+        try:
+            models = [folder.name for folder in read_repository(repository)]
+        except OSError:  # the workers read it again and report what is wrong with it; this is only a hint
+            return f"the model repository {repository}", [], None
+        served = f"{', '.join(models)} from" if models else "no models yet from"
+        return f"{served} the model repository {repository}", models, None
+    try:
+        spec = ModelSpec(import_model(config.models[0])())
+    except Exception:  # the workers load the model and report what is wrong with it; this is only a hint
+        return config.models[0], list(config.models), None
+    return spec.name, list(config.models), _curl(base, spec)
+
+
 def announce(config: Config, port: int) -> None:
     """Say where the server listens and how to try it: plain lines on a terminal, else one JSON log event.
 
@@ -55,14 +75,7 @@ def announce(config: Config, port: int) -> None:
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     grpc = None if config.grpc_port is None else f"{'[' + host + ']' if ':' in host else host}:{config.grpc_port}"
-    try:
-        if config.model_repository is not None:
-            name, curl = f"the models of {config.model_repository}", None
-        else:
-            spec = ModelSpec(import_model(config.models[0])())
-            name, curl = spec.name, _curl(base, spec)
-    except Exception:  # the workers load the model and report what is wrong with it; this is only a hint
-        name, curl = config.models[0], None
+    name, models, curl = _served(config, base)
     if for_console(config.log_format):
         print(
             f"twinserve: serving {name} ({config.arch}) on {base}; ready once GET /v2/health/ready is 200",
@@ -74,13 +87,20 @@ def announce(config: Config, port: int) -> None:
             print(f"twinserve: gRPC (inference.GRPCInferenceService) on {grpc}", file=sys.stderr)
         return
     structlog.get_logger().bind(logger="twinserve.serve").info(
-        "serving", arch=config.arch, url=base, models=list(config.models), curl=curl, grpc=grpc
+        "serving",
+        arch=config.arch,
+        url=base,
+        models=models,
+        repository=None if config.model_repository is None else str(config.model_repository),
+        curl=curl,
+        grpc=grpc,
     )
 
 
 def serve(config: Config) -> None:
     """Serve `config.models` in `config.arch` until SIGTERM/SIGINT. Bad MODELs, tracing that cannot work here, or a
-    --device that is not here, fail before a port is bound."""
+    --device that is not here, fail before a port is bound; a model that fails to load in a worker process stops
+    the server with `StartupFailed`, its one-line reason (servers/startup.py)."""
     check_tracing(config)
     resolve_device(config.device)
     if config.model_repository is None:  # a repository's bad models are their own: the others still serve
@@ -93,7 +113,15 @@ def serve(config: Config) -> None:
         from twinserve.repository import desired
 
         desired.create()  # every server process follows the explicit loads and unloads any one of them takes
-    _runner(config.arch)(_grpc_port_chosen(config))
+    from twinserve.servers.startup import StartupReport
+
+    report = StartupReport()  # where a worker process that cannot start says why (servers/startup.py)
+    try:
+        _runner(config.arch)(_grpc_port_chosen(config))
+    except BaseException:  # its exit status, or gunicorn's HaltServer raised again when two workers fail at once
+        report.check()  # a worker said why the server stopped: that, not the bare exit status or a traceback
+        raise
+    report.check()  # uvicorn's supervisor of several workers returns once one of them failed to start
 
 
 def _grpc_port_chosen(config: Config) -> Config:

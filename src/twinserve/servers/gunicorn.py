@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Flask
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 from gunicorn.glogging import Logger
 
 from twinserve.config import Config
@@ -21,6 +22,7 @@ from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.gunicorn_balance import ConnectionShares
 from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
+from twinserve.servers.startup import built_or_exit
 
 __all__ = ["build_wsgi_app", "run"]
 
@@ -126,7 +128,10 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Flask:
-        return build_wsgi_app(self.twinserve_config)
+        # A worker whose models will not load exits as gunicorn's own workers do when they cannot boot (its ASGI
+        # worker raises SystemExit(WORKER_BOOT_ERROR) for a failed lifespan): the arbiter stops the server instead of
+        # booting the worker again, and the reason is the start-up report's (servers/startup.py).
+        return built_or_exit(lambda: build_wsgi_app(self.twinserve_config), Arbiter.WORKER_BOOT_ERROR)
 
 
 def run(config: Config) -> None:
@@ -139,7 +144,8 @@ def run(config: Config) -> None:
                 pass  # twinserve's request log has the request already
 
         # One process, one thread, no reloader: a breakpoint() in the model stops right here in the terminal.
-        server = make_server(config.host, config.port, build_wsgi_app(config), threaded=False, request_handler=Quiet)
+        app = built_or_exit(lambda: build_wsgi_app(config), Arbiter.WORKER_BOOT_ERROR)
+        server = make_server(config.host, config.port, app, threaded=False, request_handler=Quiet)
         announce(config, server.port)  # the port bound: the kernel's choice for --port 0
         server.serve_forever()
         return

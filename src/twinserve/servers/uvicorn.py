@@ -29,21 +29,28 @@ from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
+from twinserve.servers.startup import built_or_exit, report_failure
 from twinserve.servers.uvicorn_listeners import balanced_listener
 
 __all__ = ["app_factory", "run"]
 
 
 def app_factory() -> ASGIApp:
-    """Build the app in this process (models load in its lifespan) from the Config `run` handed down."""
+    """Build the app in this process (models load in its lifespan) from the Config `run` handed down.
+
+    A model that cannot be built here, or load in the lifespan, ends this process with uvicorn's STARTUP_FAILURE,
+    which stops its supervisor of several workers too, after its one line went to the start-up report
+    (servers/startup.py)."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     sockets = OpenSockets()
     _DrainSocketsFirst(sockets, config.graceful_timeout).install()
     logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
-    service = Service(ModelRegistry.from_config(config), config, setup_tracing(config))
-    return create_asgi_app(service, sockets, on_ready=settle)
+    service = built_or_exit(
+        lambda: Service(ModelRegistry.from_config(config), config, setup_tracing(config)), STARTUP_FAILURE
+    )
+    return create_asgi_app(service, sockets, on_ready=settle, on_startup_failure=report_failure)
 
 
 def _refused_handshake_noise(record: logging.LogRecord) -> bool:

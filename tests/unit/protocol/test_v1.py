@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from twinserve.errors import MalformedRequest, OutputMismatch, ValidationFailed
 from twinserve.protocol.v1 import V1Codec
@@ -71,3 +71,38 @@ def test_integers_past_64_bits_are_answered_as_json_numbers() -> None:
     assert dumps({"predictions": [big, np.arange(2)]}) == b'{"predictions":[80515548272881811456,[0,1]]}'
     with pytest.raises(TypeError):
         dumps({"predictions": [big, float("nan")]})
+
+
+@pytest.mark.parametrize(
+    ("instance", "message"),
+    [
+        (b'{"a": 1, "b": [true]}', "instances[0].b[0]: Input should be a valid number"),
+        (b'{"a": 1, "b": ["1.5"]}', "instances[0].b[0]: Input should be a valid number"),
+        (b'{"a": "1", "b": [1]}', "instances[0].a: Input should be a valid integer"),
+        (b'{"a": 1.0, "b": [1]}', "instances[0].a: Input should be a valid integer"),
+        (b'{"a": true, "b": [1]}', "instances[0].a: Input should be a valid integer"),
+    ],
+)
+def test_values_must_be_of_their_fields_json_type(instance: bytes, message: str) -> None:
+    """TF-Serving's JSON mapping (a float tensor takes JSON numbers, an integer one integers): pydantic's strict
+    JSON mode, not its coercions, in rows and columns alike."""
+    codec = V1Codec("rows", Row, int)
+    with pytest.raises(ValidationFailed, match=re.escape(message)):
+        codec.decode(b'{"instances": [' + instance + b"]}")
+    columns = b'{"inputs": [' + instance + b"]}"
+    with pytest.raises(ValidationFailed, match=re.escape(message.replace("instances", "", 1))):
+        codec.decode(columns)
+    assert V1Codec("floats", list[float], int).decode(b'{"instances": [[1, 2.5]]}') == [[1.0, 2.5]]
+    with pytest.raises(ValidationFailed, match=re.escape("instances[0][0]: Input should be a valid number")):
+        V1Codec("floats", list[float], int).decode(b'{"instances": [[true]]}')
+
+
+class Coerced(BaseModel):
+    """A model that asks for pydantic's coercions itself."""
+
+    model_config = ConfigDict(strict=False)
+    x: float
+
+
+def test_a_type_that_sets_strict_itself_decides() -> None:
+    assert V1Codec("coerced", Coerced, int).decode(b'{"instances": [{"x": "1.5"}]}') == [Coerced(x=1.5)]

@@ -366,3 +366,25 @@ def test_error_body_and_statistics() -> None:
     assert inference["compute_infer"] == {"count": 4, "ns": 200_000_000}
     # perf_analyzer aborts unless the three compute counts agree; input and output are not timed apart
     assert inference["compute_input"] == inference["compute_output"] == {"count": 4, "ns": 0}
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "INT8", "INT64", "UINT8", "UINT64"])
+@pytest.mark.parametrize(
+    ("data", "got"),
+    [([1, True], "booleans"), ([[1], [False]], "booleans"), ([True, False], "booleans"), ([1, "1.5"], "strings")],
+)
+def test_numeric_data_takes_json_numbers_only(datatype: str, data: list[Any], got: str) -> None:
+    """The Open Inference Protocol's "data must match the datatype": numpy alone reads `[1, true]` as `[1, 1]`."""
+    shape = [2, 1] if isinstance(data[0], list) else [2]
+    expected = "numbers" if datatype.startswith("FP") else "integers"
+    with pytest.raises(InvalidTensor, match=re.escape(f"{datatype} data must be {expected}, got {got}")):
+        array_from_json("x", datatype, shape, data)
+
+
+def test_a_body_without_true_or_false_is_not_searched_for_one() -> None:
+    # The search costs a pass over the data: the codec skips it when the JSON holds no `true` or `false` at all.
+    assert array_from_json("x", "FP32", [2], [1, True], booleans=False).tolist() == [1.0, 1.0]
+    assert array_from_json("x", "BOOL", [2], [True, False]).tolist() == [True, False]
+    body = request({"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [5.1, True, 1.4, 0.2]})
+    with pytest.raises(InvalidTensor, match="FP32 data must be numbers, got booleans"):
+        codec(Classifier()).decode(body)
