@@ -95,7 +95,7 @@ def test_bench_writes_a_results_file_whose_counts_add_up(
     assert all(v.evidence for v in results.verdicts)
     assert (out / "report.html").stat().st_size > 0
     assert list((out / "plots").glob("*.png"))
-    assert "The article's claims" in done.stdout and "Advice for P95 <= 250 ms" in done.stdout
+    assert "The claims of the article" in done.stdout and "Advice for P95 <= 250 ms" in done.stdout
 
 
 def test_advise_picks_what_the_numbers_in_the_file_say(

@@ -107,7 +107,7 @@ def test_each_model_in_every_architecture(tmp_path: Path) -> None:
         events = access_events(out, arch)
         # The unversioned routes: the default version answered, and the access log says which.
         assert answered(events, ":predict") == {("flat", "1"), ("scaler", "2")}
-    assert "- sync scaler v2: measuring 2 conns (1.5 s)" in done.stdout
+    assert "- sync scaler v2: measuring 2 conns (1 s after a 0.5 s warm-up)" in done.stdout
     assert results.ceiling and results.verdicts  # on the first model measured (flat v1)
 
 
