@@ -67,6 +67,7 @@ LAYER_ORDER = ("live", "contract", "wire", "unit")
 #: The layers below tests/live/: a test there that starts a server process fails.
 NO_SERVERS = ("unit", "wire", "contract")
 _STARTED: Counter[str] = Counter()  # servers started per run, by kind: the terminal summary's last line
+_STARTED_BY_MODULE: Counter[str] = Counter()  # `twinserve serve` starts by test module: where they cost the most
 _start = ServerProcess.start
 _running: list[Path] = []
 
@@ -94,6 +95,8 @@ def _counted_start(self: Any) -> Any:
     if _running and layer_of(_running[0]) in NO_SERVERS:
         raise AssertionError(f"{_running[0]} starts a server process: move it to tests/live/ (tests/README.md)")
     _STARTED["twinserve serve" if isinstance(self, TwinserveServer) else type(self).__name__] += 1
+    if isinstance(self, TwinserveServer) and _running:
+        _STARTED_BY_MODULE[str(_running[0].relative_to(TESTS)) if _running[0].is_relative_to(TESTS) else "?"] += 1
     return _start(self)
 
 
@@ -103,14 +106,20 @@ ServerProcess.start = _counted_start  # type: ignore[method-assign]
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workeroutput"):  # an xdist worker: its counts go to the controller
         session.config.workeroutput["servers_started"] = dict(_STARTED)
+        session.config.workeroutput["servers_by_module"] = dict(_STARTED_BY_MODULE)
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent with `-p no:xdist`
 def pytest_testnodedown(node: Any, error: object) -> None:  # the xdist controller, as each worker finishes
-    _STARTED.update(getattr(node, "workeroutput", {}).get("servers_started", {}))
+    output = getattr(node, "workeroutput", {})
+    _STARTED.update(output.get("servers_started", {}))
+    _STARTED_BY_MODULE.update(output.get("servers_by_module", {}))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _STARTED:
         counts = ", ".join(f"{kind} {n}" for kind, n in _STARTED.most_common())
         terminalreporter.write_line(f"servers started: {sum(_STARTED.values())} ({counts})")
+    if _STARTED_BY_MODULE:
+        top = ", ".join(f"{module} {n}" for module, n in _STARTED_BY_MODULE.most_common(15))
+        terminalreporter.write_line(f"twinserve serve started most by: {top}")
