@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,51 +26,69 @@ SAME_PROCESS = {
 }
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_concurrent_requests_are_batched_and_answered_individually(arch: str) -> None:
-    flags = ["--max-batch-size", "32", "--max-batch-delay-ms", "5", *SAME_PROCESS[arch]]
-    with Server([model_path("BatchRecorder")], arch, *flags) as server:
+# Servers shared by a module's tests that need the same flags (one start per architecture, not one per test);
+# each test leaves its server idle, and counts what it checks from where it started.
+@pytest.fixture(scope="module", params=ARCHS)
+def batching_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """BatchRecorder, batches of up to 32 formed within 5 ms, one process and (hybrid) one model worker."""
+    flags = ["--max-batch-size", "32", "--max-batch-delay-ms", "5", "--model-workers", "1"]
+    with Server([model_path("BatchRecorder")], request.param, *flags, *SAME_PROCESS[request.param]) as server:
+        yield server
 
-        def client(i: int) -> list[dict[str, Any]]:
-            answers = []
-            with httpx.Client(base_url=server.url, timeout=30) as http:  # keep-alive, like a real client
-                for k in range(5):
-                    response = http.post("/v1/models/batchrecorder:predict", json={"instances": [f"{i}-{k}"]})
-                    assert response.status_code == 200, response.text
-                    answers.extend(response.json()["predictions"])
-            return answers
 
-        with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            results = list(pool.map(client, range(32)))
+@pytest.fixture(scope="module", params=ARCHS)
+def gate_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """Gate, batches of 2, a queue of 2, one model worker: a request held in predict fills it with two more."""
+    flags = ["--max-batch-size", "2", "--max-queue", "2", "--model-workers", "1", "--read-timeout-s", "30"]
+    with Server([model_path("Gate")], request.param, *flags, *SAME_PROCESS[request.param]) as server:
+        yield server
+
+
+def _rejected(server: Server, reason: str) -> float:
+    return sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason=reason)
+
+
+def test_concurrent_requests_are_batched_and_answered_individually(batching_server: Server) -> None:
+    server = batching_server
+
+    def client(i: int) -> list[dict[str, Any]]:
+        answers = []
+        with httpx.Client(base_url=server.url, timeout=30) as http:  # keep-alive, like a real client
+            for k in range(5):
+                response = http.post("/v1/models/batchrecorder:predict", json={"instances": [f"{i}-{k}"]})
+                assert response.status_code == 200, response.text
+                answers.extend(response.json()["predictions"])
+        return answers
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(client, range(32)))
     for i, answers in enumerate(results):
         assert [a["input"] for a in answers] == [f"{i}-{k}" for k in range(5)]
     sizes = {a["call"]: a["size"] for answers in results for a in answers}
     assert sum(sizes.values()) == 32 * 5  # every instance computed once, whatever the batches were
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_requests_queued_behind_a_busy_model_are_computed_as_one_batch(arch: str, tmp_path: Path) -> None:
+def test_requests_queued_behind_a_busy_model_are_computed_as_one_batch(batching_server: Server, tmp_path: Path) -> None:
     """Batching, shown without timing: the one model worker is held inside predict (a gate), 31 single-instance
     requests queue behind it, and once it is released they are computed in one call, each answered with its own."""
-    flags = ["--max-batch-size", "32", "--max-batch-delay-ms", "5", "--model-workers", "1", *SAME_PROCESS[arch]]
     gate = tmp_path / "gate"
-    with Server([model_path("BatchRecorder")], arch, *flags) as server:
-        url = f"{server.url}/v1/models/batchrecorder:predict"
+    server = batching_server
+    url = f"{server.url}/v1/models/batchrecorder:predict"
 
-        def ask(instance: Any) -> dict[str, Any]:
-            response = httpx.post(url, json={"instances": [instance]}, timeout=60)
-            assert response.status_code == 200, response.text
-            answer: dict[str, Any] = response.json()["predictions"][0]
-            return answer
+    def ask(instance: Any) -> dict[str, Any]:
+        response = httpx.post(url, json={"instances": [instance]}, timeout=60)
+        assert response.status_code == 200, response.text
+        answer: dict[str, Any] = response.json()["predictions"][0]
+        return answer
 
-        with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            held = pool.submit(ask, {"gate": str(gate)})
-            wait_for_file(gate.with_suffix(".started"))
-            queued = [pool.submit(ask, f"q{i}") for i in range(31)]
-            wait_for_queue(server, "batchrecorder", 31)
-            gate.with_suffix(".release").touch()
-            answers = [future.result() for future in queued]
-            assert held.result()["size"] == 1
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        held = pool.submit(ask, {"gate": str(gate)})
+        wait_for_file(gate.with_suffix(".started"))
+        queued = [pool.submit(ask, f"q{i}") for i in range(31)]
+        wait_for_queue(server, "batchrecorder", 31)
+        gate.with_suffix(".release").touch()
+        answers = [future.result() for future in queued]
+        assert held.result()["size"] == 1
     assert [a["input"] for a in answers] == [f"q{i}" for i in range(31)]
     assert {a["call"] for a in answers} == {answers[0]["call"]} and answers[0]["size"] == 31
 
@@ -92,10 +111,9 @@ def _release(tmp_path: Path, name: str) -> None:
     (tmp_path / f"{name}.release").touch()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
-    flags = ["--max-batch-size", "2", "--max-queue", "2", "--model-workers", "1", *SAME_PROCESS[arch]]
-    with Server([model_path("Gate")], arch, *flags) as server, concurrent.futures.ThreadPoolExecutor(4) as pool:
+def test_full_queue_is_503_with_retry_after(gate_server: Server, tmp_path: Path) -> None:
+    server, refused_before = gate_server, _rejected(gate_server, "queue_full")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
         busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
         wait_for_file(tmp_path / "busy.started")  # the only model worker is now held inside predict
         queued = [pool.submit(predict, server, "gate", [_gate(tmp_path, f"q{i}")]) for i in range(2)]
@@ -109,16 +127,14 @@ def test_full_queue_is_503_with_retry_after(arch: str, tmp_path: Path) -> None:
         assert busy.result(timeout=30).status_code == 200
         assert [q.result(timeout=30).status_code for q in queued] == [200, 200]
         assert not (tmp_path / "extra.started").exists()  # a rejected request never reaches the model
-        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 1
+        assert _rejected(server, "queue_full") == refused_before + 1
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_full_queue_refuses_from_the_head_before_reading_the_body(arch: str, tmp_path: Path) -> None:
+def test_a_full_queue_refuses_from_the_head_before_reading_the_body(gate_server: Server, tmp_path: Path) -> None:
     """While the queue cannot take one more instance, a request is refused from its head alone: a client that
     declares a body and never sends it still gets 503 `queue_full` at once (not 408 at the read timeout)."""
-    flags = ["--max-batch-size", "2", "--max-queue", "2", "--model-workers", "1", "--read-timeout-s", "30"]
-    server = Server([model_path("Gate")], arch, *flags, *SAME_PROCESS[arch])
-    with server, concurrent.futures.ThreadPoolExecutor(3) as pool:
+    server = gate_server
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
         busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
         wait_for_file(tmp_path / "busy.started")
         queued = [pool.submit(predict, server, "gate", [_gate(tmp_path, f"q{i}")]) for i in range(2)]
@@ -141,6 +157,8 @@ def test_a_full_queue_refuses_from_the_head_before_reading_the_body(arch: str, t
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_path: Path) -> None:
+    """On a server of its own: one that has seen predicts held for seconds (the tests above) would refuse the short
+    deadline at once as unmeetable (`deadline_unmeetable`) instead of letting it expire in the queue."""
     flags = ["--max-batch-size", "2", "--model-workers", "1", "--max-timeout-ms", "5000", *SAME_PROCESS[arch]]
     with Server([model_path("Gate")], arch, *flags) as server, concurrent.futures.ThreadPoolExecutor(2) as pool:
         busy = pool.submit(predict, server, "gate", [_gate(tmp_path, "busy")])
@@ -153,7 +171,7 @@ def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_pa
         assert busy.result(timeout=30).status_code == 200
         assert predict(server, "gate", [_gate(tmp_path, "after")]).status_code == 200
         assert not (tmp_path / "late.started").exists()
-        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="deadline") == 1
+        assert _rejected(server, "deadline") == 1
         bad = predict(server, "gate", [_gate(tmp_path, "x")], headers={"X-Request-Timeout-Ms": "soon"})
         assert bad.status_code == 400
         assert "X-Request-Timeout-Ms" in error_fields(bad.json())["message"]
