@@ -172,6 +172,29 @@ class HeapState(twinserve.Model):
         return [state for _ in batch]
 
 
+#: The file a `LoadGate` model's load() waits for (its name from the environment: hybrid loads in model workers).
+LOAD_GATE_ENV = "TWINSERVE_TEST_LOAD_GATE"
+
+
+class LoadGate(twinserve.Model):
+    """Its load() touches `<gate>.loading` and returns once the file the environment names in `LOAD_GATE_ENV`
+    appears (at most 120 s): a load as long as the test wants, with no sleep in the test."""
+
+    name = "loadgate"
+
+    def load(self) -> None:
+        gate = Path(os.environ[LOAD_GATE_ENV])
+        gate.with_suffix(".loading").touch()
+        deadline = time.monotonic() + 120
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the load gate never opened")
+            time.sleep(0.01)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+
 class Chatty(twinserve.Model):
     """Logs from inside predict, through plain stdlib logging, as a user's model would."""
 

@@ -34,7 +34,7 @@
     └── ServerError                     5xx
         ├── ModelFailed                 500 model_error
         ├── OutputMismatch              500 output_mismatch
-        ├── ModelNotReady               503 model_not_ready
+        ├── ModelNotReady               503 model_not_ready (Retry-After)
         ├── ModelUnavailable            503 model_unavailable (a repository model that failed to import or load)
         ├── QueueFull                   503 queue_full (Retry-After)
         ├── WorkerDied                  503 worker_died
@@ -360,6 +360,8 @@ class OutputMismatch(ServerError):
 
 
 class ModelNotReady(ServerError):
+    """The model has not finished loading (the server answers while its models load): retry after a moment."""
+
     status = 503
     code = "model_not_ready"
 

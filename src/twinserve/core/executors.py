@@ -8,14 +8,13 @@ holds the rest back so that batches keep growing while the model is busy). For s
 
 from __future__ import annotations
 
-import asyncio
 from concurrent.futures import Executor as PoolExecutor
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from twinserve.config import Config
-from twinserve.core.bridge import run_in_executor
+from twinserve.core.bridge import run_in_daemon_thread, run_in_executor
 from twinserve.core.device import Placement
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.streams import AsyncGeneratorSteps, AsyncSteps, GeneratorSteps, Steps, ThreadedSteps
@@ -138,7 +137,9 @@ class ProcessExecutor:
         self._stream_steps = ThreadPoolExecutor(self.max_in_flight, thread_name_prefix="twinserve-stream-io")
 
     async def astart(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.pool.start)
+        # Its workers load the model: on a daemon thread, which a server told to stop meanwhile does not wait for
+        # (the workers are daemon processes, ended at exit).
+        await run_in_daemon_thread(self.pool.start)
 
     def start(self) -> None:
         self.pool.start()

@@ -29,7 +29,7 @@ from typing import Any
 from twinserve.config import Config
 from twinserve.core.batch_queue import BatchQueue
 from twinserve.core.batcher import AsyncBatcher, BatchStats, ThreadBatcher, deadline_passed
-from twinserve.core.bridge import run_in_executor
+from twinserve.core.bridge import run_in_daemon_thread, run_in_executor
 from twinserve.core.cache import Lookup, ResponseCache
 from twinserve.core.device import Placement, device_for
 from twinserve.core.executors import EXECUTORS, Executor, ModelHandle, resolve_executor
@@ -173,11 +173,13 @@ class ModelRuntime:
         self._loaded(start)
 
     async def aload(self) -> None:
-        """Load for the async fronts: in this process (off the loop) and in the executor; start the batcher."""
+        """Load for the async fronts: in this process (off the loop, on a daemon thread: a server told to stop does
+        not wait for it) and in the executor; start the batcher."""
         start = time.perf_counter()
         if self.spec.load is not None and self._loads_in_process:
+            offload = None if self._hooks_pool is None else run_in_daemon_thread  # debug: inline
             with model_code(self.name, "load"):
-                await call_async(self.spec.load, offload=self._offload)
+                await call_async(self.spec.load, offload=offload)
             self.placement.loaded()
         executor = self.executor = self._new_executor()
         await executor.astart()

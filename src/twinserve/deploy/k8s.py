@@ -314,7 +314,9 @@ def deployment(plan: K8sPlan) -> Doc:
         plan,
         HTTP_PORT_NAME,
         {
-            # Readiness waits for the model load; liveness and readiness start only once this has passed.
+            # The server answers at once, live while its models load and ready once they have: the startup probe
+            # on readiness gives the load --startup-timeout; liveness and readiness start once it has passed, and
+            # liveness then restarts only a server that stopped answering, never one still loading.
             "startupProbe": _probe(READY_PATH, STARTUP_PERIOD_S, startup_failures),
             "livenessProbe": _probe(LIVE_PATH, 10, 3),
             "readinessProbe": _probe(READY_PATH, 5, 2),
@@ -463,7 +465,8 @@ def inference_service(plan: K8sPlan) -> Doc:
     Knative owns the one port a container may declare (named `http1`, probes without a port; `--grpc-port`
     is not exposed there: KServe serves gRPC from a second InferenceService whose port is named `h2c`), start-up
     and draining, so the container has
-    no startupProbe, preStop or grace period; it scales on concurrency (async, hybrid) or CPU (sync).
+    no startupProbe, preStop or grace period; it scales on concurrency (async, hybrid) or CPU (sync). Its liveness
+    probe passes while the models load (the server answers live from the start), so a slow load is not restarted.
     """
     container = _container(
         plan,

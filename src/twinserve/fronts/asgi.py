@@ -26,7 +26,7 @@ import logging
 import os
 import traceback
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers as StarletteHeaders
 from starlette.requests import ClientDisconnect, Request
@@ -48,6 +48,11 @@ from twinserve.fronts.sse import AsgiEventStream, StreamStart, step_or_none
 from twinserve.fronts.websocket import OpenSockets, deny_handshake, websocket_endpoint
 from twinserve.observability.metrics import mark_process_dead
 from twinserve.protocol.v2 import HEADER_LENGTH
+
+if TYPE_CHECKING:  # imported only with --grpc-port: its stubs fill protobuf's global pool
+    from grpc import aio
+
+    from twinserve.fronts.grpc import InferenceServicer
 
 __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 
@@ -131,13 +136,20 @@ def create_asgi_app(
     sockets: OpenSockets | None = None,
     on_ready: Callable[[], None] | None = None,
     on_startup_failure: Callable[[BaseException], str] | None = None,
+    on_load_failure: Callable[[BaseException], None] | None = None,
 ) -> ASGIApp:
     """The ASGI app serving the shared route table over `service`; models load in its lifespan.
 
     Its WebSocket sockets are kept in `sockets`, for the server to drain at shutdown. `on_ready` is called once the
-    models have loaded, before the server is told the startup is complete (a serving process settles its heap:
-    core/heap.py). `on_startup_failure` reports a startup that failed and answers the one line the server is told
-    (`lifespan.startup.failed`'s message, which the server logs); without it, the message is the traceback.
+    models have loaded (a serving process settles its heap: core/heap.py). `on_startup_failure` reports a startup
+    that failed and answers the one line the server is told (`lifespan.startup.failed`'s message, which the server
+    logs); without it, the message is the traceback.
+
+    Without `on_load_failure` the startup completes once the models have loaded (Ray's replicas, the tests'
+    in-process apps). With it the startup completes at once and the models load in a task on the loop: the server
+    answers meanwhile, live and not ready (`ModelRegistry.starting`), and a request for a model still loading waits
+    for it (repository/residency.py); a model of the MODEL arguments that fails to load goes to `on_load_failure`,
+    the server's to report and stop (the lifespan protocol has no failure after a completed startup).
     """
     if sockets is None:
         sockets = OpenSockets()
@@ -153,7 +165,7 @@ def create_asgi_app(
         )
         for route in ROUTES
     )
-    app: ASGIApp = _AsgiFront(service, dispatcher, on_ready, on_startup_failure)
+    app: ASGIApp = _AsgiFront(service, dispatcher, on_ready, on_startup_failure, on_load_failure)
     if service.cors is not None:
         app = _Cors(app, service)
     # Outermost: a request naming a foreign host gets nothing else, not even a preflight's answer.
@@ -169,11 +181,16 @@ class _AsgiFront:
         dispatcher: Dispatcher[_Target],
         on_ready: Callable[[], None] | None = None,
         on_startup_failure: Callable[[BaseException], str] | None = None,
+        on_load_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.service = service
         self.match = dispatcher.match
         self._on_ready = on_ready
         self._on_startup_failure = on_startup_failure
+        self._on_load_failure = on_load_failure
+        #: What starts with the models and stops at shutdown: the repository's poll and the gRPC server.
+        self._polling: asyncio.Task[None] | None = None
+        self._grpc: tuple[aio.Server, InferenceServicer] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -221,30 +238,29 @@ class _AsgiFront:
         started = False
         await receive()  # lifespan.startup
         try:
-            await service.registry.aload()
-            # The repository's poll, or the other server processes' explicit changes (repository/desired.py).
-            polling = None
-            if service.watch is not None:
-                await service.watch.abegin()  # before the first request: a change from then on is seen
-                polling = asyncio.create_task(service.watch.arun())
-            grpc = None
-            if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
-                from twinserve.fronts.grpc import start_grpc_server, stop_grpc_server
-
-                grpc = await start_grpc_server(service, service.config, _apredict)
+            loading = None
+            if self._on_load_failure is None:
+                await self._load()
+            else:  # the server answers while they load (see `create_asgi_app`)
+                service.registry.starting = True
+                loading = asyncio.create_task(self._load_behind(self._on_load_failure))
             if "state" in scope:
                 scope["state"][EARLY_REFUSAL_STATE] = EarlyRefusal(service)
-            if self._on_ready is not None:
-                self._on_ready()
             await send({"type": "lifespan.startup.complete"})
             started = True
             await receive()  # lifespan.shutdown
-            if grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
-                await stop_grpc_server(*grpc, service.config.graceful_timeout)
-            if polling is not None:
-                polling.cancel()
+            if loading is not None:  # told to stop while a model loads: the load stops at its next await
+                loading.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await polling
+                    await loading
+            if self._grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
+                from twinserve.fronts.grpc import stop_grpc_server
+
+                await stop_grpc_server(*self._grpc, service.config.graceful_timeout)
+            if self._polling is not None:
+                self._polling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._polling
             await service.registry.aclose()
             mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
             if service.tracer is not None:
@@ -257,6 +273,30 @@ class _AsgiFront:
             await send({"type": failed, "message": traceback.format_exc()})
             raise
         await send({"type": "lifespan.shutdown.complete"})
+
+    async def _load(self) -> None:
+        """Load the models, then start what serves beside HTTP once they are loaded."""
+        service = self.service
+        await service.registry.aload()
+        # The repository's poll, or the other server processes' explicit changes (repository/desired.py).
+        if service.watch is not None:
+            await service.watch.abegin()  # before the first request: a change from then on is seen
+            self._polling = asyncio.create_task(service.watch.arun())
+        if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
+            from twinserve.fronts.grpc import start_grpc_server
+
+            self._grpc = await start_grpc_server(service, service.config, _apredict)
+        if self._on_ready is not None:
+            self._on_ready()
+
+    async def _load_behind(self, on_load_failure: Callable[[BaseException], None]) -> None:
+        """`_load` while the server answers; ready once it is done."""
+        try:
+            await self._load()
+        except Exception as exc:
+            on_load_failure(exc)
+            return
+        self.service.started()
 
 
 async def _apredict(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> list[Any]:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission
+from twinserve.core.readiness import ServerReadiness
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ModelNotReady,
@@ -30,7 +31,7 @@ from twinserve.errors import (
 from twinserve.fronts.auth import authenticator, key_id
 from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.cors import cors_policy
-from twinserve.fronts.exchange import Exchange, Reply, error_reply
+from twinserve.fronts.exchange import NOT_READY_HEADERS, Exchange, Reply, error_reply
 from twinserve.fronts.hosts import check_site, host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.repository_api import RepositoryApi
@@ -192,6 +193,8 @@ class Service(OpenInferenceHandlers):
         self.shadows = ShadowRunner()
         #: Requests wait here for a loading model; `--max-loaded-models` loads on demand and evicts (LRU).
         self.residency = Residency(self.registry, self.repository.changes, config)
+        #: Whether the server's other processes have loaded too (None: this one is the server): core/readiness.py.
+        self.peers = ServerReadiness.attach(config.effective_workers)
 
     # -- metadata and health -----------------------------------------------------------------------------
     def codecs_of(self, runtime: ModelRuntime) -> ModelCodecs:
@@ -206,11 +209,14 @@ class Service(OpenInferenceHandlers):
         return Reply(200, dumps({"models": list(self.runtimes)}))
 
     def model_metadata(self, model: str) -> Reply:
+        """KServe V1's model status and twinserve's details: 503 (`"ready": false`) while the model loads, as
+        KServe's model server answers a model that is not ready."""
         runtime = self.runtime(model)
         v1 = self.codecs_of(runtime).v1
         schemas = {"input_schema": v1.input_schema(), "output_schema": v1.output_schema()}
         versions = [entry.describe() for entry in self.registry.versions_of(runtime.name)]
-        return Reply(200, dumps({**runtime.metadata(), **schemas, "versions": versions}))
+        body = dumps({**runtime.metadata(), **schemas, "versions": versions})
+        return Reply(200, body) if runtime.ready else Reply(503, body, dict(NOT_READY_HEADERS))
 
     @cached_property
     def _openapi(self) -> bytes:
@@ -422,10 +428,20 @@ class Service(OpenInferenceHandlers):
         return Reply(200, b'{"status":"alive"}')
 
     def ready(self) -> Reply:
+        """503 while any model is loading, the server's first load included (it answers before its models have
+        loaded: `ModelRegistry.starting`), in this process or, at the start, in another of the server's
+        (core/readiness.py), with the names of those still loading here; 200 once every one is ready."""
         not_ready = [name for name, r in self.runtimes.items() if not r.ready]
-        if not_ready:
-            return Reply(503, dumps({"ready": False, "loading": not_ready}))
+        if not_ready or self.registry.starting or (self.peers is not None and not self.peers.all_ready()):
+            return Reply(503, dumps({"ready": False, "loading": not_ready}), dict(NOT_READY_HEADERS))
         return Reply(200, b'{"ready":true}')
+
+    def started(self) -> None:
+        """The server's first load has ended in this process (its models loaded, then what starts with them):
+        ready from now on, once the server's other processes are too."""
+        if self.peers is not None:
+            self.peers.mark()
+        self.registry.starting = False
 
     # -- predict, in the steps each front calls around its own way of waiting --------------------------------
     def runtime(self, model: str, version: str | None = None) -> ModelRuntime:
@@ -479,7 +495,7 @@ class Service(OpenInferenceHandlers):
         if content_length is not None and content_length > self.max_body_bytes:
             raise self.too_large()
         if not runtime.ready:
-            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers=dict(NOT_READY_HEADERS))
         return media_type == _FORM_TYPE
 
     def first_chunk(self, context: RequestContext, model: str) -> None:
@@ -490,7 +506,7 @@ class Service(OpenInferenceHandlers):
         """`admit` for a WebSocket handshake: the model exists and is ready."""
         runtime = self.runtime(model)
         if not runtime.ready:
-            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers={"Retry-After": "1"})
+            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers=dict(NOT_READY_HEADERS))
         return runtime
 
     def too_large(self) -> PayloadTooLarge:

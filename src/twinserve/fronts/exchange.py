@@ -56,7 +56,15 @@ if TYPE_CHECKING:
     from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "TRIM_AFTER_BYTES", "Exchange", "Reply", "decode_off_loop", "error_reply"]
+__all__ = [
+    "DECODE_OFF_LOOP_BYTES",
+    "NOT_READY_HEADERS",
+    "TRIM_AFTER_BYTES",
+    "Exchange",
+    "Reply",
+    "decode_off_loop",
+    "error_reply",
+]
 
 logger = logging.getLogger("twinserve.exchange")
 
@@ -69,6 +77,10 @@ DECODE_OFF_LOOP_BYTES = 64 * 1024
 #: A refused body at least this large is followed by a trim of the heap when its exchange closes (core/memory.py):
 #: its copies would otherwise stay resident; smaller ones do not move the heap enough to pay for it.
 TRIM_AFTER_BYTES = 1 << 20
+
+
+#: What a not-ready answer carries (a model loading: its ready routes, its predict, the server's readiness).
+NOT_READY_HEADERS: Mapping[str, str] = {"Retry-After": "1"}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.exchange import Reply
+from twinserve.fronts.exchange import NOT_READY_HEADERS, Reply
 from twinserve.fronts.routes import INFERENCE_ENDPOINTS
 from twinserve.observability.metrics import InferenceTotals, inference_totals
 from twinserve.protocol.codecs import ModelCodecs
@@ -55,9 +55,11 @@ class OpenInferenceHandlers:
         return Reply(200, dumps(metadata))
 
     def model_ready(self, model: str, version: str | None = None) -> Reply:
+        """200 once the model (version) is ready; 503 with `Retry-After` while it loads (KServe's model server's
+        answer, and what a readiness probe or a load balancer reads as "not yet")."""
         runtime = self.v2_runtime(model, version)
-        # The protocol answers "not ready" with a 4xx status.
-        return Reply(200 if runtime.ready else 400, dumps({"name": runtime.name, "ready": runtime.ready}))
+        body = dumps({"name": runtime.name, "ready": runtime.ready})
+        return Reply(200, body) if runtime.ready else Reply(503, body, dict(NOT_READY_HEADERS))
 
     def model_config(self, model: str, version: str | None = None) -> Reply:
         runtime = self.v2_runtime(model, version)

@@ -13,6 +13,9 @@ the log: a model's code may put a secret in its message, and the text names the 
 `runtimes` maps each model name to its default version's runtime, the one the unversioned routes use: the
 highest version number that is ready (while the server starts, the highest one loading). The dict is updated
 in place, so a `Service` holding it sees every change.
+
+A server answers before its models have loaded (`starting`): live at once, ready once they have; a request for a
+model still LOADING waits for it within its deadline (repository/residency.py).
 """
 
 from __future__ import annotations
@@ -99,6 +102,9 @@ class ModelRegistry:
         self.traffic: dict[str, TrafficPolicy] = {}
         #: Set once its models are closed (the server stops): a repository poll thread then ends.
         self.closed = False
+        #: True while the server's first load runs behind a port that answers already (servers/gunicorn.py,
+        #: fronts/asgi.py): the server is live, and not ready until it ends (the load and what follows it).
+        self.starting = False
 
     # -- building -------------------------------------------------------------------------------------------
     @classmethod
@@ -220,12 +226,15 @@ class ModelRegistry:
         return [e for e in self.entries() if e.state == "LOADING" and e.runtime is not None]
 
     def _failed(self, entry: ServedVersion, exc: Exception) -> None:
-        if self.strict:
+        if self.strict:  # the server's failure: it stops; requests waiting for the model are answered 503 at once
+            entry.state, entry.reason = "UNAVAILABLE", failure_reason("load")
+            self._choose_defaults()
             raise exc
         runtime, entry.runtime = entry.runtime, None
         if runtime is not None:
             runtime.close()
         entry.state, entry.reason = "UNAVAILABLE", failure_reason("load")
+        self._choose_defaults()  # requests already come (the server answers while it loads): not this one
         logger.error("model %r version %s is unavailable: %s", entry.name, entry.version, failure_text(exc))
 
     def close(self) -> None:

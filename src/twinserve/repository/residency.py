@@ -6,7 +6,8 @@
 the load fails, 503 `model_unavailable` with the reason (the registry's lookup answers it). The sync front waits
 in the request's own thread on a `threading.Condition`, the async fronts on an `asyncio.Event`: the loop keeps
 serving. Both also look again every `_LOOK_S`, for loads this module did not start (the server's start, an
-explicit load).
+explicit load). The server answers while its models load (repository/registry.py `starting`): an unversioned
+request waits for its model's default version then, the highest one, not for a lower one that loaded sooner.
 
 **Loading on demand** (`--max-loaded-models N`, a model repository): at start the first N models by name load,
 every other is UNAVAILABLE with the reason `cold`; a request for a `cold` or `evicted` model loads it, off its
@@ -108,6 +109,8 @@ class Residency:
         """go: admit the request now (ready, or unknown or unavailable: the lookup answers 404 or 503); wait: a
         load is under way; load: start one."""
         chosen = [e for e in self.registry.versions_of(name) if version is None or e.version == version]
+        if version is None and self._default_loading(name, chosen):
+            return "wait"
         if not chosen or any(e.state == "READY" for e in chosen):
             return "go"
         if name in self._loading or any(e.state in ("LOADING", "UNLOADING") for e in chosen):
@@ -115,6 +118,12 @@ class Residency:
         if self.limit is not None and any(e.reason in _ON_DEMAND for e in chosen):
             return "load"
         return "go"
+
+    def _default_loading(self, name: str, versions: list[ServedVersion]) -> bool:
+        """Whether `name`'s default version is loading: while the server starts, the highest version, which an
+        unversioned request waits for rather than take a lower one that loaded sooner."""
+        default = self.registry.runtimes.get(name)
+        return default is not None and any(e.runtime is default and e.state == "LOADING" for e in versions)
 
     def _timeout_ms(self, name: str) -> int | None:
         for entry in self.registry.versions_of(name):

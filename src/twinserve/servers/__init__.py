@@ -109,6 +109,10 @@ def serve(config: Config) -> None:
             label = getattr(model_class, "name", None) or model_class.__name__.lower()
             model_config(config, class_settings(model_class), label)  # per-model settings checked here too
     _share_admission_state(config)
+    if config.effective_workers > 1:
+        from twinserve.core import readiness
+
+        readiness.create()  # each server process is ready once every one has loaded its models
     if config.model_repository is not None and config.model_control == "explicit" and config.effective_workers > 1:
         from twinserve.repository import desired
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
@@ -22,17 +25,38 @@ from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.gunicorn_balance import ConnectionShares
 from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
-from twinserve.servers.startup import built_or_exit
+from twinserve.servers.startup import built_or_exit, stop_server
 
 __all__ = ["build_wsgi_app", "run"]
 
 
-def build_wsgi_app(config: Config) -> Flask:
-    """Import and load every model in this process (the per-worker singleton, S4), then build the app."""
+def build_wsgi_app(config: Config, on_load_failure: Callable[[BaseException], None] | None = None) -> Flask:
+    """Import every model in this process (the per-worker singleton, S4) and build the app over them.
+
+    Without `on_load_failure` the models load before the app is returned (the debug server, the tests' in-process
+    apps): a failure raises. With it they load on a thread of their own behind the app, which answers at once: live,
+    and not ready until they have loaded (`ModelRegistry.starting`); a request for a model still loading waits for
+    it (repository/residency.py). A model of the MODEL arguments that fails to load goes to `on_load_failure`: the
+    server's to report and stop. The thread is a daemon: a worker told to stop while a model's `load()` still runs
+    (nothing can interrupt it) exits without waiting for it.
+    """
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     tracer = setup_tracing(config)  # here, in the worker: the exporter's thread would not survive gunicorn's fork
     service = Service(load_models(config), config, tracer)
+    if on_load_failure is None:
+        _load(service, config)
+    else:
+        service.registry.starting = True
+        loading = threading.Thread(
+            target=_load_behind, args=(service, config, on_load_failure), name="twinserve-first-load", daemon=True
+        )
+        loading.start()
+    return create_wsgi_app(service)
+
+
+def _load(service: Service, config: Config) -> None:
+    """Load the models, then start what serves beside HTTP once they are loaded."""
     service.registry.load()
     if service.watch is not None:  # the repository's poll, or the other workers' explicit changes
         service.watch.start()
@@ -42,7 +66,17 @@ def build_wsgi_app(config: Config) -> Flask:
 
         _grpc = GrpcThread(service, config)
         _grpc.start()
-    return create_wsgi_app(service)
+
+
+def _load_behind(service: Service, config: Config, on_load_failure: Callable[[BaseException], None]) -> None:
+    """`_load` behind a serving app (see `build_wsgi_app`); ready once it and the heap's settling are done."""
+    try:
+        _load(service, config)
+        settle()  # its models loaded: the worker serves from here (core/heap.py)
+    except Exception as exc:
+        on_load_failure(exc)
+        return
+    service.started()
 
 
 def load_models(config: Config) -> ModelRegistry:
@@ -121,17 +155,22 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         if self.connection_shares is not None:
             settings["pre_fork"] = lambda arbiter, worker: self.connection_shares.claim(worker)
         settings["worker_exit"] = _worker_exit
-        settings["post_worker_init"] = lambda worker: settle()  # its models loaded (core/heap.py)
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 25: no shared ~/.gunicorn socket
             settings["control_socket_disable"] = True
         for key, value in settings.items():
             self.cfg.set(key, value)
 
     def load(self) -> Flask:
-        # A worker whose models will not load exits as gunicorn's own workers do when they cannot boot (its ASGI
+        # A worker whose models cannot be built exits as gunicorn's own workers do when they cannot boot (its ASGI
         # worker raises SystemExit(WORKER_BOOT_ERROR) for a failed lifespan): the arbiter stops the server instead of
-        # booting the worker again, and the reason is the start-up report's (servers/startup.py).
-        return built_or_exit(lambda: build_wsgi_app(self.twinserve_config), Arbiter.WORKER_BOOT_ERROR)
+        # booting the worker again, and the reason is the start-up report's (servers/startup.py). Its models load
+        # once it serves (live, not ready): one of the MODEL arguments that fails to load stops the arbiter, its
+        # parent, with SIGTERM, after the same report.
+        return built_or_exit(lambda: build_wsgi_app(self.twinserve_config, _stop_arbiter), Arbiter.WORKER_BOOT_ERROR)
+
+
+def _stop_arbiter(error: BaseException) -> None:
+    stop_server(error, os.getppid())  # a gunicorn worker's parent is its arbiter
 
 
 def run(config: Config) -> None:

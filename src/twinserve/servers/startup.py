@@ -8,6 +8,11 @@ process names in `TWINSERVE_STARTUP_REPORT`, and exits the way its server expect
 starting the worker again. Once the server has stopped, the starting process reads the report's first line
 (`StartupReport.check`) and raises `StartupFailed`, which the command line prints as `twinserve: error: ...`.
 
+Models load after the server has begun to answer (live while they load, ready once loaded), so a model of the MODEL
+arguments can fail when the worker process booted long ago: `stop_server` then reports the failure the same way and
+tells the server to stop (SIGTERM to the process that supervises it: gunicorn's arbiter, uvicorn's supervisor of
+several workers, or uvicorn's own server process), and the starting process raises `StartupFailed` once it has.
+
 The traceback stays in the log: with the record of a failure twinserve did not expect, and at debug for one it
 raised on purpose (a model's own exception was logged with its traceback where it was raised, `core/hooks.py`).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
@@ -24,7 +30,15 @@ from twinserve.core.hooks import LOG_HINT
 from twinserve.core.shared import private_file
 from twinserve.errors import TwinserveError
 
-__all__ = ["REPORT_ENV", "StartupFailed", "StartupReport", "built_or_exit", "describe", "report_failure"]
+__all__ = [
+    "REPORT_ENV",
+    "StartupFailed",
+    "StartupReport",
+    "built_or_exit",
+    "describe",
+    "report_failure",
+    "stop_server",
+]
 
 REPORT_ENV = "TWINSERVE_STARTUP_REPORT"
 #: The exit status of a server that could not start: gunicorn's WORKER_BOOT_ERROR and uvicorn's STARTUP_FAILURE.
@@ -74,6 +88,15 @@ def built_or_exit(build: Callable[[], T], exit_code: int) -> T:
         return build()
     except Exception as exc:
         _exit(exc, exit_code)
+
+
+def stop_server(error: BaseException, server_pid: int) -> None:
+    """A model that failed to load behind a serving port: reported as a start-up failure (logged, its line in the
+    start-up report), and the server stopped gracefully by SIGTERM to `server_pid`, the process that runs it (both
+    gunicorn and uvicorn document SIGTERM as their graceful stop)."""
+    logger.error("%s", report_failure(error))
+    with contextlib.suppress(ProcessLookupError):  # stopped already
+        os.kill(server_pid, signal.SIGTERM)
 
 
 def _exit(error: Exception, exit_code: int) -> NoReturn:

@@ -29,28 +29,38 @@ from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
-from twinserve.servers.startup import built_or_exit, report_failure
+from twinserve.servers.startup import built_or_exit, report_failure, stop_server
 from twinserve.servers.uvicorn_listeners import balanced_listener
 
 __all__ = ["app_factory", "run"]
 
 
 def app_factory() -> ASGIApp:
-    """Build the app in this process (models load in its lifespan) from the Config `run` handed down.
+    """Build the app in this process from the Config `run` handed down; its models load once it serves.
 
-    A model that cannot be built here, or load in the lifespan, ends this process with uvicorn's STARTUP_FAILURE,
-    which stops its supervisor of several workers too, after its one line went to the start-up report
-    (servers/startup.py)."""
+    A model that cannot be built here ends this process with uvicorn's STARTUP_FAILURE, which stops its supervisor
+    of several workers too, after its one line went to the start-up report (servers/startup.py). The models load in
+    a task of the lifespan that completes at once, so the server answers while they load (live, not ready); one of
+    the MODEL arguments that fails to load stops the server with SIGTERM, uvicorn's graceful stop, after the same
+    report: this process with one worker, the supervisor, its parent, with several. Built outside uvicorn's
+    serving loop (the tests' in-process apps), the models load before the lifespan's startup completes."""
     config = Config.model_validate_json(os.environ[CONFIG_ENV])
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     sockets = OpenSockets()
-    _DrainSocketsFirst(sockets, config.graceful_timeout).install()
+    serving = _DrainSocketsFirst(sockets, config.graceful_timeout).install()
     logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
     service = built_or_exit(
         lambda: Service(ModelRegistry.from_config(config), config, setup_tracing(config)), STARTUP_FAILURE
     )
-    return create_asgi_app(service, sockets, on_ready=settle, on_startup_failure=report_failure)
+    server_pid = os.getpid() if config.effective_workers == 1 else os.getppid()
+    return create_asgi_app(
+        service,
+        sockets,
+        on_ready=settle,
+        on_startup_failure=report_failure,
+        on_load_failure=functools.partial(stop_server, server_pid=server_pid) if serving else None,
+    )
 
 
 def _refused_handshake_noise(record: logging.LogRecord) -> bool:
@@ -74,15 +84,17 @@ class _DrainSocketsFirst:
         self.timeout = timeout
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def install(self) -> None:
+    def install(self) -> bool:
+        """Take the signals; False when built outside uvicorn's serving loop: its signals are not ours to take."""
         try:
             self.loop = asyncio.get_running_loop()
-        except RuntimeError:  # built outside uvicorn's serving loop: its signals are not ours to take
-            return
+        except RuntimeError:
+            return False
         for sig in (signal.SIGINT, signal.SIGTERM):
             forward = signal.getsignal(sig)
             if callable(forward):
                 signal.signal(sig, functools.partial(self._on_signal, forward))
+        return True
 
     def _on_signal(self, forward: Any, signum: int, frame: FrameType | None) -> None:
         if self.sockets.closing or not len(self.sockets):
