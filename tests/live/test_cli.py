@@ -123,7 +123,11 @@ def test_a_model_that_will_not_load_fails_the_start_in_one_plain_line(
         "        raise ValueError('no settings here')\n\n    def predict(self, batch):\n        return batch\n"
     )
     target = str(tmp_path / model) if model.startswith("init.py") else model_path(model)
-    result = twinserve("serve", target, "--arch", arch, "--workers", workers, "--port", "0", "--log-format", "json")
+    # --graceful-timeout 5: under the suite's load and coverage, a sync run now and then waited gunicorn's whole
+    # graceful timeout (30 s) for its second worker, still booting when the arbiter told it to stop (not seen
+    # without coverage: left for the server-on-public-APIs work, issue #42).
+    flags = ("--workers", workers, "--port", "0", "--log-format", "json", "--graceful-timeout", "5")
+    result = twinserve("serve", target, "--arch", arch, *flags)
     assert result.returncode == 3, result.stderr
     *log, last = result.stderr.strip().splitlines()
     assert last == f"twinserve: error: {line}", result.stderr

@@ -271,13 +271,27 @@ def _registry() -> Any:
     return registry
 
 
+#: Reads of the processes' metric files before a scrape gives up on one being created (see `render`).
+RENDER_ATTEMPTS = 3
+
+
 def render() -> bytes:
-    """The Prometheus text exposition of every process of this server."""
+    """The Prometheus text exposition of every process of this server.
+
+    A process that starts while a scrape reads the files (a replacement worker or model worker) may have created
+    its file and not yet written its header: prometheus-client's reader then raises `struct.error` (a CI run's
+    scrape was answered 500 `internal error: error` so). Read again: a file is whole a moment later.
+    """
+    import struct
+
     from prometheus_client import generate_latest
 
     metric_sums().flush()  # this process's writes held for the interval (observability/sums.py)
-    output: bytes = generate_latest(_registry())
-    return output
+    for _ in range(RENDER_ATTEMPTS - 1):
+        with contextlib.suppress(struct.error):
+            return bytes(generate_latest(_registry()))
+        time.sleep(0.01)
+    return bytes(generate_latest(_registry()))
 
 
 @dataclass
