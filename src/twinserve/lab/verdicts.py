@@ -69,16 +69,16 @@ def _lower_latency(sync: Run, asyn: Run) -> Verdict:
     if not common:
         return Verdict(claim=claim, source=source, holds=None, evidence="sync and async share no load level")
     n = common[0]
-    s, a = _closed(sync)[n].p("p50"), _closed(asyn)[n].p("p50")
+    s, a, load = _closed(sync)[n].p("p50"), _closed(asyn)[n].p("p50"), _closed(sync)[n].load_text
     if not s or not a:
-        return Verdict(claim=claim, source=source, holds=None, evidence=f"no latency measured at {n} connection(s)")
+        return Verdict(claim=claim, source=source, holds=None, evidence=f"no latency measured at {load}")
     change = (s - a) / s
     measured = f"{abs(change):.0%} {'lower' if change >= 0 else 'higher'}"
     return Verdict(
         claim=claim,
         source=source,
         holds=change >= 0.05,
-        evidence=f"at {n} connection(s) P50 is {a:.2f} ms async vs {s:.2f} ms sync: {measured} with async "
+        evidence=f"at {load} P50 is {a:.2f} ms async vs {s:.2f} ms sync: {measured} with async "
         f"({_against(change, 0.05, 0.10)})",
         claimed="5-10% lower",
         measured=measured,
@@ -170,7 +170,7 @@ def _saturation(results: Results) -> Verdict:
             claim=claim,
             source=source,
             holds=None,
-            evidence=f"can't tell: {missing} did not saturate within the run (add higher --concurrency levels); "
+            evidence=f"{missing} did not saturate within the run (add higher --concurrency levels); "
             + "; ".join(parts),
         )
     # Saturated everywhere: the points differ if the knees sit at different loads or the peaks differ by > 10%.
