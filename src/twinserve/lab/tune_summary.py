@@ -208,11 +208,9 @@ def _standing(
     stopped: str,
 ) -> Standing:
     goal = plan.goal
-    mine = [r for r in results if r.probe.candidate.label == candidate.label]
+    mine, met, missed = _outcomes(results, candidate, goal)
     if not mine:
         return Standing(candidate, "not_searched", _unprobed_reason(plan, candidate, stopped), 0)
-    met = [r for r in mine if meets(r, goal)[0]]
-    missed = [r for r in mine if not meets(r, goal)[0]]
     # The highest rate, and of several probes there the last.
     highest_met = max(reversed(met), key=lambda r: r.probe.rate, default=None)
     highest_probed = max(reversed(mine), key=lambda r: r.probe.rate)
@@ -249,14 +247,20 @@ def _standing(
     return standing("not_searched", text)
 
 
+def _outcomes(
+    results: Sequence[ProbeResult], candidate: Variant, goal: Goal
+) -> tuple[list[ProbeResult], list[ProbeResult], list[ProbeResult]]:
+    """`candidate`'s probes: all of them, those that met the goal, those that missed it."""
+    mine = [r for r in results if r.probe.candidate.label == candidate.label]
+    return mine, [r for r in mine if meets(r, goal)[0]], [r for r in mine if not meets(r, goal)[0]]
+
+
 def _evidence(plan: Plan, results: Sequence[ProbeResult], candidate: Variant, stopped: str) -> Standing:
     """A candidate where no setting met the goal: what it was measured at, with nothing to set it against."""
     goal = plan.goal
-    mine = [r for r in results if r.probe.candidate.label == candidate.label]
+    mine, met, missed = _outcomes(results, candidate, goal)
     if not mine:
         return Standing(candidate, "not_searched", _unprobed_reason(plan, candidate, stopped), 0)
-    met = [r for r in mine if meets(r, goal)[0]]
-    missed = [r for r in mine if not meets(r, goal)[0]]
     lowest_missed = min(missed, key=lambda r: r.probe.rate, default=None)
     highest_met = max(reversed(met), key=lambda r: r.probe.rate, default=None)
     parts = [_met_text(highest_met)] if highest_met is not None else []
