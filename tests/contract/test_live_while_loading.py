@@ -21,6 +21,7 @@ from unittest import mock
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.models import LOAD_GATE_ENV
 from tests.serving import model_path, wait_for_file, wait_until
@@ -37,6 +38,15 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(LOAD_GATE_ENV, str(path))
     yield path
     path.touch()  # a load still waiting ends (its thread is a daemon: the test does not wait for it)
+
+
+def in_flight(exposition: str) -> float:
+    """`twinserve_in_flight_requests` in a /metrics answer (scrapes and probes are not counted)."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "twinserve_in_flight_requests":
+                return float(sample.value)
+    return 0.0
 
 
 class _Failures:
@@ -69,8 +79,12 @@ def test_the_sync_app_answers_while_its_model_loads(gate: Path) -> None:
     assert client.get("/v1/models/loadgate").status_code == 503
     late = client.post("/v1/models/loadgate:predict", json={"instances": [1]}, headers={"X-Request-Timeout-Ms": "50"})
     assert late.status_code == 504 and late.json["code"] == "deadline_exceeded"
+    before = in_flight(client.get("/metrics").text)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(client.post, "/v1/models/loadgate:predict", json={"instances": [1, 2]})
+        # Opened once the request is in, waiting for the load (not one that came after it).
+        wait_until(lambda: in_flight(client.get("/metrics").text) == before + 1, what="the predict to wait")
+        assert not waiting.done()
         gate.touch()
         answered = waiting.result(timeout=30)
     assert answered.status_code == 200 and answered.json == {"predictions": [1, 2]}
@@ -98,17 +112,18 @@ class _Lifespan:
         self.inbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
         self.sent: list[str] = []
         self.task: asyncio.Task[None] | None = None
+        self.answered = asyncio.Event()
 
     async def _send(self, message: dict[str, Any]) -> None:
         self.sent.append(message["type"])
+        self.answered.set()
 
     async def startup(self) -> None:
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
         self.task = asyncio.get_running_loop().create_task(self.app(scope, self.inbox.get, self._send))
         await self.inbox.put({"type": "lifespan.startup"})
         async with asyncio.timeout(30):
-            while not self.sent:
-                await asyncio.sleep(0.01)
+            await self.answered.wait()
 
     async def shutdown(self) -> None:
         await self.inbox.put({"type": "lifespan.shutdown"})
@@ -146,8 +161,13 @@ def test_the_async_app_answers_while_its_model_loads(gate: Path) -> None:
             model_ready = await client.get("/v2/models/loadgate/ready")
             assert model_ready.status_code == 503 and model_ready.headers["retry-after"] == "1"
             assert (await client.get("/v1/models/loadgate")).status_code == 503
+            before = in_flight((await client.get("/metrics")).text)
             waiting = asyncio.create_task(client.post("/v1/models/loadgate:predict", json={"instances": [1, 2]}))
-            await asyncio.sleep(0)
+
+            async def in_and_waiting() -> bool:
+                return in_flight((await client.get("/metrics")).text) == before + 1
+
+            await _until(in_and_waiting)
             assert not waiting.done()
             gate.touch()
             answered = await waiting

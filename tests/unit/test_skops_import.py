@@ -12,11 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("skops.io")
-pytest.importorskip("torch")
-
 SAVE = textwrap.dedent(
     """
     import sys

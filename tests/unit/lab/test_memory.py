@@ -67,7 +67,6 @@ def _sampled(pid: int, roles: dict[int, str]) -> Resources:
     return sampler.result()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is read from /proc/PID/smaps_rollup")
 def test_shared_pages_count_once_in_pss_and_every_process_has_its_role(forked_tree: tuple[int, list[int]]) -> None:
     root, children = forked_tree
     res = _sampled(root, {child: "server" for child in children})
@@ -85,7 +84,6 @@ def test_shared_pages_count_once_in_pss_and_every_process_has_its_role(forked_tr
     assert res.by_role()["server"][0] == 2
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PSS is read from /proc/PID/smaps_rollup")
 def test_a_tree_that_names_no_roles_is_processes(forked_tree: tuple[int, list[int]]) -> None:
     """A peer (not twinserve) has no /metrics to say what its processes are: none is called a supervisor."""
     root, _ = forked_tree
