@@ -6,8 +6,9 @@ gauge up and down); prometheus-client's multiprocess values cost about 2 µs a w
 mmap write), so that was about 18 µs, near a tenth of twinserve's own CPU per request. `MetricSums` adds each
 write to a dict entry instead (observability/tally.py), and writes the sums at most every 50 ms: the first after
 a quiet interval at once, the rest at the interval's end, and all of them before this process renders `/metrics`
-or reads its totals, and whenever the process's last request in flight ends. A scrape answered by another process
-sees them at most an interval late (only while this one has requests in flight), as it sees the early refusals'.
+or reads its totals, and whenever the process's last request in flight ends (its first one's in-flight gauge move
+is written at once). A scrape answered by another process sees them at most an interval late (only while this one
+has requests in flight), as it sees the early refusals'.
 
 A histogram's observation is summed into its bucket and its sum, and written with the histogram's own values
 (prometheus-client keeps them as `_buckets` and `_sum`, the fields `observe` writes);
@@ -60,10 +61,17 @@ class MetricSums:
         self._tally.add_all(writes)
 
     def opened(self, gauge: Any) -> None:
-        """A request began: `gauge` (the in-flight requests) goes up."""
+        """A request began: `gauge` (the in-flight requests) goes up. The process's first request in flight moves
+        it at once (one write per idle-to-busy turn, as `ended` writes on each busy-to-idle one): held for the
+        interval, a scrape answered by another worker would read an idle server while a request is being computed,
+        and tune's `settle` would start its next probe on a backlog."""
         with self._lock:
+            first = self._open == 0
             self._open += 1
-        self._tally.add((gauge, _AMOUNT), 1)
+        if first:
+            gauge.inc(1)
+        else:
+            self._tally.add((gauge, _AMOUNT), 1)
 
     def ended(self, writes: Writes | None, gauge: Any | None) -> None:
         """A request's last `writes` (None: none); `gauge`: the in-flight gauge `opened` moved up for it (None:

@@ -78,10 +78,11 @@ def test_everything_is_written_when_the_last_request_in_flight_ends() -> None:
 
     sums.add(answered())  # the first: written at once; what follows is held for the interval
     sums.opened(gauge)
+    assert gauge._value.get() == 1  # leaving idle: written at once, whatever the interval
     sums.opened(gauge)
     sums.ended(answered(), gauge)
-    assert (requests._value.get(), gauge._value.get()) == (1, 0)  # another request is still in flight: held
+    assert (requests._value.get(), gauge._value.get()) == (1, 1)  # another request is still in flight: held
     sums.ended(None, None)  # a request not counted in flight (a probe) does not end the others
-    assert (requests._value.get(), gauge._value.get()) == (1, 0)
+    assert (requests._value.get(), gauge._value.get()) == (1, 1)
     sums.ended(answered(), gauge)
     assert (requests._value.get(), gauge._value.get()) == (3, 0)  # the last one ended: all written
