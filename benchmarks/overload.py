@@ -15,7 +15,9 @@ iris example is served with `--max-queue 32` and driven by twinserve's own load 
   process (until 2026-12-03 both ran in this one, and the low stream's backlog in the generator counted in the
   high stream's P99). Where wrk is installed, (d) again from clients in C, closed loop: 8 high-priority
   connections beside 500 low-priority ones (the generator then takes little of the server's CPU), started once
-  the 500 have connected (until 2026-12-04 all started at once: see `_priorities_wrk`).
+  the 500 have connected (until 2026-12-04 all started at once: see `_priorities_wrk`);
+- (e) the same from wrk with the crowd at `X-Priority: 10`, which each architecture answers 400: its goodput is
+  the high stream's alone (the crowd's answers are not 200), and the high priority must keep its success share.
 
 Printed per row: goodput (200s answered within the window, per second of it: past a saturated pool of connections,
 requests that fell due in the window are answered long after it) as a share of capacity, P99 of every answer
@@ -57,6 +59,8 @@ CROWD = 1000
 CONNECTED_S = 1.0
 #: (d)'s levels, and each open-loop stream's rate as a share of the capacity.
 HIGH, LOW = "1", "3"
+#: (e)'s crowd: a level past the three (400 `bad_request`, never counted at a level).
+INVALID = "10"
 SHARES = {HIGH: 0.5, LOW: 2.5}
 #: (d) from wrk: the high priority's closed-loop connections (the crowd's are `CROWD // 2`).
 HIGH_CONNECTIONS = 8
@@ -161,6 +165,8 @@ def measure(src: str | None, arch: str, seconds: float, retries: int = 5) -> lis
             alone = wrk(url, BODY, HIGH_CONNECTIONS, seconds, {"X-Priority": HIGH})["p99"]
             settle(server.pid)
             rows.append(_priorities_wrk(url, seconds, capacity, unloaded, alone))
+            _settle(server.pid, rows)
+            rows.append(_priorities_wrk(url, seconds, capacity, unloaded, alone, crowd_level=INVALID))
     return rows
 
 
@@ -213,10 +219,14 @@ def _priorities(url: str, seconds: float, capacity: float, unloaded: float | Non
     return Row("(d) priorities 3x open", goodput, ratio, None, _lost(high) + _lost(low), note)
 
 
-def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float | None, alone: float | None) -> Row:
+def _priorities_wrk(
+    url: str, seconds: float, capacity: float, unloaded: float | None, alone: float | None, crowd_level: str = LOW
+) -> Row:
     """(d) from clients in C, closed loop: 8 connections at `X-Priority: 1` beside 500 at `X-Priority: 3`. No rate is
     set (wrk sends each connection's next request on its answer), but the generator costs the server little of the
-    two cores, so the high priority's P99 is the server's.
+    two cores, so the high priority's P99 is the server's. (e): the same with the crowd at `X-Priority: 10`, invalid
+    (400 for each of its requests, as when idle): until 2026-12-05 sync counted those at the default level, 1, and
+    shed every valid level-1 request (503 `queue_full`) behind them.
 
     The crowd connects first and the high stream starts `CONNECTED_S` later, for `seconds`, while the crowd goes on:
     wrk corrects its percentiles for coordinated omission (each latency over twice the mean interval between a
@@ -227,7 +237,9 @@ def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float |
     generator leaves out its first second (`warmup_s`) for the same reason."""
     low_span = seconds + 2 * CONNECTED_S
     low: dict[str, float] = {}
-    crowd = threading.Thread(target=lambda: low.update(wrk(url, BODY, CROWD // 2, low_span, {"X-Priority": LOW})))
+    crowd = threading.Thread(
+        target=lambda: low.update(wrk(url, BODY, CROWD // 2, low_span, {"X-Priority": crowd_level}))
+    )
     crowd.start()
     time.sleep(CONNECTED_S)
     high = wrk(url, BODY, HIGH_CONNECTIONS, seconds, {"X-Priority": HIGH})
@@ -237,8 +249,10 @@ def _priorities_wrk(url: str, seconds: float, capacity: float, unloaded: float |
     high_ok = 1 - high["errors"] / max(1.0, high["rps"] * seconds)
     ratio = high["p99"] / unloaded if unloaded else None
     note = f"high ({HIGH_CONNECTIONS} connections): {high_ok:.1%} ok, P99 {high['p99']:.1f} ms"
-    note += f"{_alone(high['p99'], alone)}; low ({CROWD // 2}): {low['errors']:,.0f} of {low_answers:,.0f} not 200"
-    return Row("(d) priorities, wrk", good / capacity, ratio, None, 0, note)
+    crowd = "low" if crowd_level == LOW else f"X-Priority {crowd_level}"
+    note += f"{_alone(high['p99'], alone)}; {crowd} ({CROWD // 2}): {low['errors']:,.0f} of {low_answers:,.0f} not 200"
+    name = "(d) priorities, wrk" if crowd_level == LOW else "(e) invalid-priority crowd"
+    return Row(name, good / capacity, ratio, None, 0, note)
 
 
 def main() -> None:

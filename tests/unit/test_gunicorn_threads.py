@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from twinserve.servers.gunicorn_threads import LevelledThreadPool
+from twinserve.servers.gunicorn_threads import QUICK, LevelledThreadPool
 
 TIMEOUT_S = 30.0
 
@@ -49,6 +49,18 @@ def test_ahead_of_counts_what_a_thread_takes_before_a_request_at_a_level() -> No
     gate.set()
     pool.shutdown(wait=True)
     assert (pool.ahead_of(3), len(pool)) == (0, 0)
+
+
+def test_requests_answered_without_the_model_go_first_and_count_at_no_level() -> None:
+    """An invalid `X-Priority` (the app's 400, no model time) is taken before every level and is no backlog: a
+    crowd sending one must not fill the queue bound that a valid level-1 request is weighed against."""
+    pool, gate, ran = _pool()
+    for name, level in (("low", 3), ("high", 1), ("invalid-1", QUICK), ("invalid-2", QUICK)):
+        pool.submit(lambda conn: ran.append(conn.name), SimpleNamespace(name=name, level=level))
+    assert (pool.ahead_of(1), pool.ahead_of(3), pool.counted(), len(pool)) == (1, 2, 2, 4)
+    gate.set()
+    pool.shutdown(wait=True)
+    assert ran == ["invalid-1", "invalid-2", "high", "low"]
 
 
 def test_futures_carry_results_and_exceptions_and_shutdown_lets_what_is_queued_finish() -> None:

@@ -64,7 +64,7 @@ from twinserve.servers.gunicorn_early import (
     peek_request,
     render,
 )
-from twinserve.servers.gunicorn_threads import LevelledThreadPool
+from twinserve.servers.gunicorn_threads import QUICK, LevelledThreadPool
 from twinserve.servers.holding import Holding
 
 __all__ = ["PER_PASS", "PollerAdmission", "in_turn"]
@@ -224,13 +224,14 @@ class PollerAdmission(gthread.ThreadWorker):  # type: ignore[misc]
     def _learn_level(self, conn: Any, peeked: Peeked) -> int | None:
         """The priority level of an inference request, kept as its connection's `level` (a client's next request
         on a connection is nearly always at the same level); None for any other request, or an invalid
-        `X-Priority` (the front's 400)."""
+        `X-Priority`, which the threads take first, at no level (gunicorn_threads.py `QUICK`: the app's 400)."""
         if self._early is None or not EarlyRefusal.inference(peeked.method, peeked.url):
             return None
         value = next((v for name, v in peeked.headers if name == b"x-priority"), None)
         try:
             conn.level = self._admission().priority(None if value is None else value.decode("latin-1"))
         except TwinserveError:
+            conn.level = QUICK
             return None
         return int(conn.level)
 

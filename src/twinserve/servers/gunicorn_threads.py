@@ -11,6 +11,11 @@ futures, but each thread takes the waiting request of the highest level next (1 
 waiting within a level. `ahead_of(level)` says how many waiting requests a thread would take before one at
 `level`: the poller (gunicorn_poller.py) holds a request while that is a thread's worth, not while the whole queue
 is, so a high priority goes to the threads at once past a queue of lower levels, and is taken up next.
+
+Level `QUICK` (0) is for requests the app answers without the model (an invalid `X-Priority`: 400): taken first,
+they cost a thread a fraction of a millisecond, and they count at no level: not in `ahead_of`, not in the backlog
+the queue bound weighs (`counted`). Counted as the default level they were (a crowd sending `X-Priority: 10` filled
+the backlog, and every valid level-1 request was shed, 503 `queue_full`, while the crowd got its 400s).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-__all__ = ["LevelledThreadPool"]
+__all__ = ["QUICK", "LevelledThreadPool"]
+
+#: The level of requests answered without the model, taken first and counted at no level.
+QUICK = 0
 
 
 class LevelledThreadPool(Executor):
@@ -56,7 +64,11 @@ class LevelledThreadPool(Executor):
     def ahead_of(self, level: int) -> int:
         """How many waiting requests a thread takes up before one submitted now at `level`: those at it or higher
         (read without the lock, as a count the poller decides on; a few levels at most)."""
-        return sum(count for at, count in list(self._waiting.items()) if at <= level)
+        return sum(count for at, count in list(self._waiting.items()) if QUICK < at <= level)
+
+    def counted(self) -> int:
+        """How many requests wait at a level (all but the `QUICK` ones; read without the lock)."""
+        return len(self._queue) - self._waiting[QUICK]
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if kwargs:  # gthread passes none

@@ -167,7 +167,8 @@ class SheddingThreadWorker(_TwinserveReads, BalancedAccept, PollerAdmission):
             self._waiting -= 1
             # One the poller let in has waited its turn (gunicorn_poller.py): the backlog behind it is not its wait.
             admitted, conn.admitted = getattr(conn, "admitted", False), False
-            self._local.backlog = 0 if admitted else self._waiting
+            # Those answered without the model (an invalid priority) are no backlog (gunicorn_threads.py `QUICK`).
+            self._local.backlog = 0 if admitted else min(self._waiting, self.tpool.counted())
             if self._drain is not None:  # the backlog's wait is measured from the take-ups (core/admission.py)
                 self._drain.taken_up(time.monotonic(), self._waiting)
         # From when a thread takes the connection up: a new one's first bytes, a kept-alive one's next request.
