@@ -249,8 +249,8 @@ def _priorities_wrk(
     high_ok = 1 - high["errors"] / max(1.0, high["rps"] * seconds)
     ratio = high["p99"] / unloaded if unloaded else None
     note = f"high ({HIGH_CONNECTIONS} connections): {high_ok:.1%} ok, P99 {high['p99']:.1f} ms"
-    crowd = "low" if crowd_level == LOW else f"X-Priority {crowd_level}"
-    note += f"{_alone(high['p99'], alone)}; {crowd} ({CROWD // 2}): {low['errors']:,.0f} of {low_answers:,.0f} not 200"
+    who = "low" if crowd_level == LOW else f"X-Priority {crowd_level}"
+    note += f"{_alone(high['p99'], alone)}; {who} ({CROWD // 2}): {low['errors']:,.0f} of {low_answers:,.0f} not 200"
     name = "(d) priorities, wrk" if crowd_level == LOW else "(e) invalid-priority crowd"
     return Row(name, good / capacity, ratio, None, 0, note)
 

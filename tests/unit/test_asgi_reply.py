@@ -9,7 +9,7 @@ import pytest
 from starlette.responses import Response
 
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.exchange import Reply
+from twinserve.fronts.reply import Reply
 from twinserve.fronts.routes import HTML, REQUEST_ID_HEADER
 from twinserve.observability.metrics import CONTENT_TYPE
 

@@ -223,8 +223,14 @@ class _AsgiFront:
         for routes without a key)."""
         request = Request(scope, receive, send)
         path, headers = scope["path"], request.headers
-        exchange = self.service.open(
-            "unknown", request.method, path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
+        exchange = Exchange.open(
+            self.service,
+            "unknown",
+            request.method,
+            path,
+            headers,
+            headers.get(REQUEST_ID_HEADER),
+            shape=error_shape(path),
         )
         reply = exchange.fail(_refusal(exchange, request) or error)
         exchange.close()
@@ -459,8 +465,8 @@ class _TrustedHosts:
             await deny_handshake(WebSocket(scope, receive, send), service, error)
             return
         path, headers = scope["path"], StarletteHeaders(scope=scope)
-        exchange = service.open(
-            "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
+        exchange = Exchange.open(
+            service, "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
         )
         reply = exchange.fail(error)
         exchange.close()
@@ -502,8 +508,14 @@ class _Cors:
         headers = StarletteHeaders(scope=scope)
         if service.is_preflight(scope["method"], headers):
             path = scope["path"]
-            exchange = service.open(
-                "preflight", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
+            exchange = Exchange.open(
+                service,
+                "preflight",
+                scope["method"],
+                path,
+                headers,
+                headers.get(REQUEST_ID_HEADER),
+                shape=error_shape(path),
             )
             try:
                 reply = exchange.reply(service.preflight(headers))
@@ -535,7 +547,8 @@ def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape 
 
     async def handle(request: Request) -> Answer:
         headers = _head(request.scope)
-        exchange = service.open(
+        exchange = Exchange.open(
+            service,
             name,
             request.method,
             request.scope["path"],

@@ -14,7 +14,7 @@ from collections.abc import Collection
 
 from starlette.types import Receive, Scope, Send
 
-from twinserve.fronts.exchange import Reply
+from twinserve.fronts.reply import Reply
 from twinserve.fronts.routes import REQUEST_ID_HEADER
 
 __all__ = ["AsgiReply"]

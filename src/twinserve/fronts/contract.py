@@ -31,9 +31,9 @@ from twinserve.errors import (
 from twinserve.fronts.auth import authenticator, key_id
 from twinserve.fronts.clients import ForwardedFor
 from twinserve.fronts.cors import cors_policy
-from twinserve.fronts.exchange import NOT_READY_HEADERS, Exchange, Reply, error_reply
 from twinserve.fronts.hosts import check_site, host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
+from twinserve.fronts.reply import NOT_READY_HEADERS, Reply, error_reply
 from twinserve.fronts.repository_api import RepositoryApi
 from twinserve.fronts.routes import (
     HTML,
@@ -42,7 +42,6 @@ from twinserve.fronts.routes import (
     QUIET_ENDPOINTS,
     REQUEST_ID_HEADER,
     ROUTES,
-    ErrorShape,
     Route,
 )
 from twinserve.fronts.v2_handlers import OpenInferenceHandlers
@@ -290,20 +289,6 @@ class Service(OpenInferenceHandlers):
         return Reply(204, b"", allowed, content_type="")
 
     # -- every request, from every front -------------------------------------------------------------------
-    def open(
-        self,
-        endpoint: str,
-        method: str,
-        path: str,
-        headers: Headers | None,
-        request_id_header: str | None,
-        *,
-        model: str = "",
-        shape: ErrorShape = "twinserve",
-    ) -> Exchange:
-        """Open one request's exchange (fronts/exchange.py): it must be closed, exactly once, by its front."""
-        return Exchange(self, self.begin(request_id_header, method, path, headers), endpoint, model, shape)
-
     def begin(
         self, request_id_header: str | None, method: str, path: str, headers: Headers | None = None
     ) -> RequestContext:
@@ -314,7 +299,7 @@ class Service(OpenInferenceHandlers):
         """
         context = RequestContext(request_id_from(request_id_header), method, path)
         if self.tracer is not None and path not in _UNTRACED_PATHS:
-            context.trace = self.tracer.request(context, headers)
+            context.trace = self.tracer.request(method, path, context.request_id, headers)
         open_request(context)
         return context
 

@@ -48,7 +48,7 @@ from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.compression import GZIP_MIN_BYTES, compress_reply
 from twinserve.fronts.contract import Service, request_id_from
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.exchange import Reply, error_reply
+from twinserve.fronts.reply import Reply, error_reply
 from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]

@@ -3,7 +3,7 @@
 Every front (WSGI, ASGI, each WebSocket message) and every endpoint goes through the same steps, in the same
 order, whatever the transport:
 
-1. **open** (`Service.open`): the request id (the client's, if safe), the request context that model code and log
+1. **open** (`Exchange.open`): the request id (the client's, if safe), the request context that model code and log
    lines see, the trace, the in-flight gauge; the `Host` checked (`Service.check_host`, before a preflight);
    `authenticate` when the path needs a key, from the client's address (the auth-failure lockout);
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
@@ -27,8 +27,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twinserve.core.memory import release_free_memory
@@ -38,14 +37,11 @@ from twinserve.errors import (
     ModelUnavailable,
     TwinserveError,
     UnsupportedMediaType,
-    error_payload,
     internal_error,
-    v1_error_payload,
 )
 from twinserve.fronts.compression import inflate, request_codings
+from twinserve.fronts.reply import Reply, error_reply
 from twinserve.fronts.routes import JSON, QUIET_ENDPOINTS, ErrorShape
-from twinserve.protocol.v1 import dumps
-from twinserve.protocol.v2 import error_body
 from twinserve.repository.shadow import ShadowJob
 
 if TYPE_CHECKING:
@@ -58,12 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECODE_OFF_LOOP_BYTES",
-    "NOT_READY_HEADERS",
     "TRIM_AFTER_BYTES",
     "Exchange",
-    "Reply",
     "decode_off_loop",
-    "error_reply",
 ]
 
 logger = logging.getLogger("twinserve.exchange")
@@ -77,32 +70,6 @@ DECODE_OFF_LOOP_BYTES = 64 * 1024
 #: A refused body at least this large is followed by a trim of the heap when its exchange closes (core/memory.py):
 #: its copies would otherwise stay resident; smaller ones do not move the heap enough to pay for it.
 TRIM_AFTER_BYTES = 1 << 20
-
-
-#: What a not-ready answer carries (a model loading: its ready routes, its predict, the server's readiness).
-NOT_READY_HEADERS: Mapping[str, str] = {"Retry-After": "1"}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A complete response: status, JSON body bytes, extra headers."""
-
-    status: int
-    body: bytes
-    headers: Mapping[str, str] | None = None
-    content_type: str = JSON  # "" for a response without a body (204)
-
-
-def error_reply(error: TwinserveError, request_id: str, shape: ErrorShape = "twinserve") -> Reply:
-    """The error as a response, its body in `shape` (fronts/routes.py `ErrorShape`): twinserve's, V1's
-    (TF-Serving/KServe: `error` is the message) or the Open Inference Protocol's `{"error": "message"}`."""
-    if shape == "v2":
-        body = error_body(error)
-    elif shape == "v1":
-        body = dumps(v1_error_payload(error, request_id))
-    else:
-        body = dumps(error_payload(error, request_id))
-    return Reply(error.status, body, error.headers or None)
 
 
 async def decode_off_loop(decode: Callable[[D], T], data: D) -> T:
@@ -140,6 +107,22 @@ class Exchange:
         "shape",
         "status",
     )
+
+    @classmethod
+    def open(
+        cls,
+        service: Service,
+        endpoint: str,
+        method: str,
+        path: str,
+        headers: Headers | None,
+        request_id_header: str | None,
+        *,
+        model: str = "",
+        shape: ErrorShape = "twinserve",
+    ) -> Exchange:
+        """Open one request's exchange on `service`: it must be closed, exactly once, by its front."""
+        return cls(service, service.begin(request_id_header, method, path, headers), endpoint, model, shape)
 
     def __init__(self, service: Service, context: RequestContext, endpoint: str, model: str, shape: ErrorShape) -> None:
         self.service = service

@@ -34,8 +34,9 @@ from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ShuttingDown, TwinserveError
 from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange, Reply
+from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.grpc_malformed import RefuseMalformed
+from twinserve.fronts.reply import Reply
 from twinserve.protocol.oip import grpc_service_pb2 as pb
 from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
 from twinserve.protocol.oip.messages import (
@@ -141,7 +142,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- the one lifecycle -------------------------------------------------------------------------------
     def _open(self, context: Any, metadata: _Metadata, endpoint: str, path: str, model: str) -> Exchange:
         """The call's exchange; the caller authenticates it first thing and closes it once."""
-        return self.service.open(endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model)
+        return Exchange.open(self.service, endpoint, "GRPC", path, metadata, metadata.get(_REQUEST_ID), model=model)
 
     async def _call(
         self,

@@ -14,7 +14,7 @@ import orjson
 from twinserve.config import Config
 from twinserve.errors import Forbidden, MalformedRequest, ModelControlOff, ModelNotFound, ModelUnavailable
 from twinserve.fronts.auth import key_id
-from twinserve.fronts.exchange import Reply
+from twinserve.fronts.reply import Reply
 from twinserve.protocol.v1 import dumps
 from twinserve.repository import ModelRegistry
 from twinserve.repository.control import ModelControl

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.exchange import NOT_READY_HEADERS, Reply
+from twinserve.fronts.reply import NOT_READY_HEADERS, Reply
 from twinserve.fronts.routes import INFERENCE_ENDPOINTS
 from twinserve.observability.metrics import InferenceTotals, inference_totals
 from twinserve.protocol.codecs import ModelCodecs

@@ -209,7 +209,7 @@ class _Socket:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _open(self, message_id: str | None, received: float) -> Exchange:
-        exchange = self.service.open(ENDPOINT, "WS", self.path, None, message_id, model=self.runtime.name)
+        exchange = Exchange.open(self.service, ENDPOINT, "WS", self.path, None, message_id, model=self.runtime.name)
         exchange.context.started = received  # decoding counts, as it does for an HTTP request
         exchange.key_id = self.key_id  # the handshake's key: its priority level holds for every message
         return exchange
@@ -314,7 +314,9 @@ async def deny_handshake(websocket: WebSocket, service: Service, error: Twinserv
     """Refuse the handshake with the HTTP contract's status and body (or close 1008 without that extension)."""
     model = websocket.path_params.get("model", "")
     path = websocket.scope["path"]
-    exchange = service.open(ENDPOINT, "WS", path, websocket.headers, None, model=model, shape=error_shape(path))
+    exchange = Exchange.open(
+        service, ENDPOINT, "WS", path, websocket.headers, None, model=model, shape=error_shape(path)
+    )
     try:
         reply = exchange.fail(error)
         if _DENIAL_EXTENSION in websocket.scope.get("extensions", {}):

@@ -192,7 +192,8 @@ def create_wsgi_app(service: Service) -> Flask:
         exchange: Exchange | None = g.get("exchange")
         if exchange is None:  # the routing outcome is known before before_request runs
             rule = request.url_rule
-            exchange = g.exchange = service.open(
+            exchange = g.exchange = Exchange.open(
+                service,
                 rule.endpoint if rule is not None else "unknown",
                 request.method,
                 request.path,

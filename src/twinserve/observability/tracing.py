@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Link, Span
 
-    from twinserve.observability.context import RequestContext
-
 __all__ = ["BatchTrace", "Headers", "RequestTrace", "Tracer", "check_tracing", "setup_tracing", "shutdown_tracing"]
 
 EXPORTERS = ("otlp", "console", "none")
@@ -111,21 +109,21 @@ class Tracer:
         self.error_status = trace.StatusCode.ERROR
         self.link = trace.Link
 
-    def request(self, context: RequestContext, headers: Headers | None) -> RequestTrace:
+    def request(self, method: str, path: str, request_id: str, headers: Headers | None) -> RequestTrace:
         """Open the SERVER span of one request, as a child of the caller's span if it sent a `traceparent`."""
         parent = self.extract(headers) if headers is not None else None
         span = self.tracer.start_span(
-            context.method,  # renamed after its route once the route is known
+            method,  # renamed after its route once the route is known
             context=parent,
             kind=self.server_kind,
             attributes={
-                "http.request.method": context.method,
-                "url.path": context.path,
-                "twinserve.request_id": context.request_id,
+                "http.request.method": method,
+                "url.path": path,
+                "twinserve.request_id": request_id,
                 "twinserve.arch": self.arch,
             },
         )
-        return RequestTrace(self, span, context.method)
+        return RequestTrace(self, span, method)
 
     def shutdown(self) -> None:
         """Export what is still buffered and stop the exporters."""
@@ -202,6 +200,17 @@ class RequestTrace:
         span.end()
 
 
+class Traced(Protocol):
+    """What a batch's trace reads of each request (observability/context.py `RequestContext`, which holds the
+    request's trace: this module does not import it back)."""
+
+    @property
+    def trace(self) -> RequestTrace | None: ...
+
+    @property
+    def queue_wait_s(self) -> float | None: ...
+
+
 class BatchTrace:
     """The queue_wait and predict spans of the traced requests of one batch, made as the batch starts.
 
@@ -211,7 +220,7 @@ class BatchTrace:
 
     __slots__ = ("_current", "_predict", "_scope", "_tracer")
 
-    def __init__(self, requests: Sequence[RequestContext], ids: Sequence[str], size: int) -> None:
+    def __init__(self, requests: Sequence[Traced], ids: Sequence[str], size: int) -> None:
         now = time.time_ns()
         attributes: dict[str, Any] = {"twinserve.batch_size": size, "twinserve.batch_requests": len(ids)}
         links: list[Link] | None = None
