@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from twinserve.core.threads import usable_cores
 from twinserve.lab.servers import RedisServer
-from twinserve.lab.tune import ProbeServers, TuneRequest, measure_facts, measure_probe, model_bodies, run_tune
-from twinserve.lab.tune_search import Goal, Probe, ProbeResult, meets
+from twinserve.lab.tune.runner import ProbeServers, TuneRequest, measure_facts, measure_probe, model_bodies, run_tune
+from twinserve.lab.tune.search import Goal, Probe, ProbeResult, meets
 from twinserve.lab.variants import Variant
 
 EXAMPLES = {

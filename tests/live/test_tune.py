@@ -23,8 +23,8 @@ from twinserve.core.threads import usable_cores
 from twinserve.lab.ceiling import measure_in_subprocess
 from twinserve.lab.results import Ceiling
 from twinserve.lab.settings_writer import serve_command
-from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, probe_cost
-from twinserve.lab.tune_space import ModelFacts, search_space
+from twinserve.lab.tune.search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, probe_cost
+from twinserve.lab.tune.space import ModelFacts, search_space
 from twinserve.lab.variants import Variant
 
 SLO = 50.0
@@ -373,9 +373,9 @@ def test_the_plan_fits_its_budget(budget: float) -> None:
 
 # -- the settings file it writes, and one small real run ---------------------------------------------------------
 def test_the_winner_file_round_trips_into_serves_config(tmp_path: Path) -> None:
-    from twinserve.lab.tune import TuneOutcome, TuneRequest
-    from twinserve.lab.tune_report import winner_config, write_tune_outputs
-    from twinserve.lab.tune_search import Ranked
+    from twinserve.lab.tune.report import winner_config, write_tune_outputs
+    from twinserve.lab.tune.runner import TuneOutcome, TuneRequest
+    from twinserve.lab.tune.search import Ranked
 
     winner = Variant("sync", {"workers": 2, "threads": 8, "max_batch_size": 1, "max_batch_delay_ms": 0.0})
     facts = _facts(100, 110)

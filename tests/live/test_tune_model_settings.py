@@ -14,12 +14,12 @@ import pytest
 
 from twinserve.config import load_config
 from twinserve.lab.results import Ceiling
-from twinserve.lab.tune import ProbeServers, TuneOutcome, TuneRequest, measure_probe
-from twinserve.lab.tune_report import write_tune_outputs
-from twinserve.lab.tune_results import load_measured
-from twinserve.lab.tune_search import Decision, Goal, Probe, Ranked, meets, plan_search
-from twinserve.lab.tune_space import ModelFacts, search_space
-from twinserve.lab.tune_subject import TuneSubject, probe_args, subject
+from twinserve.lab.tune.report import write_tune_outputs
+from twinserve.lab.tune.results import load_measured
+from twinserve.lab.tune.runner import ProbeServers, TuneOutcome, TuneRequest, measure_probe
+from twinserve.lab.tune.search import Decision, Goal, Probe, Ranked, meets, plan_search
+from twinserve.lab.tune.space import ModelFacts, search_space
+from twinserve.lab.tune.subject import TuneSubject, probe_args, subject
 from twinserve.lab.variants import Variant
 from twinserve.repository.layout import read_model
 
@@ -127,7 +127,7 @@ def test_a_model_with_a_settings_attribute_is_probed_through_a_one_line_module(
 
 def test_the_in_process_measurement_imports_a_repository_version_as_the_server_does(tmp_path: Path) -> None:
     """Version 2's model.py imports helper_2.py beside it: the in-process batch curve still measures it."""
-    from twinserve.lab.tune import measure_facts
+    from twinserve.lab.tune.runner import measure_facts
 
     tuned = subject(None, make_repository(tmp_path), "adder")
     request = TuneRequest(tuned.model, Goal(50.0), 10, tuned.bodies, ceiling_budget_s=0.1, subject=tuned)
@@ -214,7 +214,7 @@ def test_the_winner_is_split_into_server_settings_and_the_models_own_table(tmp_p
 
 
 def test_k8s_reads_a_repository_tunes_server_settings(tmp_path: Path) -> None:
-    from twinserve.lab.tune_results import tune_as_results
+    from twinserve.lab.tune.results import tune_as_results
 
     repository = make_repository(tmp_path)
     tuned = subject(None, repository, "adder")

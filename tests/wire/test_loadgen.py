@@ -16,8 +16,9 @@ from typing import Any, Literal
 import pytest
 
 from tests.serving import free_port
-from twinserve.lab.loadgen import LevelResult, LoadSpec, _ResponseParser, run_level, run_level_sync
-from twinserve.lab.loadgen_run import arrival_times
+from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level, run_level_sync
+from twinserve.lab.loadgen.http import ResponseParser
+from twinserve.lab.loadgen.run import arrival_times
 
 BODY = b'{"instances": [[5.1, 3.5, 1.4, 0.2]]}'
 SLOW_S = 0.1
@@ -286,7 +287,7 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
 def test_the_parser_finds_the_end_of_each_response(
     response: bytes, status: int, keep_alive: bool, step: int | None
 ) -> None:
-    parser = _ResponseParser()
+    parser = ResponseParser()
     pieces = [response] if step is None else [response[i : i + step] for i in range(0, len(response), step)]
     assert [parser.feed(piece) for piece in pieces] == [False] * (len(pieces) - 1) + [True]
     assert (parser.status, parser.keep_alive) == (status, keep_alive)
@@ -294,13 +295,13 @@ def test_the_parser_finds_the_end_of_each_response(
 
 
 def test_bytes_beyond_a_response_spoil_its_connection() -> None:
-    parser = _ResponseParser()
+    parser = ResponseParser()
     assert parser.feed(HEAD + b"Content-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n")
     assert parser.status == 200 and not parser.keep_alive
 
 
 def test_the_parser_waits_for_the_close_where_no_length_is_given() -> None:
-    parser = _ResponseParser()
+    parser = ResponseParser()
     assert not parser.feed(b"HTTP/1.0 200 OK\r\n\r\nsome body")
     assert not parser.feed(b"and more")
     assert parser.ends_at_close and parser.status == 200 and not parser.keep_alive
@@ -318,7 +319,7 @@ def test_the_parser_waits_for_the_close_where_no_length_is_given() -> None:
 )
 def test_the_parser_refuses_what_is_not_http(response: bytes) -> None:
     with pytest.raises(ValueError):
-        _ResponseParser().feed(response)
+        ResponseParser().feed(response)
 
 
 def test_poisson_arrivals_have_exponential_gaps_and_constant_ones_do_not() -> None:

@@ -49,7 +49,7 @@ from twinserve.deploy.wheel import write_wheel
 from twinserve.errors import ConfigError
 from twinserve.lab.advise import AutoscalingTargets, autoscaling_targets
 from twinserve.lab.results import Results, Run
-from twinserve.lab.tune_results import load_measured
+from twinserve.lab.tune.results import load_measured
 from twinserve.secret_settings import url_has_credential
 
 __all__ = ["add_k8s", "k8s_config"]
@@ -243,7 +243,7 @@ def _targets(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Confi
 
     Targets measured with one set of settings do not transfer to another, so an explicit flag that differs from
     the measured run gets a warning. Also returns the P95 objective used (--slo-p95-ms, else bench's). From tune's
-    results the basis is tune's capacity (`tune_results.tune_capacity`), which the targets' description names.
+    results the basis is tune's capacity (`lab.tune.results.tune_capacity`), which the targets' description names.
     """
     try:
         measured = load_measured(args.results, args.slo_p95_ms)  # bench's results, or tune's winner as one run

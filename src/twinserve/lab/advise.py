@@ -11,40 +11,15 @@ from dataclasses import dataclass, field
 
 from twinserve.lab.advise_hybrid import hybrid_trails
 from twinserve.lab.ceiling import machine_ceiling
+from twinserve.lab.options import Option
 from twinserve.lab.results import Level, Results, Run
 
-__all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "Option", "advise", "autoscaling_targets"]
+__all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "advise", "autoscaling_targets"]
 
 TIE = 0.05  # capacities this close (relative) are a tie on this noisy a measurement; memory decides
 #: Autoscaling targets sit this far below what one server sustained within the SLO, so new pods start
 #: (which takes a model load) before the running ones cross it.
 HEADROOM = 0.8
-
-
-@dataclass(frozen=True)
-class Option:
-    """A run at the best level it reached within the SLO."""
-
-    run: Run
-    level: Level
-
-    @property
-    def capacity(self) -> float:
-        return self.level.throughput_rps
-
-    @property
-    def p95(self) -> float:
-        return self.level.p("p95") or 0.0
-
-    @property
-    def memory_mib(self) -> float | None:
-        """The server's peak PSS (RSS in results from before PSS was measured): what --max-memory-mib caps."""
-        return self.level.resources.memory_mib if self.level.resources else None
-
-    def describe(self) -> str:
-        basis = self.level.resources.memory_basis if self.level.resources else ""
-        memory = f", {self.memory_mib:,.0f} MiB {basis}" if self.memory_mib is not None else ""
-        return f"{self.capacity:,.0f} req/s at {self.level.load_text} (P95 {self.p95:.1f} ms, no errors{memory})"
 
 
 @dataclass

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from twinserve.lab.ceiling import curve
+from twinserve.lab.options import Option
 from twinserve.lab.results import Ceiling, Level
-
-if TYPE_CHECKING:
-    from twinserve.lab.advise import Option
 
 __all__ = ["GAP", "hybrid_trails"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import psutil
@@ -30,6 +30,7 @@ from twinserve.core.threads import usable_cores
 from twinserve.errors import ConfigError
 from twinserve.lab import drivers
 from twinserve.lab.ceiling import measure_in_subprocess, thread_caps
+from twinserve.lab.plan import BenchPlan, BenchTarget
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
 from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
 from twinserve.lab.servers import ServerFailed, TwinserveServer, free_port, request_bodies
@@ -37,22 +38,7 @@ from twinserve.lab.variants import SWEEPABLE, Arch, Variant, variants
 from twinserve.lab.verdicts import verdicts
 from twinserve.repository.layout import read_repository
 
-__all__ = ["SWEEPABLE", "Arch", "BenchPlan", "BenchTarget", "Variant", "repository_targets", "run_bench", "variants"]
-
-
-@dataclass(frozen=True)
-class BenchTarget:
-    """One model of a repository to drive load at, and the version that answers."""
-
-    model: str
-    version: str
-    #: Named with --version: the versioned routes; else the unversioned ones, which the default version answers.
-    versioned: bool = False
-    #: The version's class as an import string (`path/model.py:Class`), for the in-process ceiling.
-    target: str = ""
-
-    def describe(self) -> str:
-        return f"{self.model} v{self.version}"
+__all__ = ["SWEEPABLE", "Arch", "Variant", "repository_targets", "run_bench", "this_machine", "variants"]
 
 
 def repository_targets(root: Path, model: str | None = None, version: str | None = None) -> list[BenchTarget]:
@@ -78,36 +64,12 @@ def repository_targets(root: Path, model: str | None = None, version: str | None
     return targets
 
 
-@dataclass
-class BenchPlan:
-    model: str
-    variants: list[Variant]
-    out: Path
-    concurrency: list[int] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
-    arrivals: Literal["poisson", "constant"] = "poisson"
-    duration_s: float = 10.0
-    warmup_s: float = 2.0
-    payload: Path | None = None
-    slo_p95_ms: float | None = None
-    driver: Literal["twinserve", "wrk", "locust", "perf_analyzer"] = "twinserve"
-    #: v1 `:predict`, v2 `/infer` (JSON tensors), or grpc (`--grpc-port`; perf_analyzer is the only gRPC driver).
-    protocol: Literal["v1", "v2", "grpc"] = "v1"
-    ceiling_sizes: list[int] = field(default_factory=lambda: [1, 8, 32])
-    ready_timeout_s: float = 300.0
-    #: A model repository every server serves (`model` is then its path), measured at each of `targets`.
-    repository: Path | None = None
-    targets: list[BenchTarget] = field(default_factory=list)
-
-    def levels(self) -> list[tuple[Literal["closed", "open"], float]]:
-        return [("closed", float(c)) for c in self.concurrency] + [("open", r) for r in self.rates]
-
-
 #: Told of progress: (event, run label, level description or None, seconds this step takes).
 Progress = Callable[[str, str, str | None, float], None]
 
 
-def _machine() -> Machine:
+def this_machine() -> Machine:
+    """The machine this process runs on, as a results file records it."""
     cpu_model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
@@ -283,7 +245,7 @@ def run_bench(plan: BenchPlan, progress: Progress, on_run: Callable[[Run], None]
     results = Results(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         twinserve_version=__version__,
-        machine=_machine(),
+        machine=this_machine(),
         versions=_versions(),
         model=plan.model,
         model_name=sent.model_name or plan.model,

@@ -1,5 +1,5 @@
 """`twinserve bench`, `twinserve advise`, `twinserve tune` and `twinserve locustfile`: arguments, progress, files
-written (tune's handler is `twinserve.lab.tune_command`)."""
+written (tune's handler is `twinserve.lab.tune.command`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from twinserve.lab.variants import SWEEPABLE, Arch
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from twinserve.lab.bench import BenchTarget
+    from twinserve.lab.plan import BenchTarget
     from twinserve.lab.results import Results, Run
 
 __all__ = ["add_advise", "add_bench", "add_locustfile", "add_tune"]
@@ -166,7 +166,7 @@ def add_tune(tune: argparse.ArgumentParser) -> None:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from twinserve.lab.tune_command import run_tune_command
+    from twinserve.lab.tune.command import run_tune_command
 
     return run_tune_command(args)
 
@@ -201,8 +201,9 @@ def _bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from twinserve.lab.advise import advise
-    from twinserve.lab.bench import BenchPlan, run_bench
+    from twinserve.lab.bench import run_bench
     from twinserve.lab.drivers import check_driver
+    from twinserve.lab.plan import BenchPlan
     from twinserve.lab.report import print_summary, write_report
     from twinserve.lab.variants import variants
     from twinserve.lab.verdicts import ARTICLE
@@ -339,7 +340,7 @@ def _bench_targets(args: argparse.Namespace) -> tuple[Path | None, list[BenchTar
 def _advise(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from twinserve.lab.tune_results import load_measured
+    from twinserve.lab.tune.results import load_measured
 
     try:
         # bench's results, or tune's winner as one run at the capacity tune stated (the figure k8s sizes on too)

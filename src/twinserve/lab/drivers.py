@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -22,9 +22,7 @@ from twinserve.errors import ConfigError
 from twinserve.extras import require
 from twinserve.lab import perf_analyzer
 from twinserve.lab.loadgen import LoadSpec, run_level_sync
-
-if TYPE_CHECKING:
-    from twinserve.lab.bench import BenchPlan
+from twinserve.lab.plan import BenchPlan
 
 __all__ = ["DriverError", "check_driver", "drive", "instances_per_request", "locustfile_source"]
 

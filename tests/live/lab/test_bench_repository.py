@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 from twinserve.errors import ConfigError
-from twinserve.lab.bench import BenchTarget, repository_targets
+from twinserve.lab.bench import repository_targets
+from twinserve.lab.plan import BenchTarget
 from twinserve.lab.results import Results, load_results
 
 #: Answers which version computed it; has examples, so bench needs no payload.

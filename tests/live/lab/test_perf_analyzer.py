@@ -16,8 +16,8 @@ import pytest
 
 from tests.serving import ROOT, Server, free_port
 from twinserve.lab import perf_analyzer
-from twinserve.lab.bench import BenchPlan
 from twinserve.lab.drivers import DriverError, drive
+from twinserve.lab.plan import BenchPlan
 from twinserve.lab.results import load_results
 
 TABULAR = "twinserve.examples.tabular:Classifier"

@@ -374,11 +374,11 @@ def test_the_error_rate_axis_is_in_percent_as_its_label_says(doc: Node) -> None:
 
 
 def test_without_errors_the_error_axis_still_says_percent() -> None:
-    from twinserve.lab.report_plots import _plots
-    from twinserve.lab.report_svg import _svg
+    from twinserve.lab.report.plots import build_plots
+    from twinserve.lab.report.svg import plot_svg
 
     clean = results(run("async", "async", [level(1, 400, 5), level(4, 1200, 8)]))
-    (errors,) = [p for p in _plots(clean) if p.key == "errors"]
-    (ticks,) = _y_ticks(parse(_svg(errors)))
+    (errors,) = [p for p in build_plots(clean) if p.key == "errors"]
+    (ticks,) = _y_ticks(parse(plot_svg(errors)))
     assert ticks[0] == "0%" and ticks[-1] == "1%"  # 0-1 percent, not a 0-1 fraction
     assert errors.y_tick(0.5) == "0.5%"

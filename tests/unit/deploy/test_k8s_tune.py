@@ -20,11 +20,11 @@ from twinserve.deploy.commands import k8s_config
 from twinserve.deploy.k8s import IN_FLIGHT_METRIC, MEMORY_HEADROOM, cpu_request_cores, process_counts
 from twinserve.lab.advise import HEADROOM
 from twinserve.lab.results import Ceiling, ProcessMemory, Resources
-from twinserve.lab.tune import TuneOutcome, TuneRequest
-from twinserve.lab.tune_report import write_tune_outputs
-from twinserve.lab.tune_results import load_measured, probe_results
-from twinserve.lab.tune_search import Decision, Goal, Probe, ProbeResult, Ranked, plan_search
-from twinserve.lab.tune_space import ModelFacts, search_space
+from twinserve.lab.tune.report import write_tune_outputs
+from twinserve.lab.tune.results import load_measured, probe_results
+from twinserve.lab.tune.runner import TuneOutcome, TuneRequest
+from twinserve.lab.tune.search import Decision, Goal, Probe, ProbeResult, Ranked, plan_search
+from twinserve.lab.tune.space import ModelFacts, search_space
 from twinserve.lab.variants import Variant
 
 MODEL = "twinserve.examples.tabular:Classifier"

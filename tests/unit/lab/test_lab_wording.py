@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.factory import level, results, run
 from twinserve.lab.advise import advise
-from twinserve.lab.report_rows import _errors_text
+from twinserve.lab.report.rows import format_errors
 from twinserve.lab.results import Ceiling
 
 
@@ -25,5 +25,5 @@ def test_a_share_of_the_ceiling_under_one_percent_keeps_two_digits() -> None:
 
 def test_errors_are_named_by_status_and_the_servers_code() -> None:
     refused = level(32, 950, 80, errors=12).model_copy(update={"http_error_codes": {"503 queue_full": 12}})
-    assert _errors_text(refused) == "12 (0.3%) · 503 queue_full: 12"
-    assert _errors_text(level(32, 950, 80, errors=12)) == "12 (0.3%) · 503: 12"  # a driver that reads no body
+    assert format_errors(refused) == "12 (0.3%) · 503 queue_full: 12"
+    assert format_errors(level(32, 950, 80, errors=12)) == "12 (0.3%) · 503: 12"  # a driver that reads no body

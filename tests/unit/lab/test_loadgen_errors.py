@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from twinserve.lab.loadgen_connection import _connect_outcome, _Wire
-from twinserve.lab.loadgen_http import MAX_ERROR_BODY, _ResponseParser
-from twinserve.lab.loadgen_tally import TRANSPORT_ERROR_KINDS, LevelResult, _Tally
+from twinserve.lab.loadgen.connection import _connect_outcome, _Wire
+from twinserve.lab.loadgen.http import MAX_ERROR_BODY, ResponseParser
+from twinserve.lab.loadgen.tally import TRANSPORT_ERROR_KINDS, LevelResult, Tally
 
 
 def response(status: str, body: bytes, *, chunked: bool = False) -> bytes:
@@ -36,13 +36,13 @@ V1 = b'{"error": "the \\"code\\": \\"fake\\" queue is full", "code": "queue_full
     ],
 )
 def test_the_parser_reads_the_servers_error_code(wire: bytes, code: bytes | None) -> None:
-    parser = _ResponseParser()
+    parser = ResponseParser()
     assert parser.feed(wire)
     assert parser.error_code() == code
 
 
 def test_the_code_is_read_across_pieces_and_reset_for_the_next_response() -> None:
-    parser = _ResponseParser()
+    parser = ResponseParser()
     wire = response("429 Too Many Requests", b'{"error": {"code": "rate_limited", "message": "slow down"}}')
     assert not parser.feed(wire[:40]) and not parser.feed(wire[40:60])
     assert parser.feed(wire[60:]) and parser.error_code() == b"rate_limited"
@@ -50,7 +50,7 @@ def test_the_code_is_read_across_pieces_and_reset_for_the_next_response() -> Non
 
 
 def test_only_the_start_of_a_long_error_body_is_kept() -> None:
-    parser = _ResponseParser()
+    parser = ResponseParser()
     body = b'{"error": {"message": "' + b"x" * (3 * MAX_ERROR_BODY) + b'", "code": "late"}}'
     step = MAX_ERROR_BODY // 2
     wire = response("500 Internal Server Error", body)
@@ -61,7 +61,7 @@ def test_only_the_start_of_a_long_error_body_is_kept() -> None:
 
 
 def test_http_errors_are_tallied_by_status_and_code() -> None:
-    tally = _Tally()
+    tally = Tally()
     for outcome, code in [(503, b"queue_full"), (503, b"queue_full"), (503, None), (500, b"model_failed"), (200, None)]:
         tally.record(outcome, 0.0, 0.0, 0.01, 1.0, code)
     tally.record("timeout", 0.0, 0.0, 0.5, 1.0)

@@ -18,7 +18,8 @@ from tests.factory import level, results, run
 from tests.serving import wait_until
 from twinserve.config import Config
 from twinserve.deploy.k8s import MEMORY_HEADROOM, K8sPlan, sizing
-from twinserve.lab.advise import AutoscalingTargets, Option, advise
+from twinserve.lab.advise import AutoscalingTargets, advise
+from twinserve.lab.options import Option
 from twinserve.lab.probe import TreeSampler
 from twinserve.lab.results import Level, ProcessMemory, Resources, Verdict
 from twinserve.lab.verdicts import SOURCES, verdicts

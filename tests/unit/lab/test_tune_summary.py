@@ -4,8 +4,8 @@ probe errors by kind. No server: the summary is a pure function of the plan, the
 
 from __future__ import annotations
 
-from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, Ranked, meets
-from twinserve.lab.tune_summary import capacity, summarize
+from twinserve.lab.tune.search import Decision, Goal, Plan, Probe, ProbeResult, Ranked, meets
+from twinserve.lab.tune.summary import capacity, summarize
 from twinserve.lab.variants import Variant
 
 SLO = 50.0

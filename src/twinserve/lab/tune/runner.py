@@ -1,7 +1,7 @@
 """`twinserve tune`'s driver: measure the model in-process, then run each probe the policy asks for against a real
 server, open-loop Poisson load from the lab's own generator, until the policy decides or the budget is spent.
 
-The policy (`tune_search.next_step`) and the space (`tune_space.search_space`) are pure; this module is the part
+The policy (`search.next_step`) and the space (`space.search_space`) are pure; this module is the part
 that starts servers (`TwinserveServer`, `--port 0`), drives them (`run_level_sync`, latency from each request's
 scheduled send time) and reads their process tree's memory (`TreeSampler`). A server is kept while consecutive
 probes are for the same candidate (a capacity search runs several rates on one server), and stopped otherwise.
@@ -21,9 +21,9 @@ from twinserve.lab.loadgen import LoadSpec, run_level_sync
 from twinserve.lab.probe import TreeSampler, scrape, settle
 from twinserve.lab.results import Ceiling
 from twinserve.lab.servers import ServerFailed, TwinserveServer
-from twinserve.lab.tune_search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, warmup_s
-from twinserve.lab.tune_space import ModelFacts, Space, search_space
-from twinserve.lab.tune_subject import TuneSubject, probe_args, server_flags
+from twinserve.lab.tune.search import Decision, Goal, Plan, Probe, ProbeResult, next_step, plan_search, warmup_s
+from twinserve.lab.tune.space import ModelFacts, Space, search_space
+from twinserve.lab.tune.subject import TuneSubject, probe_args, server_flags
 from twinserve.lab.variants import Variant
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "measure_probe",
     "model_bodies",
     "run_tune",
-    "server_flags",
 ]
 
 #: Batch sizes the in-process curve is measured at.
@@ -70,7 +69,7 @@ class TuneRequest:
     log_dir: Path | None = None
     ready_timeout_s: float = 120.0
     ceiling_budget_s: float = 1.0
-    #: The model resolved (`tune_subject.subject`): with settings of its own, probes go through a scratch
+    #: The model resolved (`subject.subject`): with settings of its own, probes go through a scratch
     #: repository and its own settings are a candidate. None: `model` served with flags, as a plain MODEL.
     subject: TuneSubject | None = None
 

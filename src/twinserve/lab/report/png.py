@@ -1,18 +1,19 @@
-"""The report's PNG plots: a `_Plot` drawn with matplotlib, on a figure of its own (no pyplot global state)."""
+"""The report's PNG plots: a `Plot` drawn with matplotlib, on a figure of its own (no pyplot global state)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from twinserve.lab.report_plots import _MODE_AXIS, _PERCENTILES, _log_x, _Plot
-from twinserve.lab.report_rows import _ms, _num
+from twinserve.lab.report.plots import MODE_AXIS, PERCENTILE_STYLES, Plot, log_scaled
+from twinserve.lab.report.rows import format_ms, format_number
 
-__all__ = ["_write_png"]
+__all__ = ["write_png"]
 
 _ERROR_COLOR = "#D62728"
 
 
-def _write_png(plot: _Plot, path: Path) -> None:
+def write_png(plot: Plot, path: Path) -> None:
+    """Draw `plot` with matplotlib into the PNG file at `path`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -25,7 +26,7 @@ def _write_png(plot: _Plot, path: Path) -> None:
     axes = fig.subplots(1, n, squeeze=False)[0]
     runs: dict[str, Line2D] = {}
     marks: dict[str, Line2D] = {}
-    dash = {name: mpl for name, mpl, _ in _PERCENTILES}
+    dash = {name: mpl for name, mpl, _ in PERCENTILE_STYLES}
     for ax, panel in zip(axes, plot.panels, strict=False):
         for s in panel.series:
             xs, ys = [p.x for p in s.points], [p.y for p in s.points]
@@ -41,24 +42,28 @@ def _write_png(plot: _Plot, path: Path) -> None:
         if plot.slo is not None:
             ax.axhline(plot.slo, color=_ERROR_COLOR, lw=1, ls=(0, (4, 3)))
         xs = panel.xs
-        if _log_x(xs):
+        if log_scaled(xs):
             ax.set_xscale("log")
             ax.xaxis.set_minor_locator(NullLocator())
         if len(xs) <= 10:
-            ax.set_xticks(xs, labels=[_num(x) for x in xs])
+            ax.set_xticks(xs, labels=[format_number(x) for x in xs])
         if plot.log_y:
             ax.set_yscale("log")
         else:
             ax.set_ylim(0, 1.08 * top if top > 0 else 1.0)
         if plot.log_y or plot.y_suffix:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _, plot=plot: plot.y_tick(v)))
-        ax.set_xlabel(_MODE_AXIS[panel.mode])
+        ax.set_xlabel(MODE_AXIS[panel.mode])
         ax.set_ylabel(plot.y_label)
         ax.grid(True, alpha=0.3)
     if not plot.panels:
         axes[0].text(0.5, 0.5, "no measurements", ha="center", va="center", transform=axes[0].transAxes)
-    styles = {name: Line2D([], [], color="0.3", ls=mpl) for name, mpl, _ in _PERCENTILES} if plot.styles else {}
-    slo = {f"SLO p95 {_ms(plot.slo)} ms": Line2D([], [], color=_ERROR_COLOR, lw=1, ls=(0, (4, 3)))} if plot.slo else {}
+    styles = {name: Line2D([], [], color="0.3", ls=mpl) for name, mpl, _ in PERCENTILE_STYLES} if plot.styles else {}
+    slo = (
+        {f"SLO p95 {format_ms(plot.slo)} ms": Line2D([], [], color=_ERROR_COLOR, lw=1, ls=(0, (4, 3)))}
+        if plot.slo
+        else {}
+    )
     legend = {**runs, **styles, **slo, **marks}
     if legend:
         fig.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=min(len(legend), 6))

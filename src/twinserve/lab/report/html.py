@@ -7,15 +7,16 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 
-from twinserve.lab.report_plots import _Plot
-from twinserve.lab.report_rows import _COLUMNS, _NUMERIC, _UNITS, _ms, _num, _rows
-from twinserve.lab.report_svg import _svg
+from twinserve.lab.report.plots import Plot
+from twinserve.lab.report.rows import COLUMNS, NUMERIC_COLUMNS, UNITS, format_ms, format_number, summary_rows
+from twinserve.lab.report.svg import plot_svg
 from twinserve.lab.results import Results
 from twinserve.lab.verdicts import ARTICLE, SOURCES
 
-__all__ = ["_html"]
+__all__ = ["STYLE_SHEET", "html_page", "html_table"]
 
-_CSS = """
+#: The report's CSS, inlined in its page (the tune report shares it).
+STYLE_SHEET = """
 :root{--fg:#1d2330;--muted:#5f6b7a;--line:#e3e7ee;--bg:#f6f7f9;--err:#b3261e;--errbg:#fdecea;--warn:#8a5a00;
 --warnbg:#fff4d6;--ok:#1e7b34;--okbg:#e6f4ea}
 *{box-sizing:border-box}
@@ -51,7 +52,9 @@ pre{white-space:pre-wrap;background:var(--errbg);color:var(--err);padding:10px;b
 """
 
 
-def _table(headers: Sequence[str], rows: Iterable[tuple[Sequence[str], str]], numeric: set[int], cls: str = "") -> str:
+def html_table(
+    headers: Sequence[str], rows: Iterable[tuple[Sequence[str], str]], numeric: set[int], cls: str = ""
+) -> str:
     """Rows are (already escaped HTML cells, the row's class)."""
     head = "".join(f'<th class="{"n" if i in numeric else ""}">{html.escape(h)}</th>' for i, h in enumerate(headers))
     body = "".join(
@@ -65,14 +68,14 @@ def _table(headers: Sequence[str], rows: Iterable[tuple[Sequence[str], str]], nu
 
 def _html_header(r: Results) -> str:
     m = r.machine
-    slo = "none" if r.slo_p95_ms is None else f"p95 ≤ {_ms(r.slo_p95_ms)} ms"
+    slo = "none" if r.slo_p95_ms is None else f"p95 ≤ {format_ms(r.slo_p95_ms)} ms"
     facts = {
         "Model": f"{r.model_name} ({r.model})",
         "Payload": r.payload,
         "Machine": f"{m.hostname} · {m.platform} · {m.cpu_model} · {m.cpu_count} CPUs · {m.memory_mib / 1024:,.1f} GiB",
         "Versions": " · ".join([f"twinserve {r.twinserve_version}", f"python {m.python}"])
         + "".join(f" · {k} {v}" for k, v in sorted(r.versions.items())),
-        "Measured": f"{_num(r.duration_s)} s per level after {_num(r.warmup_s)} s warm-up",
+        "Measured": f"{format_number(r.duration_s)} s per level after {format_number(r.warmup_s)} s warm-up",
         "Latency SLO": slo,
     }
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts.items())
@@ -85,7 +88,7 @@ def _html_header(r: Results) -> str:
 def _html_summary(r: Results) -> str:
     rows = []
     previous = 0
-    for row in _rows(r):
+    for row in summary_rows(r):
         cells = [html.escape(c) for c in row.cells]
         if row.generator_limited:
             cells[-1] = cells[-1].replace("generator-limited", '<span class="badge warn">generator-limited</span>', 1)
@@ -102,14 +105,14 @@ def _html_summary(r: Results) -> str:
         rows.append((cells, " ".join(classes)))
         previous = row.run
     hint = (
-        f'<p class="hint">{_UNITS} Red rows had errors. Rows marked generator-limited measured the load '
+        f'<p class="hint">{UNITS} Red rows had errors. Rows marked generator-limited measured the load '
         "generator, not the server: their throughput is a lower bound.</p>"
     )
-    return f"<section><h2>Summary</h2>{hint}{_table(_COLUMNS, rows, _NUMERIC, 'summary')}</section>"
+    return f"<section><h2>Summary</h2>{hint}{html_table(COLUMNS, rows, NUMERIC_COLUMNS, 'summary')}</section>"
 
 
-def _html_plots(plots: Sequence[_Plot]) -> str:
-    figures = "".join(f"<figure><figcaption>{html.escape(p.title)}</figcaption>{_svg(p)}</figure>" for p in plots)
+def _html_plots(plots: Sequence[Plot]) -> str:
+    figures = "".join(f"<figure><figcaption>{html.escape(p.title)}</figcaption>{plot_svg(p)}</figure>" for p in plots)
     hint = '<p class="hint">Hover a point for its numbers. PNG copies are in <code>plots/</code>.</p>'
     return f"<section><h2>Plots</h2>{hint}{figures}</section>"
 
@@ -119,16 +122,16 @@ def _html_ceiling(r: Results) -> str:
         return ""
     rows = []
     for c in sorted(r.ceiling, key=lambda c: (-(c.threads or 0), c.batch_size)):
-        per_instance = _ms(c.batch_ms_median / max(c.batch_size, 1))
+        per_instance = format_ms(c.batch_ms_median / max(c.batch_size, 1))
         threads = "default" if c.threads is None else f"{c.threads}"
-        cells = [threads, f"{c.batch_size:,}", _ms(c.batch_ms_median), per_instance, f"{c.instances_per_s:,.0f}"]
+        cells = [threads, f"{c.batch_size:,}", format_ms(c.batch_ms_median), per_instance, f"{c.instances_per_s:,.0f}"]
         rows.append(([*cells, f"{c.cores:.2f}"], ""))
     hint = (
         '<p class="hint">The model alone, in-process, no server: what no architecture can beat. Measured under '
         "each math-thread cap a server gives its processes (a model that computes on one core: once).</p>"
     )
     headers = ("Math threads", "Batch size", "ms / batch (median)", "ms / instance", "instances / s", "cores busy")
-    return f"<section><h2>In-process ceiling</h2>{hint}{_table(headers, rows, {1, 2, 3, 4, 5})}</section>"
+    return f"<section><h2>In-process ceiling</h2>{hint}{html_table(headers, rows, {1, 2, 3, 4, 5})}</section>"
 
 
 def _html_verdicts(r: Results) -> str:
@@ -159,7 +162,7 @@ def _html_verdicts(r: Results) -> str:
         "from (its points are numbered S1..S27), each judged on these runs, with the article's words.</p>"
     )
     headers = ("Claim", "Source", "Claimed", "Measured", "Holds", "Evidence")
-    return f"<section><h2>Claims checked</h2>{hint}{_table(headers, rows, set())}</section>"
+    return f"<section><h2>Claims checked</h2>{hint}{html_table(headers, rows, set())}</section>"
 
 
 def _html_memory(r: Results) -> str:
@@ -184,7 +187,7 @@ def _html_memory(r: Results) -> str:
         "holds no model; servers answer HTTP and hold the model, unless model workers do (hybrid).</p>"
     )
     headers = ("Run", "Peak at", "PSS MiB", "RSS summed MiB", "By role (PSS)")
-    return f"<section><h2>Memory by role</h2>{hint}{_table(headers, rows, {2, 3})}</section>"
+    return f"<section><h2>Memory by role</h2>{hint}{html_table(headers, rows, {2, 3})}</section>"
 
 
 def _html_failed(r: Results) -> str:
@@ -206,7 +209,8 @@ def _html_advice(advice: Sequence[str]) -> str:
     return f'<section class="advice"><h2>Advice</h2><ul>{items}</ul></section>'
 
 
-def _html(results: Results, plots: Sequence[_Plot], advice: Sequence[str]) -> str:
+def html_page(results: Results, plots: Sequence[Plot], advice: Sequence[str]) -> str:
+    """The whole report as one self-contained HTML document."""
     sections = [
         _html_header(results),
         _html_advice(advice),
@@ -221,6 +225,6 @@ def _html(results: Results, plots: Sequence[_Plot], advice: Sequence[str]) -> st
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>twinserve report: {html.escape(results.model_name)}</title><style>{_CSS}</style></head>"
+        f"<title>twinserve report: {html.escape(results.model_name)}</title><style>{STYLE_SHEET}</style></head>"
         f"<body><main>\n{body}\n</main></body></html>\n"
     )

@@ -2,7 +2,7 @@
 
 `next_step(plan, results, spent_s)` looks at every probe result so far and the time spent, and answers the next
 `Probe` to run or the final `Decision`. It starts nothing and reads no clock, so tests feed it made-up results;
-`twinserve.lab.tune` is the driver that runs each probe against a real server and calls it again.
+`runner` is the driver that runs each probe against a real server and calls it again.
 
 The plan: rung 0 probes the first `n0` candidates (all of them when the budget allows; else the most promising
 by prior) for `base_s` seconds each; every next rung keeps the better half and doubles the seconds, until one

@@ -1,4 +1,4 @@
-"""One load level in progress (`_Run`): its clock, the closed-loop and open-loop drivers that hand requests to
+"""One load level in progress (`LevelRun`): its clock, the closed-loop and open-loop drivers that hand requests to
 connections, the generator's own CPU, and the `LevelResult` it comes to.
 """
 
@@ -12,12 +12,12 @@ from collections import deque
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
-from twinserve.lab.loadgen_connection import _ArrivalClock, _Connection
-from twinserve.lab.loadgen_http import _Endpoint
-from twinserve.lab.loadgen_spec import LoadSpec
-from twinserve.lab.loadgen_tally import LevelResult, Outcome, _Tally
+from twinserve.lab.loadgen.connection import ArrivalClock, Connection
+from twinserve.lab.loadgen.http import Endpoint
+from twinserve.lab.loadgen.spec import LoadSpec
+from twinserve.lab.loadgen.tally import LevelResult, Outcome, Tally
 
-__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "RETRIED_STATUSES", "_Run", "arrival_times"]
+__all__ = ["CPU_LIMIT_PERCENT", "RATE_SHORTFALL", "RETRIED_STATUSES", "LevelRun", "arrival_times"]
 
 #: The generator is one event-loop thread: at this share of one core it is probably the bottleneck.
 CPU_LIMIT_PERCENT = 90.0
@@ -43,7 +43,7 @@ async def _sleep_until(moment: float) -> None:
         await asyncio.sleep(delay)
 
 
-class _Run:
+class LevelRun:
     """One level in progress: its clock, connections and tally.
 
     Every exchange ends in `complete`, called from the connection's own callbacks, which records it and at once
@@ -52,23 +52,23 @@ class _Run:
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
-        endpoint = _Endpoint.parse(spec.url, spec.remote)
+        endpoint = Endpoint.parse(spec.url, spec.remote)
         self._address, self._port = endpoint.address, endpoint.port
-        self._requests = itertools.cycle(endpoint.requests(spec))
+        self._requests = itertools.cycle(endpoint.requests(spec.headers, spec.bodies))
         self._timeout_s = spec.timeout_s
         self._retries = spec.retries
         self._closed_loop = spec.concurrency is not None
-        self._tally = _Tally()
-        self._connections: list[_Connection] = []
+        self._tally = Tally()
+        self._connections: list[Connection] = []
         self._start = time.perf_counter()
         self._window_start = self._start + spec.warmup_s
         self._window_end = self._window_start + spec.duration_s
         self._tasks: asyncio.TaskGroup | None = None
         loop = asyncio.get_running_loop()
-        self._clock = _ArrivalClock(loop)
+        self._clock = ArrivalClock(loop)
         self._finished: asyncio.Future[None] = loop.create_future()
         self._active = 0  # connections with an exchange in progress or a connect pending
-        self._idle: deque[_Connection] = deque()  # open loop: connections waiting for a request to fall due
+        self._idle: deque[Connection] = deque()  # open loop: connections waiting for a request to fall due
         self._backlog: deque[float] = deque()  # open loop: due times waiting for a connection
         self._scheduled_all = False
         self._pool_exhausted = False
@@ -92,7 +92,7 @@ class _Run:
         assert self._tasks is not None
         self._tasks.create_task(coroutine)
 
-    def complete(self, connection: _Connection, outcome: Outcome, finished: float, code: bytes | None = None) -> None:
+    def complete(self, connection: Connection, outcome: Outcome, finished: float, code: bytes | None = None) -> None:
         """Record the exchange `connection` just finished (`code`: an error answer's code from its body), and hand
         it its next request."""
         try:
@@ -116,12 +116,12 @@ class _Run:
             if not self._finished.done():
                 self._finished.set_exception(error)
 
-    def _connect(self) -> _Connection:
-        connection = _Connection(self, self._address, self._port, self._clock)
+    def _connect(self) -> Connection:
+        connection = Connection(self, self._address, self._port, self._clock)
         self._connections.append(connection)
         return connection
 
-    def _retry(self, connection: _Connection, outcome: Outcome) -> bool:
+    def _retry(self, connection: Connection, outcome: Outcome) -> bool:
         """Send a refused request again at once, as a client that ignores Retry-After does; False when it is not
         to be retried (another answer, its retries spent, its deadline passed)."""
         if outcome not in RETRIED_STATUSES or connection.retried >= self._retries:
@@ -138,7 +138,7 @@ class _Run:
         connection.sent_at = first_sent  # its service time, too, runs from its first send
         return True
 
-    def _take_up(self, connection: _Connection, due: float) -> bool:
+    def _take_up(self, connection: Connection, due: float) -> bool:
         """Send the request due at `due` over `connection`; False where its deadline has passed, and it never went."""
         now = time.perf_counter()
         deadline = due + self._timeout_s
@@ -151,7 +151,7 @@ class _Run:
         connection.send(next(self._requests), due, now, deadline)
         return True
 
-    def _take_up_backlog(self, connection: _Connection) -> None:
+    def _take_up_backlog(self, connection: Connection) -> None:
         """Open loop: send the oldest request still waiting over `connection`, or let it wait for the next one."""
         while self._backlog:
             if self._take_up(connection, self._backlog.popleft()):

@@ -1,4 +1,4 @@
-"""What a load level measured: outcomes counted, latency and service time in HdrHistograms (`_Tally`), and the
+"""What a load level measured: outcomes counted, latency and service time in HdrHistograms (`Tally`), and the
 `LevelResult` they end in.
 """
 
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from hdrh.histogram import HdrHistogram
 
-__all__ = ["HISTOGRAM_MAX_US", "PERCENTILES", "TRANSPORT_ERROR_KINDS", "LevelResult", "Outcome", "_Tally"]
+__all__ = ["HISTOGRAM_MAX_US", "PERCENTILES", "TRANSPORT_ERROR_KINDS", "LevelResult", "Outcome", "Tally"]
 
 #: `unsent`: an open-loop request that waited out its whole timeout for a free connection, so never reached the server.
 #: `connect_timeout`: its connection was not accepted before its deadline (a full accept backlog); `connect_error`:
@@ -112,7 +112,7 @@ class _Histogram:
         return summary
 
 
-class _Tally:
+class Tally:
     """Counts and histograms of the requests that fell due in the measured window."""
 
     def __init__(self) -> None:

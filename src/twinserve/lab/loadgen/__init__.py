@@ -14,13 +14,13 @@ so open-loop latency may carry up to about a millisecond of the scheduler's own 
 
 The client is a minimal HTTP/1.1 one, so that the generator, one thread, is rarely the limit: a bare asyncio protocol
 driven by callbacks, with every request encoded up front, each next request sent from the callback that read the last
-response, and responses timed from when the event loop learned they had arrived (`_ArrivalClock`) rather than from
+response, and responses timed from when the event loop learned they had arrived (`ArrivalClock`) rather than from
 when their callback's turn came. When the generator may have been the limit, the result says so (`generator_limited`).
 
-This module owns the entry points, `run_level` and `run_level_sync`; the parts live beside it: `loadgen_spec` (the
-`LoadSpec`), `loadgen_http` (request encoding, response framing), `loadgen_connection` (the asyncio protocol and
-connection slots), `loadgen_run` (the closed- and open-loop drivers) and `loadgen_tally` (the histograms and the
-`LevelResult`). Their names are re-exported here.
+The package owns the entry points, `run_level` and `run_level_sync`; the parts are its modules: `spec` (the
+`LoadSpec`), `http` (request encoding, response framing), `connection` (the asyncio protocol and connection slots),
+`run` (the closed- and open-loop drivers) and `tally` (the histograms and the `LevelResult`). What a caller needs
+of them is re-exported here.
 """
 
 from __future__ import annotations
@@ -28,27 +28,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-# Re-exported (`name as name`): everything importable from here before the generator was split into modules.
-from twinserve.lab.loadgen_connection import TIMER_TICK_S as TIMER_TICK_S
-from twinserve.lab.loadgen_http import LOOPBACK_HOSTS as LOOPBACK_HOSTS
-from twinserve.lab.loadgen_http import MAX_HEAD_BYTES as MAX_HEAD_BYTES
-from twinserve.lab.loadgen_http import _ResponseParser as _ResponseParser
-from twinserve.lab.loadgen_run import CPU_LIMIT_PERCENT as CPU_LIMIT_PERCENT
-from twinserve.lab.loadgen_run import RATE_SHORTFALL as RATE_SHORTFALL
-from twinserve.lab.loadgen_run import _Run
-from twinserve.lab.loadgen_spec import LoadSpec
-from twinserve.lab.loadgen_tally import HISTOGRAM_MAX_US as HISTOGRAM_MAX_US
-from twinserve.lab.loadgen_tally import PERCENTILES as PERCENTILES
-from twinserve.lab.loadgen_tally import TRANSPORT_ERROR_KINDS as TRANSPORT_ERROR_KINDS
-from twinserve.lab.loadgen_tally import LevelResult
-from twinserve.lab.loadgen_tally import Outcome as Outcome
+from twinserve.lab.loadgen.run import LevelRun
+from twinserve.lab.loadgen.spec import LoadSpec
+from twinserve.lab.loadgen.tally import TRANSPORT_ERROR_KINDS, LevelResult
 
-__all__ = ["LevelResult", "LoadSpec", "run_level", "run_level_sync"]
+__all__ = ["TRANSPORT_ERROR_KINDS", "LevelResult", "LoadSpec", "run_level", "run_level_sync"]
 
 
 async def run_level(spec: LoadSpec) -> LevelResult:
     """Drive one level on the running event loop; returns once the window and its stragglers are done."""
-    return await _Run(spec).run()
+    return await LevelRun(spec).run()
 
 
 def run_level_sync(spec: LoadSpec) -> LevelResult:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from twinserve.lab.loadgen_http import _Endpoint
+from twinserve.lab.loadgen.http import Endpoint
 
 __all__ = ["LoadSpec"]
 
@@ -67,4 +67,4 @@ class LoadSpec:
                 raise ValueError(f"the load generator sets the {name} header itself")
             if any(c in name + value for c in "\r\n") or ":" in name:
                 raise ValueError(f"malformed header {name!r}: {value!r}")
-        _Endpoint.parse(self.url, self.remote)
+        Endpoint.parse(self.url, self.remote)

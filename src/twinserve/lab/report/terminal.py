@@ -6,7 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from twinserve.lab.report_rows import _COLUMNS, _NUMERIC, _UNITS, _rows
+from twinserve.lab.report.rows import COLUMNS, NUMERIC_COLUMNS, UNITS, summary_rows
 from twinserve.lab.results import Results
 
 __all__ = ["print_summary", "summary_table"]
@@ -16,19 +16,19 @@ def summary_table(results: Results) -> Table:
     """The per-run, per-level summary for the terminal: errors in red, generator-limited levels in yellow."""
     table = Table(
         title=f"{results.model_name}: {len(results.runs)} runs",
-        caption=_UNITS,
+        caption=UNITS,
         header_style="bold",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
     )
-    rows = _rows(results)
-    for i, name in enumerate(_COLUMNS):
+    rows = summary_rows(results)
+    for i, name in enumerate(COLUMNS):
         # Numbers never wrap; free text wraps so that the table fits an 80-column terminal.
         wraps = name in {"Run", "Errors", "Notes"}
         table.add_column(
             name,
-            justify="right" if i in _NUMERIC else "left",
+            justify="right" if i in NUMERIC_COLUMNS else "left",
             no_wrap=not wraps,
             overflow="fold",
             min_width=6 if wraps else None,

@@ -1,19 +1,16 @@
-"""The load generator's HTTP/1.1 wire format: the target and its requests encoded up front (`_Endpoint`), and
-the sans-IO framing of responses (`_ResponseParser`).
+"""The load generator's HTTP/1.1 wire format: the target and its requests encoded up front (`Endpoint`), and
+the sans-IO framing of responses (`ResponseParser`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from twinserve.lab.loadgen_spec import LoadSpec
-
-__all__ = ["LOOPBACK_HOSTS", "MAX_ERROR_BODY", "MAX_HEAD_BYTES", "_Endpoint", "_ResponseParser"]
+__all__ = ["LOOPBACK_HOSTS", "MAX_ERROR_BODY", "MAX_HEAD_BYTES", "Endpoint", "ResponseParser"]
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
 #: A response head, chunk-size line or trailer field longer than this is malformed.
@@ -28,7 +25,9 @@ MAX_ERROR_BODY = 4096
 
 
 @dataclass(frozen=True)
-class _Endpoint:
+class Endpoint:
+    """Where a level's requests go, parsed from its URL once."""
+
     port: int
     authority: str
     target: str
@@ -37,7 +36,7 @@ class _Endpoint:
     address: str = "127.0.0.1"
 
     @classmethod
-    def parse(cls, url: str, remote: bool = False) -> _Endpoint:
+    def parse(cls, url: str, remote: bool = False) -> Endpoint:
         """`url`'s parts; a host other than this machine only with `remote` (a deliberate choice: see LoadSpec)."""
         parts = urlsplit(url)
         if parts.scheme != "http":
@@ -49,19 +48,19 @@ class _Endpoint:
         address = "127.0.0.1" if parts.hostname in LOOPBACK_HOSTS else parts.hostname
         return cls(port, f"{parts.hostname}:{port}", target, address)
 
-    def requests(self, spec: LoadSpec) -> list[bytes]:
-        """Every distinct request of the level, encoded once."""
+    def requests(self, extra_headers: Mapping[str, str], bodies: Sequence[bytes]) -> list[bytes]:
+        """Every distinct request of the level (a `LoadSpec`'s headers and bodies), encoded once."""
         headers = {"host": ("Host", self.authority), "content-type": ("Content-Type", "application/json")}
-        headers.update((name.lower(), (name, value)) for name, value in spec.headers.items())
+        headers.update((name.lower(), (name, value)) for name, value in extra_headers.items())
         head = f"POST {self.target} HTTP/1.1\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.values())
-        return [f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body for body in spec.bodies]
+        return [f"{head}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body for body in bodies]
 
 
 #: Parser states.
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _UNTIL_CLOSE, _DONE = range(7)
 
 
-class _ResponseParser:
+class ResponseParser:
     """Sans-IO framing of HTTP/1.x responses: `feed` it bytes as they come and it says when a response is whole.
 
     Interim (1xx) responses are skipped; bodies are counted, not kept, except the first `MAX_ERROR_BODY` bytes of

@@ -2,7 +2,7 @@
 pass/fail verdict with its evidence: P50/P95/P99 (from each request's scheduled send time), the rate achieved,
 the errors by kind.
 
-The same goal test as the search (`tune_search.meets`), so a setting tune picked and a deployment verified are
+The same goal test as the search (`search.meets`), so a setting tune picked and a deployment verified are
 judged alike.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from twinserve.lab.loadgen import LevelResult, LoadSpec, run_level_sync
 from twinserve.lab.servers import request_bodies
-from twinserve.lab.tune_search import Goal, Probe, ProbeResult, meets
+from twinserve.lab.tune.search import Goal, Probe, ProbeResult, meets
 from twinserve.lab.variants import Variant
 
 __all__ = ["Verification", "verify"]

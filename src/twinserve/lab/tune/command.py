@@ -13,8 +13,8 @@ from pathlib import Path
 from twinserve.config import DEFAULT_MODEL
 from twinserve.core.threads import usable_cores
 from twinserve.errors import ConfigError
-from twinserve.lab.tune_search import Goal, Plan, ProbeResult, meets
-from twinserve.lab.tune_subject import TuneSubject
+from twinserve.lab.tune.search import Goal, Plan, ProbeResult, meets
+from twinserve.lab.tune.subject import TuneSubject
 
 __all__ = ["run_tune_command"]
 
@@ -37,7 +37,7 @@ def _verify(args: argparse.Namespace) -> int:
     import orjson
     from rich.console import Console
 
-    from twinserve.lab.tune_verify import verify
+    from twinserve.lab.tune.verify import verify
 
     if args.rate is None:
         raise ConfigError("--verify needs --rate: the requests per second to drive the deployment at")
@@ -88,11 +88,11 @@ def run_tune_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from twinserve.lab.bench import _machine
+    from twinserve.lab.bench import this_machine
     from twinserve.lab.settings_writer import serve_command
-    from twinserve.lab.tune import TuneRequest, run_tune
-    from twinserve.lab.tune_report import decision_lines, winner_config, write_tune_outputs
-    from twinserve.lab.tune_subject import subject
+    from twinserve.lab.tune.report import decision_lines, winner_config, write_tune_outputs
+    from twinserve.lab.tune.runner import TuneRequest, run_tune
+    from twinserve.lab.tune.subject import subject
 
     if args.model_repository is not None and args.model is not None:
         raise ConfigError("MODEL and --model-repository are exclusive: tune one or the other")
@@ -137,7 +137,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         console.print(_probe_line(number, result, spent, args.budget_s, plan))
 
     outcome = run_tune(request, name, usable_cores(), on_probe)
-    machine = _machine().model_dump()
+    machine = this_machine().model_dump()
     written = write_tune_outputs(outcome, out, machine)
     console.print()
     for note in outcome.space.notes:

@@ -3,7 +3,7 @@ as the bench `Results` that the advisor's autoscaling rule (`lab.advise.autoscal
 
 `twinserve k8s --results` takes either file (or the folder holding it). For tune's, the winner is one bench run
 whose one level is the probe tune's capacity rests on (results.json's `capacity`: the figure tune's summary
-states, `tune_summary.capacity`), so the HPA's per-pod target is that probe's requests in flight by Little's law
+states, `summary.capacity`), so the HPA's per-pod target is that probe's requests in flight by Little's law
 (async, hybrid) or its CPU (sync), times `advise.HEADROOM`; memory from its PSS per process and role. At another
 SLO than tune's (`k8s --slo-p95-ms`) the capacity is found again from the probes by the same rule, and the basis
 says so.
@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 
 from twinserve.lab.results import Level, Machine, Resources, Results, Run, load_results
-from twinserve.lab.tune_search import Goal, Probe, ProbeResult
-from twinserve.lab.tune_summary import capacity, no_capacity_reason
+from twinserve.lab.tune.search import Goal, Probe, ProbeResult
+from twinserve.lab.tune.summary import capacity, no_capacity_reason
 from twinserve.lab.variants import Variant
 
 __all__ = ["TUNE_KIND", "Measured", "load_measured", "probe_results", "tune_as_results", "tune_capacity"]

@@ -1,25 +1,39 @@
 """The load generator's connections: a bare asyncio protocol per TCP connection (`_Wire`), the run's connection
-slots with their deadlines (`_Connection`), and the clock that times each response's arrival (`_ArrivalClock`).
+slots with their deadlines (`Connection`), and the clock that times each response's arrival (`ArrivalClock`).
+
+A slot reports to its owner (`ConnectionOwner`), the level in progress, through a protocol declared here, so that
+this module need not know the run that drives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, cast
+from collections.abc import Coroutine
+from typing import Any, Protocol, cast
 
-from twinserve.lab.loadgen_http import _ResponseParser
+from twinserve.lab.loadgen.http import ResponseParser
+from twinserve.lab.loadgen.tally import Outcome
 
-if TYPE_CHECKING:
-    from twinserve.lab.loadgen_run import _Run
-
-__all__ = ["TIMER_TICK_S", "_ArrivalClock", "_Connection"]
+__all__ = ["TIMER_TICK_S", "ArrivalClock", "Connection", "ConnectionOwner"]
 
 #: The shortest wait on a deadline timer; timeouts may read up to this late.
 TIMER_TICK_S = 0.001
 
 
-class _ArrivalClock:
+class ConnectionOwner(Protocol):
+    """What a connection slot reports to: the level in progress (`LevelRun`), which runs its connects as tasks
+    and takes every exchange's outcome."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run `coroutine` as a task of the level."""
+
+    def complete(self, connection: Connection, outcome: Outcome, finished: float, code: bytes | None = None) -> None:
+        """The exchange in progress on `connection` ended in `outcome` at `finished` (`code`: an error answer's
+        code from its body)."""
+
+
+class ArrivalClock:
     """Times responses from when the event loop learned they had arrived, not from when their turn came.
 
     The loop hands a batch of ready sockets to their protocols one after another, and a Python callback costs tens of
@@ -52,13 +66,13 @@ class _Wire(asyncio.Protocol):
 
     A bare protocol rather than asyncio streams, and callbacks rather than futures: no reader buffer, no per-read
     futures, no task switch between a response and the next request, which goes out from the very callback that
-    read the response's last bytes. The response is timed by the run's `_ArrivalClock`.
+    read the response's last bytes. The response is timed by the run's `ArrivalClock`.
     """
 
-    def __init__(self, slot: _Connection) -> None:
+    def __init__(self, slot: Connection) -> None:
         self._slot = slot
         self._transport: asyncio.Transport | None = None
-        self._parser = _ResponseParser()
+        self._parser = ResponseParser()
         self._busy = False
         self._closing = False
         self.lost: asyncio.Future[None] = slot.loop.create_future()
@@ -126,7 +140,7 @@ class _Wire(asyncio.Protocol):
                 self._transport.abort()
 
 
-class _Connection:
+class Connection:
     """One connection slot of a run: sends the requests it is handed, one at a time, and tells the run each outcome.
 
     Any failure closes its connection, and the next request opens a fresh one. Deadlines share one timer per slot,
@@ -135,7 +149,7 @@ class _Connection:
     being made and cancelled per request.
     """
 
-    def __init__(self, run: _Run, address: str, port: int, clock: _ArrivalClock) -> None:
+    def __init__(self, run: ConnectionOwner, address: str, port: int, clock: ArrivalClock) -> None:
         self._run = run
         self._address, self._port = address, port
         self.clock = clock

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from twinserve.lab.tune_search import Decision, Goal, Plan, ProbeResult, Ranked, meets
+from twinserve.lab.tune.search import Decision, Goal, Plan, ProbeResult, Ranked, meets
 from twinserve.lab.variants import Variant
 
 __all__ = ["Capacity", "Standing", "Summary", "capacity", "final_stages", "no_capacity_reason", "summarize"]

@@ -2,9 +2,9 @@
 candidate's standing), `winner.toml` (a settings file `twinserve serve --config` reads; for a model with
 per-model settings of its own, the server-wide part, and `winner-model-settings.toml` its `[settings]` table),
 `report.html` (the decision, a Pareto plot of throughput vs P95 with memory as marker size, every candidate and
-every probe), and the lines printed at the end. What the lines say is `tune_summary`'s.
+every probe), and the lines printed at the end. What the lines say is `summary`'s.
 
-The HTML reuses the bench report's style sheet, table and SVG scales (`report_html`, `report_svg`).
+The HTML reuses the bench report's style sheet, table and SVG scales (`lab.report.html`, `lab.report.svg`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import orjson
 
 from twinserve import __version__
 from twinserve.config import Config, load_config
-from twinserve.lab.report_html import _CSS, _table
-from twinserve.lab.report_svg import _linear_ticks, _Scale, _svg_text
+from twinserve.lab.report.html import STYLE_SHEET, html_table
+from twinserve.lab.report.svg import Scale, linear_ticks, svg_text
 from twinserve.lab.settings_writer import serve_command, settings_file_text
-from twinserve.lab.tune import TuneOutcome
-from twinserve.lab.tune_search import Ranked, meets
-from twinserve.lab.tune_subject import candidate_settings, server_level, settings_table
-from twinserve.lab.tune_summary import Summary, summarize
+from twinserve.lab.tune.runner import TuneOutcome
+from twinserve.lab.tune.search import Ranked, meets
+from twinserve.lab.tune.subject import candidate_settings, server_level, settings_table
+from twinserve.lab.tune.summary import Summary, summarize
 
 __all__ = [
     "decision_lines",
@@ -230,13 +230,13 @@ def _pareto_svg(record: dict[str, Any]) -> str:
     points = [p for p in record["probes"] if p["latency_ms"]["p95"] is not None and p["throughput_rps"] > 0]
     width, height, m = 1080, 420, {"left": 70, "right": 20, "top": 20, "bottom": 50}
     if not points:
-        return f'<svg class="plot" viewBox="0 0 {width} 80">{_svg_text(width / 2, 40, "no measurements")}</svg>'
+        return f'<svg class="plot" viewBox="0 0 {width} 80">{svg_text(width / 2, 40, "no measurements")}</svg>'
     cap = _Y_CAP_SLOS * slo
-    xticks = _linear_ticks(1.06 * max(p["throughput_rps"] for p in points))
+    xticks = linear_ticks(1.06 * max(p["throughput_rps"] for p in points))
     highest = max([slo, *(p["latency_ms"]["p95"] for p in points)])
-    yticks = _linear_ticks(min(cap, 1.06 * highest))
-    x = _Scale(0.0, xticks[-1], False, m["left"], width - m["right"])
-    y = _Scale(0.0, yticks[-1], False, height - m["bottom"], m["top"])
+    yticks = linear_ticks(min(cap, 1.06 * highest))
+    x = Scale(0.0, xticks[-1], False, m["left"], width - m["right"])
+    y = Scale(0.0, yticks[-1], False, height - m["bottom"], m["top"])
     memory_max = max((p["memory_mib"] for p in points), default=1.0) or 1.0
     out = [
         f'<svg class="plot" data-plot="pareto" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
@@ -246,16 +246,16 @@ def _pareto_svg(record: dict[str, Any]) -> str:
     ]
     for t in yticks:
         out.append(f'<line x1="{m["left"]}" x2="{width - m["right"]}" y1="{y(t):.1f}" y2="{y(t):.1f}" class="grid"/>')
-        out.append(_svg_text(m["left"] - 6, y(t) + 4, f"{t:g}", "end", "tick"))
+        out.append(svg_text(m["left"] - 6, y(t) + 4, f"{t:g}", "end", "tick"))
     for t in xticks:
-        out.append(_svg_text(x(t), height - m["bottom"] + 16, f"{t:,.0f}", cls="tick"))
-    out.append(_svg_text(width / 2, height - 10, "throughput (responses / s)"))
+        out.append(svg_text(x(t), height - m["bottom"] + 16, f"{t:,.0f}", cls="tick"))
+    out.append(svg_text(width / 2, height - 10, "throughput (responses / s)"))
     out.append(
         f'<text x="16" y="{height / 2:.0f}" text-anchor="middle" transform="rotate(-90 16 {height / 2:.0f})">'
         "P95 latency (ms)</text>"
     )
     out.append(f'<line x1="{m["left"]}" x2="{width - m["right"]}" y1="{y(slo):.1f}" y2="{y(slo):.1f}" class="slo"/>')
-    out.append(_svg_text(m["left"] + 6, y(slo) - 5, f"SLO p95 {slo:g} ms", "start", "slo-label"))
+    out.append(svg_text(m["left"] + 6, y(slo) - 5, f"SLO p95 {slo:g} ms", "start", "slo-label"))
     frontier, best = [], math.inf
     for p in sorted(points, key=lambda p: (-p["throughput_rps"], p["latency_ms"]["p95"])):
         if p["latency_ms"]["p95"] < best:
@@ -279,9 +279,9 @@ def _pareto_svg(record: dict[str, Any]) -> str:
     legend_x = m["left"] + 10
     for arch, colour in _ARCH_COLOURS.items():
         out.append(f'<circle cx="{legend_x}" cy="{m["top"] + 14}" r="5" fill="{colour}"/>')
-        out.append(_svg_text(legend_x + 10, m["top"] + 18, arch, "start"))
+        out.append(svg_text(legend_x + 10, m["top"] + 18, arch, "start"))
         legend_x += 80
-    out.append(_svg_text(legend_x, m["top"] + 18, "marker area: memory (PSS); faded: missed the goal", "start"))
+    out.append(svg_text(legend_x, m["top"] + 18, "marker area: memory (PSS); faded: missed the goal", "start"))
     out.append("</svg>")
     return "\n".join(out)
 
@@ -347,12 +347,12 @@ def _report_html(record: dict[str, Any]) -> str:
         f"<section><h2>Throughput vs P95 (marker size: memory)</h2>{_pareto_svg(record)}</section>",
         f"<section><h2>Search</h2><ul>{search}</ul></section>",
         "<section><h2>Every candidate against the winner</h2>"
-        f"{_table(('candidate', 'standing', 'probes', 'evidence'), standings, {2})}</section>",
-        f"<section><h2>Every probe</h2>{_table(headers, rows, {0, 3, 4, 5, 6, 7, 9})}</section>",
+        f"{html_table(('candidate', 'standing', 'probes', 'evidence'), standings, {2})}</section>",
+        f"<section><h2>Every probe</h2>{html_table(headers, rows, {0, 3, 4, 5, 6, 7, 9})}</section>",
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>twinserve tune: {html.escape(record['model_name'])}</title><style>{_CSS}</style></head>"
+        f"<title>twinserve tune: {html.escape(record['model_name'])}</title><style>{STYLE_SHEET}</style></head>"
         "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
     )
 
