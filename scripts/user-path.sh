@@ -7,7 +7,8 @@
 #      one line (all at the newest versions the ranges allow, as `make test`'s contract layer is). Then the ranges'
 #      other end: one served request per architecture and the in-process contract layer (tests/contract) against
 #      the wheel installed at the lowest versions pyproject.toml allows (`uv pip install --resolution
-#      lowest-direct`);
+#      lowest-direct`), and `--arch sync` serving a request on each gunicorn release line between the floor's and
+#      the newest (`GUNICORN_LINES`);
 #   3. each extra in its own fresh virtualenv (made in the background while stage 2 runs, two pips at a time after it),
 #      running the command that needs it, two extras at a time; in those of `safe` and `torch`, `twinserve k8s --out`
 #      for a skops model with its weights beside its module and for a repository holding a torch model, each
@@ -340,6 +341,26 @@ PY
         grep -Ei '^(flask|gunicorn|starlette|uvicorn|pydantic|pydantic-settings|numpy|scikit-learn)==' | tr '\n' ' ')"
     TS=$WORK/lowest/bin/twinserve serve_each_arch
     contract_layer "$WORK/lowest"
+    gunicorn_lines
+}
+
+# The sync architecture on every gunicorn release line the floor allows (issue #42: before 27.0 each of them
+# crashed twinserve at import): the floor's line served above, the newest in the suite and stage 2's base install,
+# the lines between them here, each in the lowest install with only gunicorn changed.
+GUNICORN_LINES=${GUNICORN_LINES:-"24 25 26"}
+gunicorn_lines() {
+    local line port version
+    for line in $GUNICORN_LINES; do
+        "$UV" pip install -q --python "$WORK/lowest/bin/python" "gunicorn==$line.*" >>"$WORK/lowest.pip.log" 2>&1 ||
+            fail "uv pip install gunicorn==$line.*"
+        version=$("$WORK/lowest/bin/python" -c 'import gunicorn; print(gunicorn.__version__)')
+        port=$(free_port)
+        start_server "$WORK/serve-gunicorn-$line.log" "$WORK/lowest/bin/twinserve" serve --arch sync --port "$port"
+        wait_ready "$port" "$SERVER_PID" "$WORK/serve-gunicorn-$line.log"
+        predict_iris "$port"
+        stop_server "$SERVER_PID" "$WORK/serve-gunicorn-$line.log"
+        log "serve --arch sync on gunicorn $version: ok"
+    done
 }
 
 # -- 3. each extra in its own virtualenv ----------------------------------------------------------------------
@@ -609,7 +630,7 @@ if [ "${USER_PATH_BASE:-1}" != 0 ]; then
     # The newest end's contract layer is `make test`'s (its virtualenv resolves the newest versions too): run here
     # as well it cost a minute of a CI bounded at twenty.
     if [ "${USER_PATH_LOWEST:-1}" != 0 ]; then
-        timed "2 lowest versions: serve + contract layer" lowest_install
+        timed "2 lowest versions: serve, contract layer, gunicorn lines" lowest_install
     fi
 fi
 touch "$WORK/stage2.done"

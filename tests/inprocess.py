@@ -1,6 +1,6 @@
 """The real apps, built in this process exactly as the servers build them, behind one small synchronous client.
 
-sync: `twinserve.servers.gunicorn.build_wsgi_app(config)` (what each gunicorn worker loads), driven by Flask's test
+sync: `twinserve.servers.sync.server.build_wsgi_app(config)` (what each gunicorn worker loads), driven by Flask's test
 client. async and hybrid: `twinserve.servers.uvicorn.app_factory()` (what uvicorn calls, reading the Config from the
 environment `run` sets), driven by httpx's ASGITransport on an event loop of its own thread, the way uvicorn keeps
 one loop for the app's whole life. httpx does not run the ASGI lifespan, so `_Lifespan` does: models load at
@@ -92,7 +92,7 @@ class SyncClient:
     """The WSGI app gunicorn would serve, called through werkzeug's test client."""
 
     def __init__(self, config: Config) -> None:
-        from twinserve.servers import gunicorn
+        from twinserve.servers.sync import server
 
         self.arch = "sync"
         self.config = config
@@ -103,10 +103,10 @@ class SyncClient:
             return self.registry
 
         with (
-            mock.patch.object(gunicorn, "start_memory_sampler"),
-            mock.patch.object(gunicorn, "load_models", load_models),
+            mock.patch.object(server, "start_memory_sampler"),
+            mock.patch.object(server, "load_models", load_models),
         ):
-            self.app = gunicorn.build_wsgi_app(config)
+            self.app = server.build_wsgi_app(config)
         self.client = self.app.test_client()
 
     def request(

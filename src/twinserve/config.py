@@ -83,7 +83,9 @@ class Config(BaseSettings):
         description="Sync: request threads per worker. Async: threads that run blocking model hooks.",
     )
     worker_class: Literal["gthread", "sync"] = Field(
-        "gthread", description="Gunicorn worker class for --arch sync (`sync`: one request per process)."
+        "gthread",
+        description="--arch sync: `gthread`, --threads request threads per worker process; `sync`, one request at "
+        "a time in the worker's main thread (twinserve's worker class on gunicorn's worker API, either way).",
     )
     executor: ExecutorName = Field(
         "auto",

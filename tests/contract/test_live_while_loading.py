@@ -29,7 +29,7 @@ from twinserve.config import Config, load_config
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.fronts.contract import Service
 from twinserve.repository import ModelRegistry
-from twinserve.servers import gunicorn
+from twinserve.servers.sync import server
 
 
 @pytest.fixture
@@ -62,8 +62,8 @@ class _Failures:
 
 
 def _sync_app(config: Config, on_load_failure: _Failures) -> Any:
-    with mock.patch.object(gunicorn, "start_memory_sampler"), mock.patch.object(gunicorn, "settle"):
-        return gunicorn.build_wsgi_app(config, on_load_failure).test_client()
+    with mock.patch.object(server, "start_memory_sampler"), mock.patch.object(server, "settle"):
+        return server.build_wsgi_app(config, on_load_failure).test_client()
 
 
 def test_the_sync_app_answers_while_its_model_loads(gate: Path) -> None:

@@ -1,5 +1,5 @@
 """Connections spread over a server's workers, not piled onto the first awake: sync's gthread workers
-(servers/gunicorn_balance.py), async's uvicorn workers (servers/uvicorn_listeners.py)."""
+(servers/sync/balance.py), async's uvicorn workers (servers/uvicorn_listeners.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.serving import Server, model_path, poll, read_response
-from twinserve.servers.gunicorn_balance import ConnectionShares
+from twinserve.servers.sync.balance import ConnectionShares
 from twinserve.servers.uvicorn_listeners import balanced_listener
 
 CONNECTIONS = 16

@@ -1,19 +1,21 @@
 """Connections held unread (servers/holding.py): `Holding`'s order, levels and deadlines, and `ReadHolds` letting
 an event loop's paused connections go as their model's queue takes requests again; the order in which the sync
-poller handles a crowded pass's events (servers/gunicorn_poller.py `in_turn`). The servers holding real
+worker's poller handles a pass's events (servers/sync/worker.py `pass_order`). The servers holding real
 connections are tests/live/hardening/test_early_refusal.py's."""
 
 from __future__ import annotations
 
 import asyncio
 import selectors
+import socket
 from dataclasses import dataclass, field
-from functools import partial
-from types import SimpleNamespace
 from typing import Any
 
-from twinserve.servers.gunicorn_poller import PER_PASS, in_turn
 from twinserve.servers.holding import TICK_S, Holding, ReadHolds
+from twinserve.servers.sync.connection import Connection, pass_order
+from twinserve.servers.sync.http import Limits
+
+LIMITS = Limits(max_request_line=8190, max_header_count=100, max_header_bytes=8190, max_body_bytes=1 << 20)
 
 
 def test_held_connections_leave_the_highest_level_first_then_the_longest_held() -> None:
@@ -85,39 +87,26 @@ def _event(data: Any) -> tuple[selectors.SelectorKey, int]:
     return selectors.SelectorKey(fileobj=0, fd=0, events=selectors.EVENT_READ, data=data), selectors.EVENT_READ
 
 
-def test_a_crowded_poller_pass_takes_finished_requests_first_then_a_bounded_number_of_connections_by_level() -> None:
-    def readable(conn: Any, fileobj: Any) -> None: ...
+def test_a_poller_pass_takes_wake_ups_and_listeners_first_then_connections_by_level() -> None:
+    """The sync worker's poller reads a pass's readable connections by the level of each one's last request, the
+    highest first (a high priority beside a crowd is read before the crowd), after the threads' wake-up (a thread
+    is free: a held request can go to it) and the listeners; within a level in epoll's order."""
 
-    def method_queue(fileobj: Any) -> None: ...
+    def connection(name: str, level: int) -> Connection:
+        conn = Connection(socket.socket(), None, LIMITS)
+        conn.level = level
+        conn.sock.close()
+        conns[id(conn)] = name
+        return conn
 
-    def names(conns: list[SimpleNamespace]) -> list[str]:
-        events = [_event(partial(readable, conn)) for conn in conns] + [_event(method_queue)]
-        turn, later = in_turn(events, default=2, turn=1)
-        assert sorted(map(id, turn + later)) == sorted(map(id, events))  # each event now or later, none lost
-        return [key.data.args[0].name if isinstance(key.data, partial) else "finished" for key, _ in turn]
-
-    lows = [SimpleNamespace(name=f"low-{i}", level=3) for i in range(PER_PASS + 5)]
-    high, unseen = SimpleNamespace(name="high", level=1), SimpleNamespace(name="new")  # no request seen yet
-    # the threads' finished requests, then by level (each level in its order), PER_PASS connections in all
-    first_lows = [c.name for c in lows][: PER_PASS - 2]
-    assert names([*lows[:3], high, unseen, *lows[3:]]) == ["finished", "high", "new", *first_lows]
-    highs = [SimpleNamespace(name=f"high-{i}", level=1) for i in range(PER_PASS + 5)]
-    assert names([*lows, *highs]) == ["finished", *[c.name for c in highs][:PER_PASS]]  # a crowd at one level too
-
-
-def test_connections_left_for_a_later_pass_go_first_in_it() -> None:
-    """Within a level, the longest since its last turn first: not epoll's order, where a closed-loop client
-    answered in one pass is ready again at the head of the next, and the same connections would take every turn."""
-
-    def readable(conn: Any, fileobj: Any) -> None: ...
-
-    crowd = [SimpleNamespace(name=f"c-{i}", level=1) for i in range(PER_PASS + 5)]
-    events = [_event(partial(readable, conn)) for conn in crowd]
-    _, later = in_turn(events, default=1, turn=1)
-    assert [key.data.args[0] for key, _ in later] == crowd[PER_PASS:]
-    second, _ = in_turn(events, default=1, turn=2)  # every one ready again, in epoll's order
-    assert [key.data.args[0] for key, _ in second][:5] == crowd[PER_PASS:]
-    assert all(conn.turn in (1, 2) for conn in crowd)
+    conns: dict[int, str] = {}
+    lows = [connection(f"low-{i}", 3) for i in range(3)]
+    high, mid = connection("high", 1), connection("mid", 2)
+    events = [_event(lows[0]), _event(high), _event(None), _event(lows[1]), _event(mid), _event("listener")]
+    events += [_event(lows[2])]
+    events.sort(key=pass_order)
+    names = [conns.get(id(key.data), key.data) for key, _ in events]
+    assert names == [None, "listener", "high", "mid", "low-0", "low-1", "low-2"]
 
 
 @dataclass(eq=False)

@@ -6,9 +6,10 @@ exchange and the front's Python, about as much as a small served request. twinse
 (servers/httptools.py) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
 answer and discards the body; the app never sees the request. The ASGI app publishes the object in the lifespan
 state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server; the Flask app publishes it in its
-`extensions`, for twinserve's gthread worker (servers/gunicorn_workers.py), which asks `refuse_environ` with the
-request threads' backlog before Flask runs. Every predict request asks, so the first test is a few counter reads
-(`crowded`): while no model's queue holds its lowest level's share, nothing more is looked at.
+`extensions`, for twinserve's sync worker (servers/sync/worker.py), whose poller asks `refusal` while requests wait
+for a thread, and whose request threads ask `refuse_environ` with their backlog before Flask runs. Every predict
+request asks, so the first test is a few counter reads (`crowded`): while no model's queue holds its lowest level's
+share, nothing more is looked at.
 
 The answer's bytes are rendered once per error and kept: each refusal puts its request id and the server's `date`
 into them. The same decision, asked about a request just answered (`hold`), tells the async fronts' HTTP server to
@@ -166,7 +167,7 @@ class EarlyRefusal:
 
     def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
         """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
-        servers/gunicorn_workers.py); `backlog`: the requests waiting for a request thread behind it."""
+        servers/sync/worker.py); `backlog`: the requests waiting for a request thread behind it."""
         if environ.get("REQUEST_METHOD") != "POST":
             return None
         path: str = environ.get("PATH_INFO", "")

@@ -35,7 +35,7 @@ from twinserve.protocol.v2 import HEADER_LENGTH
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
 
-#: Set by the server (gunicorn's gthread worker): requests still waiting for a request thread behind this one.
+#: Set by the server (servers/sync/worker.py): requests still waiting for a request thread behind this one.
 BACKLOG_ENVIRON = "twinserve.backlog"
 
 logger = logging.getLogger("twinserve.wsgi")

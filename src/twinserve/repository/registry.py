@@ -102,7 +102,7 @@ class ModelRegistry:
         self.traffic: dict[str, TrafficPolicy] = {}
         #: Set once its models are closed (the server stops): a repository poll thread then ends.
         self.closed = False
-        #: True while the server's first load runs behind a port that answers already (servers/gunicorn.py,
+        #: True while the server's first load runs behind a port that answers already (servers/sync/server.py,
         #: fronts/asgi.py): the server is live, and not ready until it ends (the load and what follows it).
         self.starting = False
 

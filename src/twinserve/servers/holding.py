@@ -1,8 +1,8 @@
 """Connections held unread while what they wait for is full: a crowd waits in TCP, costing no CPU, instead of
 being refused and sending again at once (a closed-loop client refused comes straight back).
 
-`Holding` is the per-level FIFO both fronts use. The sync front holds a connection in gthread's poller, its request
-seen with `MSG_PEEK` (servers/gunicorn_poller.py). The async fronts' HTTP server cannot look at unread bytes, so
+`Holding` is the per-level FIFO both fronts use. The sync worker's poller holds a request it has read whole
+(servers/sync/admission.py). The async fronts' HTTP server cannot look at unread bytes, so
 `ReadHolds` holds a kept-alive connection right after an answer, by its last request: when that request's model
 could not take another at its level now, the connection's reading is paused (uvicorn's flow control) before its
 next request is read. A closed-loop client's next request is nearly always for the same model at the same level;

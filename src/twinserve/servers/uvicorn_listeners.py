@@ -3,7 +3,7 @@
 uvicorn's supervisor binds one socket and hands every worker a copy: all workers accept from one queue, and the
 worker that wakes first takes every connection waiting there (uvloop accepts until the queue is empty). A client
 that opens its connections in a burst (a pool, a load balancer, wrk) can put all of them on one worker while the
-others idle (sync met the same with gunicorn: servers/gunicorn_balance.py). Where Linux's `SO_REUSEPORT` is there,
+others idle (sync met the same with gunicorn: servers/sync/balance.py). Where Linux's `SO_REUSEPORT` is there,
 the socket the supervisor hands out is a `ReusePortListener` instead: bound in the supervisor (which keeps the port
 and never listens, so it takes no connection), it is not copied to a worker but bound again there, to the same
 address, as a socket of the worker's own. The kernel then picks a listening socket for each new connection by a

@@ -282,7 +282,7 @@ from starlette.testclient import TestClient
 from twinserve.config import load_config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.contract import Service
-from twinserve.servers.gunicorn import build_wsgi_app
+from twinserve.servers.sync.server import build_wsgi_app
 
 config = load_config(models=["twinserve.examples.tabular:Classifier"])
 flower = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}

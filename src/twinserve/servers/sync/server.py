@@ -23,11 +23,14 @@ from twinserve.observability.metrics import mark_process_dead, record_death, sta
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
-from twinserve.servers.gunicorn_balance import ConnectionShares
-from twinserve.servers.gunicorn_workers import WORKER_CLASSES, WORKER_CONNECTIONS
 from twinserve.servers.startup import built_or_exit, stop_server
+from twinserve.servers.sync.balance import ConnectionShares
+from twinserve.servers.sync.worker import RequestThreadsWorker
 
-__all__ = ["build_wsgi_app", "run"]
+__all__ = ["WORKER_CONNECTIONS", "build_wsgi_app", "run"]
+
+#: Connections a worker holds open at most (gunicorn's default), unless the queue bound needs more.
+WORKER_CONNECTIONS = 1000
 
 
 def build_wsgi_app(config: Config, on_load_failure: Callable[[BaseException], None] | None = None) -> Flask:
@@ -121,7 +124,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
     def __init__(self, config: Config) -> None:
         self.twinserve_config = config
         workers = config.effective_workers
-        # gthread workers' open connections, shared so that a worker leaves new ones to a less loaded one; room
+        # The threaded workers' open connections, shared so that a worker leaves new ones to a less loaded one; room
         # for a graceful reload's new workers beside the old.
         threaded = config.worker_class == "gthread" and workers > 1
         self.connection_shares = ConnectionShares(2 * workers) if threaded else None
@@ -129,19 +132,16 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
 
     def load_config(self) -> None:
         config = self.twinserve_config
-        # gunicorn silently turns `sync` into `gthread` when threads > 1; keep `sync` meaning one request at a time.
-        threads = 1 if config.worker_class == "sync" else config.threads
+        threads = 1 if config.worker_class == "sync" else config.threads  # `sync`: one request at a time
         settings: dict[str, Any] = {
             "bind": [f"{config.host}:{config.port}"],
             "workers": config.effective_workers,
-            "worker_class": WORKER_CLASSES[config.worker_class],
+            # twinserve's own worker on gunicorn's worker API (servers/sync/worker.py), for both --worker-class
+            # values: `gthread`, request threads; `sync`, one request at a time in the worker's main thread.
+            "worker_class": RequestThreadsWorker,
             "threads": threads,
-            # gunicorn's own parser enforces the request-line and header limits (414, 431).
-            "limit_request_line": config.max_request_line,
-            "limit_request_fields": config.max_header_count,
-            "limit_request_field_size": config.max_header_bytes,
             # Enough open connections per worker for the queue bound to be reached, and so to shed (503), before
-            # gthread stops accepting and leaves connections unanswered in the kernel's backlog.
+            # the worker stops accepting and leaves connections unanswered in the kernel's backlog.
             "worker_connections": max(WORKER_CONNECTIONS, threads + config.max_queue + 1),
             "graceful_timeout": math.ceil(config.graceful_timeout),  # gunicorn takes whole seconds
             "loglevel": config.log_level,

@@ -1,8 +1,8 @@
-"""The sync front's request threads take the highest priority level waiting next (servers/gunicorn_threads.py).
+"""The sync front's request threads take the highest priority level waiting next (servers/sync/threads.py).
 
-gthread's own pool is first come, first served; `LevelledThreadPool` is what gunicorn's `get_thread_pool` hook
-returns in its place. The pool is driven here directly, one thread kept busy behind a gate so that the order in
-which the rest are taken up is the pool's alone. The served path is in tests/live/hardening/test_early_refusal.py.
+A `ThreadPoolExecutor` is first come, first served; `LevelledThreadPool` is the sync worker's pool instead. The pool
+is driven here directly, one thread kept busy behind a gate so that the order in which the rest are taken up is the
+pool's alone. The served path is in tests/live/hardening/test_early_refusal.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from twinserve.servers.gunicorn_threads import QUICK, LevelledThreadPool
+from twinserve.servers.sync.threads import QUICK, LevelledThreadPool
 
 TIMEOUT_S = 30.0
 

@@ -1,15 +1,15 @@
-"""gthread's request threads, taking requests by priority level instead of first come, first served.
+"""The sync worker's request threads, taking requests by priority level instead of first come, first served.
 
-gthread hands each readable connection to a `concurrent.futures.ThreadPoolExecutor`, whose queue is first come,
-first served: a request at level 1 handed over behind a thread's worth of level-3 requests waited for all of them
-to be taken up first. Measured (sync, wrk: 8 connections at `X-Priority: 1` beside 500 at level 3), a high
-priority's time in that queue was 12 ms at the median and 36 ms at P99, and its time held in the poller before
+gunicorn's gthread worker handed each readable connection to a `concurrent.futures.ThreadPoolExecutor`, whose queue
+is first come, first served: a request at level 1 handed over behind a thread's worth of level-3 requests waited for
+all of them to be taken up first. Measured (sync, wrk: 8 connections at `X-Priority: 1` beside 500 at level 3), a
+high priority's time in that queue was 12 ms at the median and 36 ms at P99, and its time held in the poller before
 (waiting for the queue to have room, behind lows that had it) 17 / 65 ms.
 
-`LevelledThreadPool` is what gunicorn's `get_thread_pool` hook returns in its place: the same threads, the same
-futures, but each thread takes the waiting request of the highest level next (1 the highest), and the longest
-waiting within a level. `ahead_of(level)` says how many waiting requests a thread would take before one at
-`level`: the poller (gunicorn_poller.py) holds a request while that is a thread's worth, not while the whole queue
+`LevelledThreadPool` is the worker's pool (servers/sync/worker.py): threads and futures, but each thread takes the
+waiting request of the highest level next (1 the highest), and the longest waiting within a level.
+`ahead_of(level)` says how many waiting requests a thread would take before one at `level`: the poller
+(servers/sync/admission.py) holds a request while that is a thread's worth, not while the whole queue
 is, so a high priority goes to the threads at once past a queue of lower levels, and is taken up next.
 
 Level `QUICK` (0) is for requests the app answers without the model (an invalid `X-Priority`: 400): taken first,

@@ -1,6 +1,6 @@
-"""Connections spread over the sync architecture's gthread workers instead of piling onto one.
+"""Connections spread over the sync architecture's workers instead of piling onto one.
 
-gthread workers share one listening socket, and a connection goes to whichever worker's poller wakes first and
+The workers share one listening socket, and a connection goes to whichever worker's poller wakes first and
 accepts it. A client that opens its keep-alive connections in a burst (a connection pool, wrk, a load balancer) can
 so land all of them on one worker, which then runs every request on its one interpreter while the other workers
 idle: 16 connections on two workers, the iris example, went 16 to 0 in most runs here and were served at 193-197
@@ -18,13 +18,10 @@ in progress.
 from __future__ import annotations
 
 import ctypes
-import time
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
 
-from gunicorn.workers import gthread
-
-__all__ = ["DEFER_S", "BalancedAccept", "ConnectionShares"]
+__all__ = ["DEFER_S", "Balance", "ConnectionShares"]
 
 #: How long a worker holding more connections than another leaves a new connection to the others at most. Longer
 #: than a busy worker's poller may take to get the interpreter back from its request threads (5 ms switch interval).
@@ -70,65 +67,39 @@ class ConnectionShares:
         return min(counts) if counts else None
 
 
-class BalancedAccept(gthread.ThreadWorker):  # type: ignore[misc]
-    """gthread's accept, leaving a new connection to a less loaded worker for up to `DEFER_S`."""
+class Balance:
+    """One worker's side: publishes its connections, and says whether it takes the next one now (`my_turn`)."""
 
-    connection_slot: int | None = None
-    _shares: ConnectionShares | None = None
-    _connections = 0
-    _paused_until = 0.0
-    _deferred_since: float | None = None
+    __slots__ = ("_deferred_since", "_shares", "_slot", "paused_until")
 
-    @property
-    def nr_conns(self) -> int:
-        return self._connections
+    def __init__(self, shares: ConnectionShares | None, slot: int | None) -> None:
+        self._shares = shares if slot is not None else None
+        self._slot = slot if slot is not None else 0
+        self._deferred_since: float | None = None
+        #: While another worker may take the next connection, this one looks again at this time.
+        self.paused_until = 0.0
 
-    @nr_conns.setter
-    def nr_conns(self, value: int) -> None:
-        # gthread counts its open connections here, from its poller thread only; the other workers read it.
-        self._connections = value
-        if self._shares is not None and self.connection_slot is not None:
-            self._shares.publish(self.connection_slot, value)
+    def publish(self, connections: int) -> None:
+        if self._shares is not None:
+            self._shares.publish(self._slot, connections)
 
-    def init_process(self) -> None:
-        self._shares = getattr(self.app, "connection_shares", None)
-        self.nr_conns = self._connections
-        super().init_process()
-
-    def accept(self, listener: Any) -> None:
-        if self._my_turn():
-            super().accept(listener)
-
-    def _my_turn(self) -> bool:
-        if self._shares is None or self.connection_slot is None:
+    def my_turn(self, connections: int, now: float) -> bool:
+        """Whether to accept with `connections` open; if not, accepting pauses until `paused_until`."""
+        if self._shares is None:
             return True
-        fewest = self._shares.fewest_elsewhere(self.connection_slot)
-        if fewest is None or self._connections <= fewest + SLACK:
+        fewest = self._shares.fewest_elsewhere(self._slot)
+        if fewest is None or connections <= fewest + SLACK:
             self._deferred_since = None
             return True
-        now = time.monotonic()
         if self._deferred_since is None:
             self._deferred_since = now
         elif now - self._deferred_since >= DEFER_S:  # still waiting: no other worker took it
             self._deferred_since = None
             return True
-        self._paused_until = now + RECHECK_S
-        self.set_accept_enabled(False)
+        self.paused_until = now + RECHECK_S
         return False
 
-    def set_accept_enabled(self, enabled: bool) -> None:
-        # gthread's loop turns accepting back on at every turn while it has room for connections: not while paused.
-        if enabled and time.monotonic() < self._paused_until:
-            return
-        super().set_accept_enabled(enabled)
-
-    def wait_for_and_dispatch_events(self, timeout: float) -> None:
-        pause = self._paused_until - time.monotonic()
-        if not self._accepting and pause > 0:
-            timeout = min(timeout, pause)  # wake to accept again when the pause ends
-        watched = self._accepting
-        super().wait_for_and_dispatch_events(timeout)
-        if watched and self._accepting:
-            # The listener was watched through the wait and nothing paused it: the connection deferred for, if
-            # any, went to another worker, and the next one is deferred anew.
-            self._deferred_since = None
+    def taken_elsewhere(self) -> None:
+        """The listener was watched through a wait and had nothing: the connection deferred for, if any, went to
+        another worker, and the next one is deferred anew."""
+        self._deferred_since = None
