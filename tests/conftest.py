@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.serving import RedisServer, Server, ServerProcess, model_path, servers_per_arch
+from tests.serving import RedisServer, Server, ServerProcess, SharedServers, model_path, servers_per_arch
 from twinserve.examples.io import populate
 from twinserve.lab.servers import TwinserveServer
 
@@ -57,6 +57,16 @@ def servers(redis_server: RedisServer) -> Iterator[dict[str, Server]]:
 @pytest.fixture(params=ARCHS)
 def server(request: pytest.FixtureRequest, servers: dict[str, Server]) -> Server:
     return servers[request.param]
+
+
+@pytest.fixture(scope="module")
+def shared_servers() -> Iterator[SharedServers]:
+    """The module's servers shared by flag set, each started on first use (tests/serving.py `SharedServers`)."""
+    servers = SharedServers()
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
 # -- the layers (tests/README.md): collected slowest first, and servers started only in live/ ----------------------

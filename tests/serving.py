@@ -22,6 +22,7 @@ __all__ = [
     "Server",
     "ServerFailed",
     "ServerProcess",
+    "SharedServers",
     "free_port",
     "model_path",
     "predict",
@@ -29,6 +30,7 @@ __all__ = [
     "scrape",
     "servers_per_arch",
     "wait_for_file",
+    "wait_for_new_output",
     "wait_until",
 ]
 
@@ -48,6 +50,16 @@ def predict(server: ServerProcess, model: str, instances: Any, timeout: float = 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:
     wait_until(path.exists, timeout, f"{path} to appear", interval=0.01)
+
+
+def wait_for_new_output(server: ServerProcess, since: int, text: str, timeout: float = 30.0) -> None:
+    """Return once `text` appears in what `server` printed past the first `since` characters of its output (a mark
+    taken as `len(server.output())`), so that on a server tests share, what an earlier test made it print does not
+    count; AssertionError with that part of the output if it does not."""
+    if not poll(lambda: text in server.output()[since:], timeout):
+        raise AssertionError(
+            f"{text!r} never appeared in the server log after {since} characters:\n{server.output()[since:]}"
+        )
 
 
 def read_response(sock: socket.socket) -> bytes:
@@ -103,6 +115,7 @@ class Server(TwinserveServer):
 
     def __init__(self, models: Sequence[str], arch: str, *extra: str, env: dict[str, str] | None = None) -> None:
         super().__init__(models, arch, *extra, env=env, cwd=ROOT)
+        self.arch = arch  # for a test handed a shared server by a fixture parametrised over architectures
 
 
 @contextmanager
@@ -115,4 +128,27 @@ def servers_per_arch(archs: Sequence[str], make: Callable[[str], Server]) -> Ite
         yield started
     finally:
         for server in started.values():
+            server.stop()
+
+
+class SharedServers:
+    """Servers that a module's tests share, one per distinct command (models, architecture, flags), each started
+    when a test first asks for it and all stopped by `stop` (a module-scoped fixture's teardown): for tests on one
+    flag set that no fixture parametrised over architectures groups (a test of one architecture, a flag set taken
+    from the test's own parameters). A test on a shared server leaves it as it found it, and measures what it
+    checks from what it found (a delta, its own request ids, the output past a mark)."""
+
+    def __init__(self) -> None:
+        self._started: dict[tuple[tuple[str, ...], str, tuple[str, ...]], Server] = {}
+
+    def get(self, models: Sequence[str], arch: str, *flags: str) -> Server:
+        key = (tuple(models), arch, tuple(flags))
+        server = self._started.get(key)
+        if server is None:
+            server = self._started[key] = Server(models, arch, *flags).start()
+        return server
+
+    def stop(self) -> None:
+        started, self._started = list(self._started.values()), {}
+        for server in started:
             server.stop()

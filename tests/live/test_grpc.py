@@ -39,23 +39,30 @@ MODELS = (
 
 
 class GrpcServer(Server):
-    """A server that also serves gRPC, on a port chosen here."""
+    """A server that also serves gRPC: on a port chosen here, or with `grpc_port=0` on one it chooses itself and
+    announces in its start-up line."""
 
-    def __init__(self, arch: str, *extra: str) -> None:
-        self.grpc_port = free_port()
+    def __init__(self, arch: str, *extra: str, grpc_port: int | None = None) -> None:
+        self.grpc_port = free_port() if grpc_port is None else grpc_port
         super().__init__(MODELS, arch, "--grpc-port", str(self.grpc_port), *extra)
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        if self.grpc_port:
+            return f"127.0.0.1:{self.grpc_port}"
+        announced = announced_grpc(self.output())
+        assert announced is not None, self.output()
+        return announced
 
 
 @pytest.fixture(scope="module")
 def grpc_servers() -> Iterator[dict[str, GrpcServer]]:
     def make(arch: str) -> GrpcServer:
-        # The read timeout bounds a silent stream too (test_a_stream_is_not_held_for_free).
+        # The read timeout bounds a silent stream too (test_a_stream_is_not_held_for_free). `--grpc-port 0`: the
+        # port the server chooses (test_grpc_port_zero_is_chosen_once_and_announced); the sigterm test's servers
+        # are given theirs.
         flags = ("--workers", "2", "--api-key", KEY, "--max-body-bytes", "65536", "--read-timeout-s", str(IDLE_S))
-        return GrpcServer(arch, *flags)
+        return GrpcServer(arch, *flags, grpc_port=0)
 
     with servers_per_arch(ARCHS, make) as started:
         yield started  # type: ignore[misc]
@@ -397,17 +404,16 @@ def _wait_until_requested(server: GrpcServer) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_grpc_port_zero_is_chosen_once_and_announced(arch: str) -> None:
-    """`--grpc-port 0`: one free port for every worker process, said in the start-up line."""
-    with Server([model_path("Affine")], arch, "--workers", "2", "--grpc-port", "0") as server:
-        target = announced_grpc(server.output())
-        assert target is not None and not target.endswith(":0"), server.output()
-        with triton.InferenceServerClient(target) as grpc_client:
-            for _ in range(4):
-                assert grpc_client.infer("affine", affine_inputs([[1.0, 2.0]], [2.0])).as_numpy("total").tolist() == [
-                    6.0
-                ]
+def test_grpc_port_zero_is_chosen_once_and_announced(server: GrpcServer) -> None:
+    """`--grpc-port 0`: one free port for every worker process, said in the start-up line (the module's servers:
+    `--workers 2`, `--grpc-port 0`)."""
+    assert "--grpc-port 0 --workers 2 " in " ".join(server.args)  # what this test is about, whatever else it serves
+    target = announced_grpc(server.output())
+    assert target is not None and not target.endswith(":0"), server.output()
+    with triton.InferenceServerClient(target) as grpc_client:
+        for _ in range(4):
+            result = grpc_client.infer("affine", affine_inputs([[1.0, 2.0]], [2.0]), headers=AUTH)
+            assert result.as_numpy("total").tolist() == [6.0]
 
 
 def test_the_checked_in_stubs_are_current() -> None:

@@ -21,10 +21,13 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path, sample, scrape, wait_until
+from tests.serving import Server, SharedServers, model_path, sample, scrape, wait_for_new_output, wait_until
 
-GATE, ECHO = model_path("Gate"), model_path("Echo")
-FLAGS = ["--workers", "1", "--threads", "8", "--model-workers", "1", "--max-batch-size", "2"]
+GATE, ECHO, DRIP = model_path("Gate"), model_path("Echo"), model_path("Drip")
+#: 4 request threads (sync): 3 held by `_held`'s requests leave 1 for everything else, and a held stream takes the
+#: last (test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy). A read deadline of 1 s, so
+#: that a connection whose body never comes is closed within the test (every request here sends its whole body).
+FLAGS = ["--workers", "1", "--threads", "4", "--model-workers", "1", "--max-batch-size", "2", "--read-timeout-s", "1"]
 FLAGS += ["--max-queue", "2", "--max-queue-wait-ms", "0", "--priority-levels", "2", "--default-priority", "2"]
 
 TIMEOUT_S = 60.0
@@ -106,9 +109,9 @@ def _held(server: Server, tmp: Path) -> Iterator[dict[str, Path]]:
 
 @pytest.fixture(scope="module", params=ARCHS)
 def gated(request: pytest.FixtureRequest) -> Iterator[Server]:
-    """One server per architecture for the tests on FLAGS alone: each leaves the queue empty (every gate released,
-    every request answered) and counts from what it found."""
-    with Server([GATE, ECHO], request.param, *FLAGS) as server:
+    """One server per architecture for the tests on FLAGS: each leaves the queue empty and every request thread
+    free (every gate released, every request answered) and counts from what it found."""
+    with Server([GATE, ECHO, DRIP], request.param, *FLAGS) as server:
         yield server
 
 
@@ -161,22 +164,24 @@ def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(gated:
         url = f"{server.url}/v1/models/gate:predict"
         codes[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
 
-    first = threading.Thread(target=send, args=("a", None))
-    first.start()
-    wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
-    second = threading.Thread(target=send, args=("b", None))
-    second.start()
-    wait_until(lambda: _queued(server) == 1, TIMEOUT_S, "b queued")
-    before = _early(server)
-    send("c", None)  # priority 2: its share is full
-    assert codes["c"] == 503 and _early(server) == before + 1
-    high = threading.Thread(target=send, args=("c", "1"))  # priority 1: admitted into the rest of the queue
-    high.start()
-    wait_until(lambda: _queued(server) == 2, TIMEOUT_S, "the priority-1 request queued")
-    for gate in gates.values():
-        gate.with_suffix(".release").touch()
-    for thread in (first, second, high):
-        thread.join(TIMEOUT_S)
+    threads = [threading.Thread(target=send, args=("a", None))]
+    threads[0].start()
+    try:  # the server is shared: its gates are released and its requests answered whatever happens here
+        wait_until(gates["a"].with_suffix(".started").exists, TIMEOUT_S, "a computing")
+        threads.append(threading.Thread(target=send, args=("b", None)))
+        threads[-1].start()
+        wait_until(lambda: _queued(server) == 1, TIMEOUT_S, "b queued")
+        before = _early(server)
+        send("c", None)  # priority 2: its share is full
+        assert codes["c"] == 503 and _early(server) == before + 1
+        threads.append(threading.Thread(target=send, args=("c", "1")))  # priority 1: into the rest of the queue
+        threads[-1].start()
+        wait_until(lambda: _queued(server) == 2, TIMEOUT_S, "the priority-1 request queued")
+    finally:
+        for gate in gates.values():
+            gate.with_suffix(".release").touch()
+        for thread in threads:
+            thread.join(TIMEOUT_S)
     assert codes == {"a": 200, "b": 200, "c": 200}
     assert _early(server) == before + 1
 
@@ -184,7 +189,7 @@ def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(gated:
 @pytest.mark.hardening
 def test_the_early_answer_is_the_apps_answer_byte_for_byte(gated: Server, tmp_path: Path) -> None:
     """A chunked body is the app's to refuse (fronts/early.py): the same request, once chunked, once not, and once
-    more on a kept-alive connection (sync: refused by gthread's poller rather than a request thread)."""
+    more on a kept-alive connection (sync: refused by the worker's poller rather than a request thread)."""
     server = gated
     rejected = {"model": "gate", "reason": "queue_full"}
     answered = {"model": "gate", "endpoint": "predict", "code": "503"}
@@ -217,11 +222,10 @@ def test_the_early_answer_is_the_apps_answer_byte_for_byte(gated: Server, tmp_pa
 
 
 @pytest.mark.hardening
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(arch: str, tmp_path: Path) -> None:
+def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(gated: Server, tmp_path: Path) -> None:
     head = _post("/v1/models/gate:predict", b"").replace(b"Content-Length: 0", b"Content-Length: 100")
+    server = gated
     with (
-        Server([GATE], arch, *FLAGS, "--read-timeout-s", "1") as server,
         _held(server, tmp_path),
         socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock,
     ):
@@ -231,43 +235,44 @@ def test_a_refused_request_whose_body_never_comes_does_not_hold_its_connection(a
 
 
 @pytest.mark.hardening
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(arch: str, tmp_path: Path) -> None:
-    """A refusal needs no request thread: in sync, gthread's poller refuses a kept-alive connection's request from
-    the bytes in its socket (servers/gunicorn_poller.py). Every one of the 4 request threads is held (the 3 gated
+def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(gated: Server, tmp_path: Path) -> None:
+    """A refusal needs no request thread: in sync, the worker's poller refuses a kept-alive connection's request
+    from its head (servers/sync/admission.py). Every one of the 4 request threads is held (the 3 gated
     requests, and a stream gated before its first step), so a refusal left to a thread would not come until the
     test released them; it comes at once, on a kept-alive connection and on a new one, and the kept-alive
     connection serves on afterwards."""
     drip_dir = tmp_path / "drip"
     drip_dir.mkdir()
-    flags = [*FLAGS[:2], "--threads", "4", *FLAGS[4:]]
-    with Server([GATE, model_path("Drip")], arch, *flags) as server:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
-            status, _, _ = _raw(sock, LIVE)  # kept alive
-            assert status.split()[1] == b"200"
-            with _held(server, tmp_path) as gates:
-                stream = threading.Thread(target=_stream_held_drip, args=(server, drip_dir))
-                stream.start()
-                try:
-                    wait_until((drip_dir / "waiting").exists, TIMEOUT_S, "the stream holding its thread")
-                    before = _early(server) if arch != "sync" else None  # sync: no thread free for /metrics yet
-                    status, headers, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["c"])))
-                    assert status.split()[1] == b"503" and headers["retry-after"] == "1"
-                    assert headers.get("connection", "keep-alive") == "keep-alive"
-                    assert json.loads(body)["code"] == "queue_full"
-                    # A new connection too: accepted while crowded, it waits in the poller, not for a thread.
-                    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as fresh:
-                        status, _, _ = _raw(fresh, _post("/v2/models/gate/infer", _body(gates["e"], v2=True)))
-                        assert status.split()[1] == b"503"
-                    if before is not None:
-                        assert _early(server) == before + 2
-                finally:
-                    (drip_dir / "release").touch()
-                    stream.join(TIMEOUT_S)
-            # Released (every gate, "h" included): the same connection is served by a thread again.
-            status, _, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["h"])))
-            assert status.split()[1] == b"200" and json.loads(body) == {"predictions": ["released"]}
-        assert sample(scrape(server), "twinserve_rejected_requests_total", model="gate", reason="queue_full") == 2
+    server = gated
+    counted = scrape(server)  # before any thread is held (sync has none for /metrics meanwhile)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as sock:
+        status, _, _ = _raw(sock, LIVE)  # kept alive
+        assert status.split()[1] == b"200"
+        with _held(server, tmp_path) as gates:
+            stream = threading.Thread(target=_stream_held_drip, args=(server, drip_dir))
+            stream.start()
+            try:
+                wait_until((drip_dir / "waiting").exists, TIMEOUT_S, "the stream holding its thread")
+                before = _early(server) if server.arch != "sync" else None  # sync: no thread free for /metrics
+                status, headers, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["c"])))
+                assert status.split()[1] == b"503" and headers["retry-after"] == "1"
+                assert headers.get("connection", "keep-alive") == "keep-alive"
+                assert json.loads(body)["code"] == "queue_full"
+                # A new connection too: accepted while crowded, it waits in the poller, not for a thread.
+                with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S) as fresh:
+                    status, _, _ = _raw(fresh, _post("/v2/models/gate/infer", _body(gates["e"], v2=True)))
+                    assert status.split()[1] == b"503"
+                if before is not None:
+                    assert _early(server) == before + 2
+            finally:
+                (drip_dir / "release").touch()
+                stream.join(TIMEOUT_S)
+        # Released (every gate, "h" included): the same connection is served by a thread again.
+        status, _, body = _raw(sock, _post("/v1/models/gate:predict", _body(gates["h"])))
+        assert status.split()[1] == b"200" and json.loads(body) == {"predictions": ["released"]}
+    full = {"model": "gate", "reason": "queue_full"}
+    rejected = sample(scrape(server), "twinserve_rejected_requests_total", **full)
+    assert rejected - sample(counted, "twinserve_rejected_requests_total", **full) == 2  # this test's two
     assert not gates["c"].with_suffix(".started").exists() and not gates["e"].with_suffix(".started").exists()
 
 
@@ -284,13 +289,18 @@ HOLD_FLAGS = ["--workers", "1", "--threads", "1", "--max-queue", "1", "--priorit
 
 
 @contextmanager
-def _one_thread_computing(server: Server, gate: Path) -> Iterator[tuple[list[socket.socket], threading.Thread]]:
+def _one_thread_computing(
+    server: Server, gates: dict[str, Path]
+) -> Iterator[tuple[list[socket.socket], threading.Thread]]:
     """Sync with one request thread: three kept-alive connections idle in the poller, and the thread computing
-    the request for `gate` (its client's thread, which ends once it is released, is yielded beside them)."""
+    the request for `gates["a"]` (its client's thread, which ends once it is released, is yielded beside them).
+    On exit every gate is released and the connections closed: the server may be shared, and is left idle."""
     socks: list[socket.socket] = []
+    gate = gates["a"]
+    first: threading.Thread | None = None
     try:
-        # One at a time, each kept alive and idle in the poller: a connection opened and left silent would hold the
-        # one thread for gthread's 5 s wait for its first bytes, while the others' keep-alive (2 s) ran out.
+        # One at a time, each kept alive and idle in the poller, its first request answered: a connection opened
+        # and left silent would be closed at the read timeout before its turn came.
         for _ in range(3):
             socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S))
             assert _raw(socks[-1], LIVE)[0].split()[1] == b"200"
@@ -300,6 +310,10 @@ def _one_thread_computing(server: Server, gate: Path) -> Iterator[tuple[list[soc
         wait_until(gate.with_suffix(".started").exists, TIMEOUT_S, "a computing")
         yield socks, first
     finally:
+        for each in gates.values():
+            each.with_suffix(".release").touch()
+        if first is not None:
+            first.join(TIMEOUT_S)
         for sock in socks:
             sock.close()
 
@@ -307,22 +321,20 @@ def _one_thread_computing(server: Server, gate: Path) -> Iterator[tuple[list[soc
 @pytest.mark.hardening
 @pytest.mark.parametrize(("wait_ms", "answer"), [("60000", 200), ("0.001", 503)])
 def test_a_request_past_the_backlog_is_held_unread_then_served_or_refused_at_its_wait(
-    wait_ms: str, answer: int, tmp_path: Path
+    wait_ms: str, answer: int, shared_servers: SharedServers, tmp_path: Path
 ) -> None:
     """Sync: a request arriving while more requests wait for a thread than `--max-queue` allows is not refused at
-    once (a closed-loop client would come straight back); gthread's poller holds its connection unread
-    (servers/gunicorn_poller.py). Held within its wait, it is served once the backlog lets it in (200); held past
-    it, it is refused from the poller (503 `queue_full`), while the one thread is still busy.
+    once (a closed-loop client would come straight back); the worker's poller holds it, read but handed to no
+    thread (servers/sync/admission.py). Held within its wait, it is served once the backlog lets it in (200); held
+    past it, it is refused from the poller (503 `queue_full`), while the one thread is still busy.
 
-    The thread computes `a`; `b`, sent on a kept-alive connection, waits for it in gthread's queue (one request
+    The thread computes `a`; `b`, sent on a kept-alive connection, waits for it in the threads' queue (one request
     per thread waits there); `c` and `d`, sent on two more, are held. The poller takes readable connections in the
     order their bytes arrived (epoll's ready list). Held past its wait (a microsecond), `c` has one request ahead
     of it, within `--max-queue 1`, and is let in; `d` has two, and is refused."""
     gates = {name: tmp_path / name for name in "abcd"}
-    with (
-        Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", wait_ms) as server,
-        _one_thread_computing(server, gates["a"]) as (socks, first),
-    ):
+    server = shared_servers.get([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", wait_ms)
+    with _one_thread_computing(server, gates) as (socks, first):
         for sock, name in zip(socks, "bcd", strict=True):
             sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
         if answer == 503:  # refused at its wait, from the poller: the thread is still computing a
@@ -352,9 +364,10 @@ def _computed_in_order(
     """With `a` computing in the one thread: send `b`, `c` and `d` at `levels` on the three kept-alive `socks`,
     wait for the poller to say `said` (debug level), then release each gate in turn: `b`, `c` and `d` start in
     `order`, and every request is answered 200."""
+    said_before = len(server.output())  # the server may be shared: only what it says from here on counts
     for sock, name, level in zip(socks, "bcd", levels, strict=True):
         sock.sendall(_post("/v1/models/gate:predict", _body(gates[name]), f"X-Priority: {level}"))
-    server.wait_for_output(said, TIMEOUT_S)
+    wait_for_new_output(server, said_before, said, TIMEOUT_S)
     started = ["a"]
     for expected in order:
         gates[started[-1]].with_suffix(".release").touch()
@@ -366,9 +379,17 @@ def _computed_in_order(
     assert [_raw(sock, b"")[0].split()[1] for sock in socks] == [b"200"] * 3
 
 
+#: Sync, one request thread, two priority levels, a backlog far within --max-queue, held requests never let in at
+#: their wait within a test: the order in which the threads take requests up, level by level.
+ORDER_FLAGS = ["--workers", "1", "--threads", "1", "--max-queue", "16", "--priority-levels", "2"]
+ORDER_FLAGS += ["--log-level", "debug", "--max-queue-wait-ms", "60000"]
+
+
 @pytest.mark.hardening
-def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_one(tmp_path: Path) -> None:
-    """Sync: gthread's request threads take the highest level waiting next (servers/gunicorn_threads.py), so a
+def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_one(
+    shared_servers: SharedServers, tmp_path: Path
+) -> None:
+    """Sync: the request threads take the highest level waiting next (servers/sync/threads.py), so a
     request at level 1 sent after one at level 2 is computed first, though the backlog is far within
     `--max-queue` and no request is refused (issue #16: under overload the highest level keeps its latency). The
     poller hands it to the threads at once: only requests at lower levels wait there.
@@ -377,28 +398,22 @@ def test_a_later_high_priority_request_reaches_the_thread_before_an_earlier_low_
     waiting already; `d` (level 1) goes to the threads ahead of `b` (the poller says so at debug level). Each gate is
     released in turn, and which request starts next is read from the gates' files: `d`, `b`, `c`."""
     gates = {name: tmp_path / name for name in "abcd"}
-    flags = ["--workers", "1", "--threads", "1", "--max-queue", "16", "--priority-levels", "2", "--log-level", "debug"]
-    with (
-        Server([GATE], "sync", *flags, "--max-queue-wait-ms", "60000") as server,
-        _one_thread_computing(server, gates["a"]) as (socks, first),
-    ):
+    server = shared_servers.get([GATE], "sync", *ORDER_FLAGS)
+    with _one_thread_computing(server, gates) as (socks, first):
         said = "a request at priority 1 goes to the threads ahead of 1 at lower levels"
         _computed_in_order(server, gates, socks, first, ("2", "2", "1"), said, "dbc")
 
 
 @pytest.mark.hardening
-def test_held_requests_reach_the_thread_highest_level_first(tmp_path: Path) -> None:
+def test_held_requests_reach_the_thread_highest_level_first(shared_servers: SharedServers, tmp_path: Path) -> None:
     """Sync: requests held in the poller, a thread's worth of their level or above waiting already, are handed to
-    the threads as they free up, the highest level first (servers/gunicorn_poller.py).
+    the threads as they free up, the highest level first (servers/sync/admission.py).
 
     The thread computes `a`; `b` (level 1) waits for a thread; `c` (level 2) and then `d` (level 1) are held (the
     poller says so at debug level). Each gate is released in turn: `b`, then `d`, then `c` start."""
     gates = {name: tmp_path / name for name in "abcd"}
-    flags = ["--workers", "1", "--threads", "1", "--max-queue", "16", "--priority-levels", "2", "--log-level", "debug"]
-    with (
-        Server([GATE], "sync", *flags, "--max-queue-wait-ms", "60000") as server,
-        _one_thread_computing(server, gates["a"]) as (socks, first),
-    ):
+    server = shared_servers.get([GATE], "sync", *ORDER_FLAGS)
+    with _one_thread_computing(server, gates) as (socks, first):
         _computed_in_order(server, gates, socks, first, ("1", "2", "1"), "priority 1 for a thread (2 held)", "bdc")
 
 
@@ -406,7 +421,7 @@ def test_held_requests_reach_the_thread_highest_level_first(tmp_path: Path) -> N
 def test_a_low_priority_request_let_in_at_its_wait_is_computed_after_a_higher_level_held(tmp_path: Path) -> None:
     """Sync: a request held for its level's whole wait and then let in (the requests ahead of it are within its
     level's count) is next at its level, behind every higher level held; it does not go to the threads ahead of
-    them (servers/gunicorn_poller.py `_expired`).
+    them (servers/sync/admission.py `_expired`).
 
     The thread computes `a`; `b` (level 1) waits for a thread; `c` (level 10, a wait of 3 s: a tenth of
     `--max-queue-wait-ms`) and `d` (level 1, 30 s) are held. Once `c` is let in at its wait (the poller says so at
@@ -415,25 +430,23 @@ def test_a_low_priority_request_let_in_at_its_wait_is_computed_after_a_higher_le
     flags = ["--workers", "1", "--threads", "1", "--max-queue", "40", "--priority-levels", "10"]
     with (
         Server([GATE], "sync", *flags, "--max-queue-wait-ms", "30000", "--log-level", "debug") as server,
-        _one_thread_computing(server, gates["a"]) as (socks, first),
+        _one_thread_computing(server, gates) as (socks, first),
     ):
         _computed_in_order(server, gates, socks, first, ("1", "10", "1"), "priority 10 at its wait", "bdc")
 
 
 @pytest.mark.hardening
 def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_and_joins_no_backlog(
-    tmp_path: Path,
+    shared_servers: SharedServers, tmp_path: Path
 ) -> None:
     """Sync: while the request threads' backlog is past its bound, a kept-alive connection whose client closes it
-    is closed from gthread's poller (servers/gunicorn_poller.py), with every thread still busy. Handed to a thread
-    as gthread does, it would only be closed once a thread is free, and until then it would count in the backlog
-    that the requests ahead of it are admitted by: with a bound of 1, `b` would be refused for it (503 "2 requests
-    are waiting") though only `c` waits behind it."""
+    is closed by the worker's poller (servers/sync/worker.py), with every thread still busy. Handed to a thread (as
+    gunicorn's gthread did), it would only be closed once a thread is free, and until then it would count in the
+    backlog that the requests ahead of it are admitted by: with a bound of 1, `b` would be refused for it (503 "2
+    requests are waiting") though only `c` waits behind it."""
     gates = {name: tmp_path / name for name in "abc"}
-    with (
-        Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "60000") as server,
-        _one_thread_computing(server, gates["a"]) as (socks, first),
-    ):
+    server = shared_servers.get([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "60000")
+    with _one_thread_computing(server, gates) as (socks, first):
         for sock, name in zip(socks, "bc", strict=False):  # both wait for the one thread: `b` queued, `c` held
             sock.sendall(_post("/v1/models/gate:predict", _body(gates[name])))
         leaving = socks[2]
@@ -450,15 +463,15 @@ def test_a_connection_its_client_closes_while_crowded_is_closed_by_the_poller_an
 def test_a_connection_its_client_closes_is_closed_by_the_poller_though_the_server_is_not_crowded(
     tmp_path: Path,
 ) -> None:
-    """Sync: a kept-alive connection whose client closes it is closed from gthread's poller even while nothing
-    waits for a thread (servers/gunicorn_poller.py). Handed to the one thread, busy with `a`, it would wait in the
+    """Sync: a kept-alive connection whose client closes it is closed by the worker's poller even while nothing
+    waits for a thread (servers/sync/worker.py). Handed to the one thread, busy with `a`, it would wait in the
     backlog until `a` ended, and `b`, sent meanwhile within `--max-queue 1`, would be refused for it: 503, with
     no request ahead (a CI run saw this: clients that had their answers closed their connections just before the
     next request came)."""
     gates = {name: tmp_path / name for name in "ab"}
     with (
         Server([GATE], "sync", *HOLD_FLAGS, "--max-queue-wait-ms", "0") as server,
-        _one_thread_computing(server, gates["a"]) as (socks, first),
+        _one_thread_computing(server, gates) as (socks, first),
     ):
         leaving = socks[0]
         leaving.shutdown(socket.SHUT_WR)  # the client is done

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,61 +19,76 @@ from tests.conftest import ARCHS
 from tests.serving import Server, model_path, predict, sample, scrape
 from twinserve.observability.metrics import metrics, reap_dead_processes
 
+#: The models of the module's shared servers: in hybrid each server process has a model-worker pool per model.
+METERED_MODELS = (model_path("Echo"), model_path("Faulty"))
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_every_request_is_counted_once_whichever_worker_answered(arch: str) -> None:
-    flags = ["--workers", "2", "--max-body-bytes", "1000"]
-    with Server([model_path("Echo"), model_path("Faulty")], arch, *flags) as server:
-        requests = 40
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda i: predict(server, "echo", [i, -i]), range(requests)))
-        assert all(a.status_code == 200 for a in answers)
-        assert predict(server, "faulty", ["boom"]).status_code == 500
-        assert predict(server, "echo", ["x" * 2000]).status_code == 413
-        assert httpx.get(server.url + "/v1/nothing").status_code == 404
-        samples = scrape(server)
+
+@pytest.fixture(scope="module", params=ARCHS)
+def metered(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """One server per architecture, two worker processes, for the tests that only send requests and read
+    `/metrics`: each counts what it sent as the difference between a scrape before and one after."""
+    with Server(METERED_MODELS, request.param, "--workers", "2", "--max-body-bytes", "1000") as started:
+        yield started
+
+
+def test_every_request_is_counted_once_whichever_worker_answered(metered: Server) -> None:
+    server = metered
+    before = scrape(server)
+    requests = 40
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: predict(server, "echo", [i, -i]), range(requests)))
+    assert all(a.status_code == 200 for a in answers)
+    assert predict(server, "faulty", ["boom"]).status_code == 500
+    assert predict(server, "echo", ["x" * 2000]).status_code == 413
+    assert httpx.get(server.url + "/v1/nothing").status_code == 404
+    samples = scrape(server)
 
     def get(name: str, **labels: str) -> float:
         return sample(samples, name, **labels)
 
-    assert get("twinserve_requests_total", model="echo", endpoint="predict", code="200") == requests
-    assert get("twinserve_requests_total", model="echo", endpoint="predict", code="413") == 1
-    assert get("twinserve_requests_total", model="faulty", endpoint="predict", code="500") == 1
-    assert get("twinserve_requests_total", model="", endpoint="unknown", code="404") == 1
-    assert get("twinserve_rejected_requests_total", model="echo", reason="body_too_large") == 1
+    def added(name: str, **labels: str) -> float:
+        """The counter's growth over this test: the server is shared by the module's tests."""
+        return sample(samples, name, **labels) - sample(before, name, **labels)
+
+    assert added("twinserve_requests_total", model="echo", endpoint="predict", code="200") == requests
+    assert added("twinserve_requests_total", model="echo", endpoint="predict", code="413") == 1
+    assert added("twinserve_requests_total", model="faulty", endpoint="predict", code="500") == 1
+    assert added("twinserve_requests_total", model="", endpoint="unknown", code="404") == 1
+    assert added("twinserve_rejected_requests_total", model="echo", reason="body_too_large") == 1
     latency = dict(model="echo", endpoint="predict")
-    assert get("twinserve_request_duration_seconds_count", **latency) == requests + 1
-    assert get("twinserve_request_duration_seconds_bucket", le="+Inf", **latency) == requests + 1
-    assert get("twinserve_request_duration_seconds_sum", **latency) > 0
+    assert added("twinserve_request_duration_seconds_count", **latency) == requests + 1
+    assert added("twinserve_request_duration_seconds_bucket", le="+Inf", **latency) == requests + 1
+    assert added("twinserve_request_duration_seconds_sum", **latency) > 0
     # every instance was computed exactly once, in however many batches
-    assert get("twinserve_batch_size_sum", model="echo") == 2 * requests
-    assert 1 <= get("twinserve_batch_size_count", model="echo") <= requests
-    assert get("twinserve_queue_wait_seconds_count", model="echo") == requests
-    assert get("twinserve_inference_duration_seconds_count", model="echo") == get(
+    assert added("twinserve_batch_size_sum", model="echo") == 2 * requests
+    assert 1 <= added("twinserve_batch_size_count", model="echo") <= requests
+    assert added("twinserve_queue_wait_seconds_count", model="echo") == requests
+    assert added("twinserve_inference_duration_seconds_count", model="echo") == added(
         "twinserve_batch_size_count", model="echo"
     )
     assert get("twinserve_model_load_seconds_count", model="echo", version="1") >= 1
     assert get("twinserve_in_flight_requests") == 0  # every request answered; a scrape is not counted
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_memory_is_reported_per_process_with_its_role(arch: str) -> None:
-    expected = sorted(["server", "server"] + (["model_worker", "model_worker"] if arch == "hybrid" else []))
-    with Server([model_path("Echo")], arch, "--workers", "2") as server:
-        deadline = time.monotonic() + 60
-        while True:  # ready means one worker answers; wait until every process has reported
-            samples = scrape(server)
-            per_process = {
-                dict(labels)["pid"]: (dict(labels)["role"], value)
-                for (name, labels), value in samples.items()
-                if name == "twinserve_process_resident_memory_bytes"
-            }
-            roles = sorted(role for role, _ in per_process.values())
-            # A process's gauge exists (at 0) from its first moment; it reads its RSS once sampled.
-            sampled = all(value > 0 for _, value in per_process.values())
-            if (roles == expected and sampled) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+def test_memory_is_reported_per_process_with_its_role(metered: Server) -> None:
+    server = metered
+    # Two server processes; in hybrid, each with one model worker (the default) for each model.
+    model_workers = 2 * len(METERED_MODELS) if server.arch == "hybrid" else 0
+    expected = sorted(["server"] * 2 + ["model_worker"] * model_workers)
+    deadline = time.monotonic() + 60
+    while True:  # ready means one worker answers; wait until every process has reported
+        samples = scrape(server)
+        per_process = {
+            dict(labels)["pid"]: (dict(labels)["role"], value)
+            for (name, labels), value in samples.items()
+            if name == "twinserve_process_resident_memory_bytes"
+        }
+        roles = sorted(role for role, _ in per_process.values())
+        # A process's gauge exists (at 0) from its first moment; it reads its RSS once sampled.
+        sampled = all(value > 0 for _, value in per_process.values())
+        if (roles == expected and sampled) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert roles == expected
     assert all(value > 10 * 2**20 for _, value in per_process.values())  # a Python process holds > 10 MiB
     total = sample(samples, "twinserve_resident_memory_bytes")
