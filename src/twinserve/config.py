@@ -8,17 +8,14 @@ live in `Config` too, so invalid settings fail before any port is bound.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
-    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -26,6 +23,7 @@ from pydantic_settings import (
 
 from twinserve.api_keys import MIN_API_KEY_LENGTH, admin_key_from_file, check_file_mode, check_key, read_key_file
 from twinserve.errors import ConfigError
+from twinserve.setting_types import ApiKeyList, CommaList, DeviceName, HostList, ProxyList
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -43,8 +41,6 @@ ExecutorName = Literal["auto", "inline", "thread", "process"]
 DEFAULT_MODEL = "twinserve.examples.tabular:Classifier"
 
 MiB = 1024 * 1024
-#: A list setting from the environment or one flag value: comma-separated (`TWINSERVE_API_KEYS=k1,k2`).
-CommaList = Annotated[list[str], NoDecode]
 #: gunicorn refuses request lines longer than this whatever it is told; both servers share the bound.
 MAX_REQUEST_LINE = 8190
 #: The settings file the Config being built reads (`load_config(config_file=...)`); a context variable because
@@ -103,7 +99,7 @@ class Config(BaseSettings):
         "usable cores shared among the predicts run at once, only ever lowering a library's own count; left alone "
         "when OMP_NUM_THREADS, MKL_NUM_THREADS or OPENBLAS_NUM_THREADS is set).",
     )
-    device: str = Field(
+    device: DeviceName = Field(
         "cpu",
         description="Where models compute, as `self.device`: cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU, "
         "else cpu); each model worker thread or process runs its batches on a CUDA stream of its own.",
@@ -217,7 +213,7 @@ class Config(BaseSettings):
         "OTEL_* variables (OTEL_TRACES_EXPORTER=otlp|console|none, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME).",
     )
     # -- authentication and CORS (README: "Authentication, CORS and limits") --------------------------------------
-    api_keys: CommaList = Field(
+    api_keys: ApiKeyList = Field(
         default_factory=list,
         repr=False,
         description="API keys accepted as `Authorization: Bearer KEY` or `X-API-Key: KEY` (repeat the flag, or "
@@ -247,12 +243,12 @@ class Config(BaseSettings):
         description="Wrong API keys one client address may send in a minute; then every request from it gets 429 "
         "+ Retry-After for a minute, a correct key included (0: no lockout). Per server process, split over them.",
     )
-    forwarded_allow_ips: CommaList = Field(
+    forwarded_allow_ips: ProxyList = Field(
         default_factory=lambda: ["127.0.0.1", "::1"],
         description="Proxies (addresses, networks like 10.0.0.0/8, or `*`) whose X-Forwarded-For names the client "
         "address the auth-failure lockout counts (others: the connection's peer).",
     )
-    allowed_hosts: CommaList = Field(
+    allowed_hosts: HostList = Field(
         default_factory=list,
         description="Host header values served (`api.example`, `.example` for its subdomains, `*` for any); others "
         "get 400 (default: what --host implies: localhost, 127.0.0.1 and ::1 on loopback, any host on 0.0.0.0).",
@@ -333,50 +329,6 @@ class Config(BaseSettings):
             return init_settings, env_settings, dotenv_settings, file_secret_settings
         toml = TomlConfigSettingsSource(settings_cls, toml_file=path)
         return init_settings, toml, env_settings, dotenv_settings, file_secret_settings
-
-    @field_validator("api_keys", "cors_origins", "allowed_hosts", "forwarded_allow_ips", mode="before")
-    @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
-            return value
-        return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
-
-    @field_validator("api_keys")
-    @classmethod
-    def _check_keys(cls, keys: list[str]) -> list[str]:
-        for key in keys:
-            check_key(key)
-        return keys
-
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, device: str) -> str:
-        # Only the spelling here: whether torch and the GPU are there is asked at start-up (core.device).
-        if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", device):
-            raise ValueError(f"expected cpu, cuda, cuda:N or auto, got {device!r}")
-        return device
-
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _check_hosts(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
-            # A URL where a host belongs would silently allow a host named "http": refuse it.
-            if any(c in pattern for c in "/@?#") or not all("!" <= c <= "~" for c in pattern):
-                raise ValueError(f"{pattern!r} is not a host name or address (no scheme, path or spaces)")
-        return patterns
-
-    @field_validator("forwarded_allow_ips")
-    @classmethod
-    def _check_proxies(cls, entries: list[str]) -> list[str]:
-        for entry in entries:
-            if entry == "*":
-                continue
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ValueError(f"{entry!r} is neither an IP address, a network (10.0.0.0/8) nor '*'") from None
-        return entries
 
     @model_validator(mode="before")
     @classmethod

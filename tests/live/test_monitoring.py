@@ -30,7 +30,8 @@ from tests.serving import Server, model_path, predict
 from twinserve.cli import main
 from twinserve.deploy.commands import k8s_config
 from twinserve.deploy.dashboard import dashboard, expressions
-from twinserve.deploy.k8s import K8sPlan, manifests, monitoring_scope, pod_monitor
+from twinserve.deploy.k8s import manifests, monitoring_scope, pod_monitor
+from twinserve.deploy.k8s_plan import K8sPlan
 from twinserve.deploy.monitoring import Objectives, Scope, rules_file
 from twinserve.lab.servers import PrometheusServer
 

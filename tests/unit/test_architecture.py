@@ -1,5 +1,6 @@
 """The folders show the architecture: which package may import which, read from the source (every import, in
-functions and TYPE_CHECKING blocks too), and no import cycle between packages."""
+functions and TYPE_CHECKING blocks too), and no import cycle between packages (between modules:
+tests/unit/test_layout.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import defaultdict
 
 import pytest
 
+from tests.import_graph import find_cycle
 from tests.serving import ROOT
 
 PACKAGE = ROOT / "src" / "twinserve"
@@ -86,19 +88,5 @@ def test_the_transport_free_parts_import_no_web_framework(part: str) -> None:
 
 
 def test_no_import_cycle_between_packages() -> None:
-    graph = _graph()
-    state: dict[str, str] = {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = "open"
-        for target in sorted(graph.get(node, ())):
-            if state.get(target) == "open":
-                cycle = [*path[path.index(target) :], target]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if target not in state:
-                visit(target, [*path, target])
-        state[node] = "done"
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+    cycle = find_cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)

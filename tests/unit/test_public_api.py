@@ -24,5 +24,6 @@ def test_all_lists_exactly_the_public_names() -> None:
         "settings_file",
         "api_keys",
         "secret_settings",
+        "setting_types",
     }
     assert set(twinserve.__all__) - {"__version__"} == public - modules

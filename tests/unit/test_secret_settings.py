@@ -14,7 +14,8 @@ from twinserve.cli import main
 from twinserve.config import load_config
 from twinserve.deploy.commands import k8s_config
 from twinserve.deploy.dockerfile import dockerfile
-from twinserve.deploy.k8s import REDIS_URL_ENTRY, K8sPlan, manifests, serve_command, to_yaml
+from twinserve.deploy.k8s import REDIS_URL_ENTRY, manifests, serve_command, to_yaml
+from twinserve.deploy.k8s_plan import K8sPlan
 from twinserve.lab import settings_writer
 from twinserve.secret_settings import secret_fields, url_has_credential
 

@@ -1,9 +1,9 @@
 """Model-worker processes for the hybrid architecture: spawn, feed whole batches, replace the dead (S18, S24).
 
 Each worker is a spawned process that imports and loads the model once, then answers one batch at a time over a
-pipe. The supervisor side (`ProcessPool`) hands each batch to an idle worker and waits for either its reply or
-its death: a worker that dies (OOM kill, segfault, `kill -9`) fails only the batch it held, with a 503, and a
-replacement is started in the background while the other workers keep serving.
+pipe (core/model_worker.py). The supervisor side (`ProcessPool`) hands each batch to an idle worker and waits for
+either its reply or its death: a worker that dies (OOM kill, segfault, `kill -9`) fails only the batch it held,
+with a 503, and a replacement is started in the background while the other workers keep serving.
 
 A stream (`WorkerStream`) holds one worker from its start to its end and pulls its steps one at a time; to stop
 it early the server sends `CloseStream`, the worker closes the model's generator and is idle again.
@@ -23,18 +23,18 @@ import logging
 import multiprocessing
 import os
 import queue
-import signal
 import threading
 import time
 from concurrent.futures import Executor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twinserve.config import Config
 from twinserve.core import wire
 from twinserve.core.admission import QueueBound
 from twinserve.core.bridge import run_in_executor
+from twinserve.core.model_worker import model_worker_main
 from twinserve.core.wire import (
     BatchReply,
     CloseStream,
@@ -46,127 +46,12 @@ from twinserve.core.wire import (
     WorkerReady,
 )
 from twinserve.errors import DeadlineExceeded, ModelNotReady, TwinserveError, WorkerDied, error_from_code
-from twinserve.observability.context import computing, request_ids
+from twinserve.observability.context import request_ids
 from twinserve.observability.metrics import mark_process_dead, record_death
-
-if TYPE_CHECKING:
-    from twinserve.core.streams import GeneratorSteps
-    from twinserve.model import ModelSpec
 
 __all__ = ["ProcessPool", "WorkerStream"]
 
 logger = logging.getLogger("twinserve.workers")
-
-
-def _worker_main(
-    target: str,
-    config_json: str,
-    conn: Connection,
-    module: str | None = None,
-    name: str | None = None,
-    device: str = "cpu",
-) -> None:
-    """Entry point of a model-worker process; `device` is `--device` as the server process resolved it."""
-    import os
-
-    from twinserve.core.device import Placement
-    from twinserve.core.heap import settle
-    from twinserve.core.hooks import call_blocking, model_code
-    from twinserve.core.threads import limit_threads
-    from twinserve.model import ModelSpec, import_model
-    from twinserve.observability.logging import configure_logging
-    from twinserve.observability.metrics import start_memory_sampler
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server process decides when workers stop
-    config = Config.model_validate_json(config_json)
-    configure_logging(config.log_level, config.log_format)
-    start_memory_sampler("model_worker")
-    placement = Placement(device)  # this process's one thread: one stream
-    try:
-        model = import_model(target, module)()
-        model.config = config
-        model.device = device
-        spec = ModelSpec(model)
-        if name is not None:  # served under its repository folder's name: the log lines say that one
-            spec.name = name
-        if spec.load is not None:
-            with model_code(spec.name, "load"):
-                call_blocking(spec.load)
-            placement.loaded()
-        limit_threads(config, "process")
-        settle()  # the model loaded: the process serves from here (core/heap.py)
-    except TwinserveError as exc:  # the server says why its pool could not start (a repository: that model's)
-        wire.send(conn, WorkerFailed(exc.code, exc.message, exc.private))
-        return
-    except Exception as exc:
-        wire.send(conn, WorkerFailed("internal", f"{type(exc).__name__}: {exc}"))
-        return
-    wire.send(conn, WorkerReady(os.getpid()))
-    while True:
-        try:
-            message = wire.recv(conn)
-        except (EOFError, OSError):
-            return
-        if isinstance(message, StartStream):
-            if not _serve_stream(conn, spec, message):
-                return
-            continue
-        if not isinstance(message, PredictBatch):
-            return  # None: the server is stopping
-        try:
-            with computing(message.request_ids), placement.computing(), model_code(spec.name, "predict"):
-                outputs = call_blocking(spec.predict, message.instances)
-            reply = BatchReply(outputs=list(outputs) if not isinstance(outputs, list) else outputs)
-        except TwinserveError as exc:
-            reply = BatchReply(error_code=exc.code, error_message=exc.message, error_private=exc.private)
-        except Exception as exc:  # list() of a non-iterable, say
-            reply = BatchReply(error_code="output_mismatch", error_message=f"predict returned {exc}")
-        wire.send(conn, reply)
-
-
-def _serve_stream(conn: Connection, spec: ModelSpec, start: StartStream) -> bool:
-    """Step one stream as the server asks; False if the server went away or asked this worker to exit."""
-    from twinserve.core.streams import GeneratorSteps
-
-    assert spec.stream is not None
-    try:
-        with computing(start.request_ids):
-            steps: GeneratorSteps | None = GeneratorSteps(spec.stream, start.instances, spec.name)
-    except TwinserveError as exc:
-        steps = None
-        failure = StepReply(done=True, error_code=exc.code, error_message=exc.message, error_private=exc.private)
-    while True:
-        try:
-            message = wire.recv(conn)
-        except (EOFError, OSError):
-            message = None
-        if not isinstance(message, NextStep):  # CloseStream, or None / EOF: the server is stopping
-            if steps is not None:
-                _close_quietly(steps, start.request_ids)
-            return isinstance(message, CloseStream)
-        if steps is None:
-            wire.send(conn, failure)
-            return True
-        try:
-            with computing(start.request_ids):
-                reply = StepReply(chunks=next(steps))
-        except StopIteration:
-            reply = StepReply(done=True)
-        except TwinserveError as exc:
-            _close_quietly(steps, start.request_ids)  # a bad step leaves the generator suspended
-            reply = StepReply(done=True, error_code=exc.code, error_message=exc.message, error_private=exc.private)
-        wire.send(conn, reply)
-        if reply.done:
-            return True
-
-
-def _close_quietly(steps: GeneratorSteps, ids: tuple[str, ...]) -> None:
-    try:
-        with computing(ids):
-            steps.close()
-    except TwinserveError:
-        pass  # model_code logged it; the stream is over either way
-
 
 #: A batch frame up to this size is written from the event loop: it fits a Linux pipe's 64 KiB buffer (with the
 #: connection's length prefix), which the idle worker has drained, so the write never waits. A larger one is
@@ -374,7 +259,7 @@ class ProcessPool:
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_worker_main,
+            target=model_worker_main,
             args=(self.target, self.config.model_dump_json(), child, self.module, self.name, self.device),
             name="twinserve-model-worker",
             daemon=True,

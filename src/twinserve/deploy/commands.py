@@ -33,16 +33,14 @@ from twinserve.deploy.dashboard import dashboard
 from twinserve.deploy.dockerfile import dockerfile
 from twinserve.deploy.k8s import (
     ADMIN_KEY_ENTRY,
-    DEFAULT_MEMORY_PER_PROCESS_MIB,
     REDIS_URL_ENTRY,
-    K8sPlan,
-    cpu_request_cores,
     inference_service,
     manifests,
     monitoring_scope,
     serve_command,
     to_yaml,
 )
+from twinserve.deploy.k8s_plan import DEFAULT_MEMORY_PER_PROCESS_MIB, K8sPlan, cpu_request_cores
 from twinserve.deploy.monitoring import DEFAULT_AVAILABILITY, Objectives, latency_bucket_s, rules_file
 from twinserve.deploy.needed_extras import check_extras, describe_extras, needed_extras, provided_extras
 from twinserve.deploy.wheel import write_wheel

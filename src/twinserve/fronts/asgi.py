@@ -1,7 +1,8 @@
 """The async front: a plain ASGI app; one event loop serves every connection, model work is awaited (S9, S10).
 
 Every request, HTTP or WebSocket, goes through one dispatcher compiled from the shared route table
-(fronts/dispatch.py) to a plain endpoint over the shared `Service`; the lifespan loads the models. No web
+(fronts/dispatch.py) to a plain endpoint over the shared `Service`; the lifespan loads the models
+(fronts/asgi_lifespan.py), and the allowed-hosts and CORS layers wrap the app (fronts/asgi_middleware.py). No web
 framework runs per request: Starlette's `Request` and `WebSocket` only read ASGI messages, and a reply is sent
 as two ASGI messages (fronts/asgi_reply.py).
 FastAPI is not used: its per-request dependency and validation machinery duplicated what the codec already does
@@ -21,38 +22,28 @@ closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import traceback
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
-from starlette.datastructures import Headers as StarletteHeaders
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
+from twinserve.fronts.asgi_lifespan import AsgiLifespan
+from twinserve.fronts.asgi_middleware import CorsMiddleware, TrustedHostsMiddleware
 from twinserve.fronts.asgi_reply import AsgiReply
 from twinserve.fronts.compression import compress_reply
 from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, step_or_none
-from twinserve.fronts.websocket import OpenSockets, deny_handshake, websocket_endpoint
-from twinserve.observability.metrics import mark_process_dead
+from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.protocol.v2 import HEADER_LENGTH
-
-if TYPE_CHECKING:  # imported only with --grpc-port: its stubs fill protobuf's global pool
-    from grpc import aio
-
-    from twinserve.fronts.grpc import InferenceServicer
 
 __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 
@@ -165,32 +156,21 @@ def create_asgi_app(
         )
         for route in ROUTES
     )
-    app: ASGIApp = _AsgiFront(service, dispatcher, on_ready, on_startup_failure, on_load_failure)
+    lifespan = AsgiLifespan(service, on_ready, on_startup_failure, on_load_failure)
+    app: ASGIApp = _AsgiFront(service, dispatcher, lifespan)
     if service.cors is not None:
-        app = _Cors(app, service)
+        app = CorsMiddleware(app, service)
     # Outermost: a request naming a foreign host gets nothing else, not even a preflight's answer.
-    return _TrustedHosts(app, service) if service.checks_host else app
+    return TrustedHostsMiddleware(app, service) if service.checks_host else app
 
 
 class _AsgiFront:
-    """The lifespan (models load at startup, close at shutdown), then every request through the dispatcher."""
+    """The lifespan (fronts/asgi_lifespan.py), then every request through the dispatcher."""
 
-    def __init__(
-        self,
-        service: Service,
-        dispatcher: Dispatcher[_Target],
-        on_ready: Callable[[], None] | None = None,
-        on_startup_failure: Callable[[BaseException], str] | None = None,
-        on_load_failure: Callable[[BaseException], None] | None = None,
-    ) -> None:
+    def __init__(self, service: Service, dispatcher: Dispatcher[_Target], lifespan: AsgiLifespan) -> None:
         self.service = service
         self.match = dispatcher.match
-        self._on_ready = on_ready
-        self._on_startup_failure = on_startup_failure
-        self._on_load_failure = on_load_failure
-        #: What starts with the models and stops at shutdown: the repository's poll and the gRPC server.
-        self._polling: asyncio.Task[None] | None = None
-        self._grpc: tuple[aio.Server, InferenceServicer] | None = None
+        self.lifespan = lifespan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -205,7 +185,7 @@ class _AsgiFront:
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(scope, receive, send)
+            await self.lifespan(scope, receive, send)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -235,79 +215,6 @@ class _AsgiFront:
         reply = exchange.fail(_refusal(exchange, request) or error)
         exchange.close()
         await AsgiReply(reply, exchange.request_id)(scope, receive, send)
-
-    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI's lifespan protocol; a failure is reported (the server logs the message and exits): at startup in the
-        one line `on_startup_failure` makes of it, if given, else with its traceback. The lifespan state carries the
-        refusal twinserve's own HTTP server makes before the app (fronts/early.py)."""
-        service = self.service
-        started = False
-        await receive()  # lifespan.startup
-        try:
-            loading = None
-            if self._on_load_failure is None:
-                await self._load()
-            else:  # the server answers while they load (see `create_asgi_app`)
-                service.registry.starting = True
-                loading = asyncio.create_task(self._load_behind(self._on_load_failure))
-            if "state" in scope:
-                scope["state"][EARLY_REFUSAL_STATE] = EarlyRefusal(service)
-            await send({"type": "lifespan.startup.complete"})
-            started = True
-            await receive()  # lifespan.shutdown
-            if loading is not None:  # told to stop while a model loads: the load stops at its next await
-                loading.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loading
-            if self._grpc is not None:  # HTTP has drained by now; gRPC calls in flight get the same grace
-                from twinserve.fronts.grpc import stop_grpc_server
-
-                await stop_grpc_server(*self._grpc, service.config.graceful_timeout)
-            if self._polling is not None:
-                self._polling.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._polling
-            await service.registry.aclose()
-            mark_process_dead(os.getpid())  # this worker's live gauges leave the aggregate with it
-            if service.tracer is not None:
-                service.tracer.shutdown()
-        except BaseException as exc:
-            if not started and self._on_startup_failure is not None and isinstance(exc, Exception):
-                await send({"type": "lifespan.startup.failed", "message": self._on_startup_failure(exc)})
-                raise
-            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
-            await send({"type": failed, "message": traceback.format_exc()})
-            raise
-        await send({"type": "lifespan.shutdown.complete"})
-
-    async def _load(self) -> None:
-        """Load the models, then start what serves beside HTTP once they are loaded."""
-        service = self.service
-        await service.registry.aload()
-        # The repository's poll, or the other server processes' explicit changes (repository/desired.py).
-        if service.watch is not None:
-            await service.watch.abegin()  # before the first request: a change from then on is seen
-            self._polling = asyncio.create_task(service.watch.arun())
-        if service.config.grpc_port is not None:  # imported only then: its stubs fill protobuf's global pool
-            from twinserve.fronts.grpc import start_grpc_server
-
-            self._grpc = await start_grpc_server(service, service.config, _apredict)
-        if self._on_ready is not None:
-            self._on_ready()
-
-    async def _load_behind(self, on_load_failure: Callable[[BaseException], None]) -> None:
-        """`_load` while the server answers; ready once it is done."""
-        try:
-            await self._load()
-        except Exception as exc:
-            on_load_failure(exc)
-            return
-        self.service.started()
-
-
-async def _apredict(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> list[Any]:
-    """gRPC's predict on the event loop: into the same batcher as HTTP's (a cancelled call leaves its queue)."""
-    return await runtime.apredict(instances, deadline)
 
 
 def _route_path(scope: Scope) -> str:
@@ -439,106 +346,6 @@ def _client(scope: Scope) -> str | None:
     it trusts (`FORWARDED_ALLOW_IPS`)."""
     client = scope.get("client")
     return client[0] if client else None
-
-
-class _TrustedHosts:
-    """The allowed-hosts check (fronts/hosts.py) on every HTTP request and WebSocket handshake, before anything
-    else; only installed when the hosts are restricted."""
-
-    def __init__(self, app: ASGIApp, service: Service) -> None:
-        self.app = app
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind in ("http", "websocket"):
-            host = _host_header(scope)
-            if not self.service.hosts.allows_host(host):
-                await self._refuse(scope, receive, send, host)
-                return
-        await self.app(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, host: str | None) -> None:
-        service = self.service
-        error = service.hosts.refusal(host)
-        if scope["type"] == "websocket":
-            await deny_handshake(WebSocket(scope, receive, send), service, error)
-            return
-        path, headers = scope["path"], StarletteHeaders(scope=scope)
-        exchange = Exchange.open(
-            service, "unknown", scope["method"], path, headers, headers.get(REQUEST_ID_HEADER), shape=error_shape(path)
-        )
-        reply = exchange.fail(error)
-        exchange.close()
-        await AsgiReply(reply, exchange.request_id)(scope, receive, send)
-
-
-def _merged(headers: Iterable[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """`headers` and `extra`, one `Vary` naming both's (a gzip-able reply varies on Accept-Encoding already)."""
-    out = list(headers)
-    for name, value in extra:
-        at = next((i for i, (n, _) in enumerate(out) if n == b"vary"), None) if name == b"vary" else None
-        if at is None:
-            out.append((name, value))
-        else:
-            out[at] = (name, out[at][1] + b", " + value)
-    return out
-
-
-def _host_header(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"host":
-            return str(value.decode("latin-1"))
-    return None
-
-
-class _Cors:
-    """The shared CORS policy (fronts/cors.py) around the whole app: preflights answered
-    here, before authentication; the policy's headers added to every other response."""
-
-    def __init__(self, app: ASGIApp, service: Service) -> None:
-        self.app = app
-        self.service = service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        service = self.service
-        headers = StarletteHeaders(scope=scope)
-        if service.is_preflight(scope["method"], headers):
-            path = scope["path"]
-            exchange = Exchange.open(
-                service,
-                "preflight",
-                scope["method"],
-                path,
-                headers,
-                headers.get(REQUEST_ID_HEADER),
-                shape=error_shape(path),
-            )
-            try:
-                reply = exchange.reply(service.preflight(headers))
-            except TwinserveError as exc:
-                reply = exchange.fail(exc)
-            exchange.close()
-            await AsgiReply(reply, exchange.request_id)(scope, receive, send)
-            return
-        assert service.cors is not None
-        extra = [
-            (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in service.cors.response_headers(headers.get("origin")).items()
-        ]
-        if not extra:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_cors(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": _merged(message.get("headers", ()), extra)}
-            await send(message)
-
-        await self.app(scope, receive, send_with_cors)
 
 
 def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape = "twinserve") -> Handler:

@@ -14,7 +14,6 @@ import weakref
 from collections.abc import Mapping
 from functools import cached_property
 from http import HTTPStatus
-from typing import Any, NamedTuple
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission
@@ -35,6 +34,7 @@ from twinserve.fronts.hosts import check_site, host_policy
 from twinserve.fronts.openapi import openapi_document, secure, swagger_page
 from twinserve.fronts.reply import NOT_READY_HEADERS, Reply, error_reply
 from twinserve.fronts.repository_api import RepositoryApi
+from twinserve.fronts.request_counts import RequestCounts
 from twinserve.fronts.routes import (
     HTML,
     JSON,
@@ -47,15 +47,9 @@ from twinserve.fronts.routes import (
 from twinserve.fronts.v2_handlers import OpenInferenceHandlers
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
-from twinserve.observability.metrics import (
-    CONTENT_TYPE,
-    REJECTION_REASONS,
-    metrics,
-    render,
-)
-from twinserve.observability.refusals import SHED_CODES, RefusalLog
+from twinserve.observability.metrics import CONTENT_TYPE, metrics, render
+from twinserve.observability.refusals import SHED_CODES
 from twinserve.observability.sums import Writes, metric_sums
-from twinserve.observability.tally import Tally
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
@@ -77,9 +71,6 @@ __all__ = [
     "raw_error_response",
     "request_id_from",
 ]
-
-#: A kind of refusal before the app: model, version, endpoint, priority, status, error code.
-EarlyKey = tuple[str, str | None, str, int, int, str]
 
 
 def _reset_ids() -> None:
@@ -113,18 +104,6 @@ def _open_paths(config: Config) -> frozenset[str]:
     if config.public_docs:
         names |= {"openapi", "docs"}
     return frozenset(route.path for route in ROUTES if route.name in names)
-
-
-#: An answered request's kind, as its metrics tell it: model, endpoint, status, error code, priority, version.
-_CountKey = tuple[str, str, int, str | None, int, str | None]
-
-
-class _Counted(NamedTuple):
-    """The metric children one kind of answered request is counted in."""
-
-    counters: tuple[Any, ...]  # each counts it once
-    histograms: tuple[Any, ...]  # each observes its seconds
-    failed: Any | None  # counts its seconds as failed (an error status)
 
 
 def request_id_from(header: str | None) -> str:
@@ -179,11 +158,8 @@ class Service(OpenInferenceHandlers):
         self.open_paths = _open_paths(config)
         #: This process's metric writes, summed per interval (observability/sums.py).
         self.sums = metric_sums()
-        #: Per kind of answered request, the metric children it is counted in (`_count_as`).
-        self._counted: dict[_CountKey, _Counted] = {}
-        self._refusals = RefusalLog()
-        self._early: dict[EarlyKey, tuple[Any, ...]] = {}
-        self._early_tally: Tally[EarlyKey] = Tally(self._count_early)
+        #: What answered requests, and those refused before the app, are counted in (fronts/request_counts.py).
+        self.counts = RequestCounts(self.registry)
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
         #: The repository API (index, load, unload) and what keeps this process's models in step (`watch`).
@@ -232,7 +208,7 @@ class Service(OpenInferenceHandlers):
         return Reply(200, swagger_page("/openapi.json", "twinserve"), content_type=HTML)
 
     def metrics(self) -> Reply:
-        self._early_tally.flush()
+        self.counts.flush()
         return Reply(200, render(), content_type=CONTENT_TYPE)
 
     # -- allowed hosts, authentication and CORS (fronts/hosts.py, fronts/auth.py, fronts/cors.py) --------------
@@ -342,68 +318,14 @@ class Service(OpenInferenceHandlers):
         if context.trace is not None:
             context.trace.finish(_ROUTE_PATHS.get(endpoint), model, status, error_code)
         # Summed per interval, not written per request (observability/sums.py); `/metrics` writes them first.
-        key = (model, endpoint, status, error_code, context.priority, version)
-        counted = self._counted.get(key) or self._count_as(key)
-        writes = Writes()
-        for counter in counted.counters:
-            writes.inc(counter)
-        for histogram in counted.histograms:
-            writes.observe(histogram, seconds)
-        if counted.failed is not None:
-            writes.inc(counted.failed, seconds)
-        if error_code in SHED_CODES:
-            self._refusals.refused(model, error_code)
-        return writes
-
-    def _count_as(self, key: _CountKey) -> _Counted:
-        """The metric children a request answered as `key` says is counted in, found once per kind of answer
-        (`labels()` costs a lock and a tuple per call)."""
-        model, endpoint, status, error_code, priority, version = key
-        m = metrics()
-        counters = [m.requests.labels(model, endpoint, str(status))]
-        histograms = [m.request_seconds.labels(model, endpoint)]
-        reason = REJECTION_REASONS.get(error_code) if error_code is not None else None
-        if reason is not None:
-            counters.append(m.rejected.labels(model, reason))
-        if model:
-            outcome = "ok" if status < 300 else "refused" if reason is not None else "error"
-            counters.append(m.by_priority.labels(model, str(priority), outcome))
-            if version is not None:
-                counters.append(m.by_version.labels(model, version, outcome))
-                if not self.registry.strict:  # a repository: versions side by side (MODEL arguments have one)
-                    histograms.append(m.version_seconds.labels(model, version))
-        failed = m.failed_seconds.labels(model, endpoint) if status >= 400 else None
-        counted = self._counted[key] = _Counted(tuple(counters), tuple(histograms), failed)
-        return counted
+        return self.counts.answered((model, endpoint, status, error_code, context.priority, version), seconds)
 
     def refused_early(
         self, model: str, version: str | None, endpoint: str, priority: int, status: int, error_code: str
     ) -> None:
         """Count a request the HTTP server refused from its head, before the app (fronts/early.py), as `finish`
-        counts a refusal (requests, rejections, the priority and version outcomes, the aggregate refusal log)
-        and in `twinserve_early_refusals_total`; it has no request context, so no request event and no latency.
-        The metrics and the refusal log are written in sums, at most every 50 ms (observability/tally.py): a
-        flood refuses thousands a second, and a metric write each cost a tenth of the refusal."""
-        self._early_tally.add((model, version, endpoint, priority, status, error_code))
-
-    def _count_early(self, counts: dict[EarlyKey, float], seconds: float) -> None:
-        for key, n in counts.items():
-            self._refusals.refused(key[0], key[5], int(n))
-            counters = self._early.get(key)
-            if counters is None:
-                model, version, endpoint, priority, status, error_code = key
-                m = metrics()
-                counters = (
-                    m.requests.labels(model, endpoint, str(status)),
-                    m.rejected.labels(model, REJECTION_REASONS[error_code]),
-                    m.by_priority.labels(model, str(priority), "refused"),
-                    m.early_refusals.labels(model),
-                )
-                if version is not None:  # refused once its version was known (not by the sync backlog)
-                    counters += (m.by_version.labels(model, version, "refused"),)
-                self._early[key] = counters
-            for counter in counters:
-                counter.inc(n)
+        counts a refusal; it has no request context, so no request event and no latency (`RequestCounts`)."""
+        self.counts.refused_early((model, version, endpoint, priority, status, error_code))
 
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')

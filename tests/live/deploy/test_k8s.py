@@ -28,15 +28,13 @@ from twinserve.deploy.dockerfile import WHEEL_DIR, dockerfile, pip_requirement
 from twinserve.deploy.k8s import (
     DEFAULT_CPU_UTILIZATION,
     IN_FLIGHT_METRIC,
-    K8sPlan,
     _env,
-    cpu_request_cores,
     inference_service,
     manifests,
     serve_command,
-    sizing,
     to_yaml,
 )
+from twinserve.deploy.k8s_plan import K8sPlan, cpu_request_cores, sizing
 from twinserve.deploy.wheel import wheel_name
 from twinserve.errors import ConfigError
 from twinserve.fronts.routes import ROUTES

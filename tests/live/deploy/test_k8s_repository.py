@@ -21,12 +21,12 @@ from twinserve.deploy.k8s import (
     READY_PATH,
     REPOSITORY_PATH,
     REPOSITORY_VOLUME,
-    K8sPlan,
     inference_service,
     manifests,
     serve_command,
     to_yaml,
 )
+from twinserve.deploy.k8s_plan import K8sPlan
 from twinserve.deploy.wheel import wheel_name
 
 ARCHS = ("sync", "async", "hybrid")

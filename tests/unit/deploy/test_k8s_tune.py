@@ -17,7 +17,8 @@ import yaml
 from twinserve.cli import main
 from twinserve.config import Config
 from twinserve.deploy.commands import k8s_config
-from twinserve.deploy.k8s import IN_FLIGHT_METRIC, MEMORY_HEADROOM, cpu_request_cores, process_counts
+from twinserve.deploy.k8s import IN_FLIGHT_METRIC
+from twinserve.deploy.k8s_plan import MEMORY_HEADROOM, cpu_request_cores, process_counts
 from twinserve.lab.advise import HEADROOM
 from twinserve.lab.results import Ceiling, ProcessMemory, Resources
 from twinserve.lab.tune.report import write_tune_outputs

@@ -17,7 +17,7 @@ import pytest
 from tests.factory import level, results, run
 from tests.serving import wait_until
 from twinserve.config import Config
-from twinserve.deploy.k8s import MEMORY_HEADROOM, K8sPlan, sizing
+from twinserve.deploy.k8s_plan import MEMORY_HEADROOM, K8sPlan, sizing
 from twinserve.lab.advise import AutoscalingTargets, advise
 from twinserve.lab.options import Option
 from twinserve.lab.probe import TreeSampler
