@@ -51,16 +51,17 @@ def test_ahead_of_counts_what_a_thread_takes_before_a_request_at_a_level() -> No
     assert (pool.ahead_of(3), len(pool)) == (0, 0)
 
 
-def test_requests_answered_without_the_model_go_first_and_count_at_no_level() -> None:
-    """An invalid `X-Priority` (the app's 400, no model time) is taken before every level and is no backlog: a
-    crowd sending one must not fill the queue bound that a valid level-1 request is weighed against."""
+def test_requests_answered_without_the_model_go_last_and_count_at_no_level() -> None:
+    """An invalid `X-Priority` (the app's 400, no model time) is no backlog: a crowd sending one must not fill the
+    queue bound that a valid level-1 request is weighed against; and it is taken after every valid level, so that
+    such a crowd does not keep the threads from valid requests either."""
     pool, gate, ran = _pool()
     for name, level in (("low", 3), ("high", 1), ("invalid-1", QUICK), ("invalid-2", QUICK)):
         pool.submit(lambda conn: ran.append(conn.name), SimpleNamespace(name=name, level=level))
     assert (pool.ahead_of(1), pool.ahead_of(3), pool.counted(), len(pool)) == (1, 2, 2, 4)
     gate.set()
     pool.shutdown(wait=True)
-    assert ran == ["invalid-1", "invalid-2", "high", "low"]
+    assert ran == ["high", "low", "invalid-1", "invalid-2"]
 
 
 def test_futures_carry_results_and_exceptions_and_shutdown_lets_what_is_queued_finish() -> None:

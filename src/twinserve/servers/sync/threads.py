@@ -12,10 +12,13 @@ waiting request of the highest level next (1 the highest), and the longest waiti
 (servers/sync/admission.py) holds a request while that is a thread's worth, not while the whole queue
 is, so a high priority goes to the threads at once past a queue of lower levels, and is taken up next.
 
-Level `QUICK` (0) is for requests the app answers without the model (an invalid `X-Priority`: 400): taken first,
-they cost a thread a fraction of a millisecond, and they count at no level: not in `ahead_of`, not in the backlog
-the queue bound weighs (`counted`). Counted as the default level they were (a crowd sending `X-Priority: 10` filled
-the backlog, and every valid level-1 request was shed, 503 `queue_full`, while the crowd got its 400s).
+`QUICK` is for requests the app answers without the model (an invalid `X-Priority`: 400). They count at no level:
+not in `ahead_of`, not in the backlog the queue bound weighs (`counted`); counted at the default level they were (a
+crowd sending `X-Priority: 10` filled the backlog, and every valid level-1 request was shed, 503 `queue_full`,
+while the crowd got its 400s). And they are taken after every valid level: taken first, a crowd of them (500 wrk
+connections, each answered in a fraction of a millisecond) kept the threads from every valid request
+(benchmarks/overload.py (e): 8 level-1 connections got no answer in 8 s). The poller holds valid requests to a
+thread's worth per level, so the threads' queue empties of them between turns, and the invalid ones get theirs.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from typing import Any
 
 __all__ = ["QUICK", "LevelledThreadPool"]
 
-#: The level of requests answered without the model, taken first and counted at no level.
+#: The level of requests answered without the model: taken after every valid level, counted at none.
 QUICK = 0
+#: Where `QUICK` requests sort in the queue: after every level a request may ask for.
+_AFTER_EVERY_LEVEL = 1 << 30
 
 
 class LevelledThreadPool(Executor):
@@ -43,7 +48,7 @@ class LevelledThreadPool(Executor):
 
     def __init__(self, workers: int, level_of: Callable[[Any], int], name: str = "request") -> None:
         self._level_of = level_of
-        self._queue: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._queue: list[tuple[int, int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
         self._waiting: Counter[int] = Counter()  # per level
         self._order = itertools.count()
         self._ready = threading.Condition(threading.Lock())
@@ -78,7 +83,8 @@ class LevelledThreadPool(Executor):
         with self._ready:
             if self._stopping:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            heapq.heappush(self._queue, (level, next(self._order), future, fn, args))
+            rank = _AFTER_EVERY_LEVEL if level == QUICK else level
+            heapq.heappush(self._queue, (rank, next(self._order), level, future, fn, args))
             self._waiting[level] += 1
             self._ready.notify()
         return future
@@ -88,7 +94,7 @@ class LevelledThreadPool(Executor):
             self._stopping = True
             if cancel_futures:
                 for entry in self._queue:
-                    entry[2].cancel()
+                    entry[3].cancel()
             self._ready.notify_all()
         if wait:
             for thread in self._threads:
@@ -103,7 +109,7 @@ class LevelledThreadPool(Executor):
                     self._idle -= 1
                 if not self._queue:
                     return  # stopping, and nothing left to run
-                level, _, future, fn, args = heapq.heappop(self._queue)
+                _, _, level, future, fn, args = heapq.heappop(self._queue)
                 self._waiting[level] -= 1
             if not future.set_running_or_notify_cancel():
                 continue
