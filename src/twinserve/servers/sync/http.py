@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -25,7 +24,7 @@ import httptools
 
 from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
 
-__all__ = ["SERVER", "ParseError", "Request", "RequestReader", "environ_of", "response_head"]
+__all__ = ["SERVER", "Limits", "ParseError", "Request", "RequestReader", "environ_of", "response_head"]
 
 #: The `Server` header of every answer: the worker is twinserve's, its arbiter gunicorn's.
 SERVER = "twinserve"
@@ -265,7 +264,3 @@ def response_head(
         lines.append("Transfer-Encoding: chunked\r\n")
     lines.append("\r\n")
     return "".join(lines).encode("latin-1")
-
-
-def status_line(code: int) -> str:
-    return f"{code} {HTTPStatus(code).phrase}"
