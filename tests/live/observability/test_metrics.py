@@ -8,15 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path, predict, sample, scrape
+from tests.serving import Server, model_path, poll, predict, sample, scrape, wait_until
 from twinserve.observability.metrics import metrics, reap_dead_processes
 
 #: The models of the module's shared servers: in hybrid each server process has a model-worker pool per model.
@@ -75,21 +75,22 @@ def test_memory_is_reported_per_process_with_its_role(metered: Server) -> None:
     # Two server processes; in hybrid, each with one model worker (the default) for each model.
     model_workers = 2 * len(METERED_MODELS) if server.arch == "hybrid" else 0
     expected = sorted(["server"] * 2 + ["model_worker"] * model_workers)
-    deadline = time.monotonic() + 60
-    while True:  # ready means one worker answers; wait until every process has reported
-        samples = scrape(server)
-        per_process = {
+    seen: dict[str, Any] = {}
+
+    def every_process_reported() -> bool:
+        samples = seen["samples"] = scrape(server)
+        per_process = seen["per_process"] = {
             dict(labels)["pid"]: (dict(labels)["role"], value)
             for (name, labels), value in samples.items()
             if name == "twinserve_process_resident_memory_bytes"
         }
-        roles = sorted(role for role, _ in per_process.values())
         # A process's gauge exists (at 0) from its first moment; it reads its RSS once sampled.
-        sampled = all(value > 0 for _, value in per_process.values())
-        if (roles == expected and sampled) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert roles == expected
+        roles = sorted(role for role, _ in per_process.values())
+        return roles == expected and all(value > 0 for _, value in per_process.values())
+
+    poll(every_process_reported, 60, 0.1)  # ready means one worker answers; wait until every process has reported
+    samples, per_process = seen["samples"], seen["per_process"]
+    assert sorted(role for role, _ in per_process.values()) == expected
     assert all(value > 10 * 2**20 for _, value in per_process.values())  # a Python process holds > 10 MiB
     total = sample(samples, "twinserve_resident_memory_bytes")
     assert total == pytest.approx(sum(value for _, value in per_process.values()), rel=0.1)
@@ -106,17 +107,20 @@ def test_a_killed_uvicorn_workers_gauges_leave_the_aggregate() -> None:
         }
 
     def wait_for(server: Server, condition: Callable[[set[int]], bool], timeout: float = 60.0) -> set[int]:
-        deadline = time.monotonic() + timeout
-        while True:
+        seen: set[int] = set()
+
+        def met() -> bool:
             try:
                 pids = server_pids(server)
             except httpx.TransportError:  # the scrape reached the worker as it died
                 pids = set()
-            if condition(pids):
-                return pids
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the /metrics pids never met the condition; last seen: {sorted(pids)}")
-            time.sleep(0.1)
+            seen.clear()
+            seen.update(pids)
+            return condition(pids)
+
+        if not poll(met, timeout, 0.1):
+            raise AssertionError(f"the /metrics pids never met the condition; last seen: {sorted(seen)}")
+        return set(seen)
 
     with Server([model_path("Echo")], "async", "--workers", "2") as server:
         before = wait_for(server, lambda pids: len(pids) == 2)
@@ -142,14 +146,12 @@ def test_a_killed_worker_is_counted_as_one_death(arch: str) -> None:
         }
 
     def wait_for(server: Server, condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
+        def met() -> bool:
             with contextlib.suppress(httpx.TransportError):  # a scrape may reach the worker as it dies
-                if condition():
-                    return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"never: {what}")
-            time.sleep(0.1)
+                return condition()
+            return False
+
+        wait_until(met, timeout, what, interval=0.1)
 
     def deaths(server: Server) -> float:
         return sample(scrape(server), "twinserve_worker_deaths_total")
