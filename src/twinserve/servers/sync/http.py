@@ -13,6 +13,7 @@ it 413 from its `Content-Length`, or from the first `max + 1` bytes of a chunked
 from __future__ import annotations
 
 import sys
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -248,6 +249,20 @@ def environ_of(request: Request, server: tuple[str, int], peer: Any, multiproces
     return environ
 
 
+_dated: tuple[int, str] = (0, "")
+
+
+def _date() -> str:
+    """The `Date` value (RFC 9110 5.6.7: one-second resolution), formatted once a second, not once a response."""
+    global _dated
+    now = int(time.time())
+    second, text = _dated
+    if second != now:
+        text = formatdate(now, usegmt=True)
+        _dated = (now, text)  # one tuple, swapped whole: threads race only to format the same second twice
+    return text
+
+
 def response_head(
     version: str, status: str, headers: Iterable[tuple[str, str]], keep_alive: bool, chunked: bool
 ) -> bytes:
@@ -256,7 +271,7 @@ def response_head(
     lines = [
         f"HTTP/{'1.0' if version == '1.0' else '1.1'} {status}\r\n",
         f"Server: {SERVER}\r\n",
-        f"Date: {formatdate(usegmt=True)}\r\n",
+        f"Date: {_date()}\r\n",
         f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n",
     ]
     lines.extend(f"{name}: {value}\r\n" for name, value in headers if name.lower() != "connection")
