@@ -25,6 +25,7 @@ from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.startup import built_or_exit, stop_server
 from twinserve.servers.sync.balance import ConnectionShares
+from twinserve.servers.sync.exits import WorkerExits
 from twinserve.servers.sync.worker import RequestThreadsWorker
 
 __all__ = ["WORKER_CONNECTIONS", "build_wsgi_app", "run"]
@@ -91,16 +92,17 @@ def load_models(config: Config) -> ModelRegistry:
 _grpc: Any = None
 
 
+#: The arbiter's record of its workers' exits (the `child_exit` hook, which may run in a signal handler: exits.py).
+_exits = WorkerExits(on_death=record_death, on_stop=mark_process_dead)
+
+
 def _child_exit(server: Any, worker: Any) -> None:
     shares = getattr(server.app, "connection_shares", None)
     if shares is not None:
-        shares.release(worker)
-    # A dead worker's live gauges leave the aggregate. The arbiter empties LISTENERS as it starts to stop: a worker
-    # that exits before that was not stopped by the server (killed, crashed, timed out), and counts as a death.
-    if server.LISTENERS:
-        record_death(worker.pid)
-    else:
-        mark_process_dead(worker.pid)
+        shares.release(worker)  # one store into shared memory: safe in a signal handler
+    # The arbiter empties LISTENERS as it starts to stop: a worker that exits before that was not stopped by the
+    # server (killed, crashed, timed out), and counts as a death.
+    _exits.exited(worker.pid, died=bool(server.LISTENERS))
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
