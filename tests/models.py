@@ -345,7 +345,10 @@ class _DripTrace:
     def close(self) -> None:
         steps = self.dir / "steps"
         count = len(steps.read_text().splitlines()) if steps.exists() else 0
-        (self.dir / "closed").write_text(f"{self.ended} after {count} steps")
+        # Written whole, then renamed: a test that waits for the file to appear never reads it empty.
+        partial = self.dir / "closed.partial"
+        partial.write_text(f"{self.ended} after {count} steps")
+        partial.replace(self.dir / "closed")
 
 
 class Slow(twinserve.Model):
