@@ -8,6 +8,7 @@ without timing anything.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -281,3 +282,34 @@ def test_example_client_prints_the_tokens(stream_servers: dict[str, Server]) -> 
         [*args[:-3], "--model", "echo", "1"], capture_output=True, text=True, timeout=60, check=False
     )
     assert refused.returncode == 1 and "not_streaming" in refused.stderr
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sigterm_lets_a_stream_finish_within_the_graceful_timeout_and_cuts_an_endless_one(
+    arch: str, tmp_path: Path
+) -> None:
+    """A graceful stop (SIGTERM) treats a stream as a request in flight: one that ends within `--graceful-timeout`
+    sends every step and its `end` event; one that would not end is cut when the timeout is up, its chunked body
+    left unterminated (RFC 9112 section 7.1: the client sees an incomplete message, never a clean end), and the
+    server exits 0."""
+    finite, endless = tmp_path / "finite", tmp_path / "endless"
+    finite.mkdir(), endless.mkdir()
+    steps = 15
+    with Server(MODELS, arch, "--workers", "1", "--graceful-timeout", "4") as server:
+        with (
+            open_stream(server, "async-drip", [drip(endless, steps=100_000, pause_s=0.05)]) as cut,
+            open_stream(server, "drip", [drip(finite, steps=steps, pause_s=0.1)]) as whole,
+        ):
+            cut_events, whole_events = events(cut), events(whole)
+            assert next(cut_events)[0] == "message" and next(whole_events)[0] == "message"
+            assert server.process is not None
+            server.process.send_signal(signal.SIGTERM)
+            assert list(whole_events) == [
+                *(("message", {"predictions": [f"a-{i}"]}) for i in range(1, steps)),
+                ("end", {}),
+            ]
+            with pytest.raises(httpx.RemoteProtocolError):
+                for _ in cut_events:
+                    pass
+        assert server.process.wait(timeout=60) == 0
+    assert closed(finite) == f"finished after {steps} steps"

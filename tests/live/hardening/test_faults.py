@@ -53,7 +53,7 @@ def _http_workers(server: Server) -> set[int]:
 
 
 @pytest.mark.hardening
-@pytest.mark.parametrize("arch", ["sync", "async"])
+@pytest.mark.parametrize("arch", ["sync", "async", "hybrid"])
 def test_killed_http_worker_is_replaced_and_only_its_requests_fail(arch: str) -> None:
     flags = ["--workers", "2", "--threads", "4", "--max-batch-size", "4", "--model-workers", "2"]
     with Server([SLEEPY], arch, *flags) as server:
