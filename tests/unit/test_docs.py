@@ -167,12 +167,13 @@ def test_a_wrong_test_name_a_lost_file_or_an_untested_architecture_is_named() ->
         "test_redis_outage_is_503_naming_the_store_and_recovers",
     )
     early = "hardening/test_early_refusal.py::test_a_full_queue_is_answered_before_the_app_with_its_own_503"
+    ws = "test_auth.py::test_websocket_handshakes_need_a_key"
     rows = [
         f"| ok | `{faults}::{http}[sync,async]`, `::{redis}[*]`, `{early}[hybrid]` (its fixture chooses) |",
         f"| renamed | `{faults}::{redis}`, `::test_gone` |",
         f"| no file | `::{redis}` |",
         "| moved | `hardening/test_nowhere.py::test_x`, `tests/unit/test_docs.py`, `tests/unit/test_nope.py` |",
-        f"| hybrid | `{faults}::{http}[sync,hybrid]` |",
+        f"| sync | `{ws}[sync,async]` |",
         "| not a test | `servers/httptools.py::GuardedHttpToolsProtocol`, `benchmarks/overload.py`, `[sync,async]` |",
     ]
     assert _reference_problems("\n".join(rows)) == [
@@ -180,5 +181,5 @@ def test_a_wrong_test_name_a_lost_file_or_an_untested_architecture_is_named() ->
         f"line 3: `::{redis}`: no file named before it on its line",
         "line 4: `hardening/test_nowhere.py::test_x`: no file tests/live/hardening/test_nowhere.py",
         "line 4: `tests/unit/test_nope.py`: no file tests/unit/test_nope.py",
-        f"line 5: `{faults}::{http}`: claims ['hybrid'], its arch list is ['async', 'sync']",
+        f"line 5: `{ws}`: claims ['sync'], its arch list is ['async', 'hybrid']",
     ]
