@@ -2,9 +2,10 @@
 answer is written as.
 
 `RequestReader` runs llhttp over a connection's bytes with the head limits the async server's protocol enforces
-too (servers/http1.py `HeadReader`: 414, 431, 400 `malformed_http`). A body is read whole before a thread sees the request (`Request.body`): a client that trickles it holds a socket in
-the poller, not a request thread. One past `--max-body-bytes` is not read on (`Request.too_large`): the app refuses
-it 413 from its `Content-Length`, or from the first `max + 1` bytes of a chunked one, as it does a body it reads.
+too (servers/http1.py `HeadReader`: 414, 431, 400 `malformed_http`). A body is read whole before a thread sees the
+request (`Request.body`): a client that trickles it holds a socket in the poller, not a request thread. One past
+`--max-body-bytes` is not read on (`Request.too_large`): the app refuses it 413 from its `Content-Length`, or from
+the first `max + 1` bytes of a chunked one, as it does a body it reads.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class RequestReader(HeadReader):
         #: Whether the last request asked to switch protocols: nothing after its head is read as HTTP.
         self.upgraded = False
 
-    def feed(self, data: bytes) -> None:  # type: ignore[override]
+    def feed(self, data: bytes) -> None:
         if self.upgraded:
             return
         if super().feed(data) is not None:
