@@ -66,8 +66,8 @@ class Reading(Protocol):
 
 
 class Crowd:
-    """One connection's early refusals and holds (see the module); the connection is `conn`, held here by nothing
-    but the holds' own queue while it is held."""
+    """One connection's early refusals and holds (see the module). `ReadHolds` holds the crowd, not the connection:
+    the connection lets go of it when lost (`close`), so the two are no reference cycle."""
 
     __slots__ = ("_early", "_holds", "_keep_alive", "conn", "discarding", "held", "hold_check")
 

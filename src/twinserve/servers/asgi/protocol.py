@@ -391,6 +391,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         for name, value in self.headers:
             head += (name, b": ", value, b"\r\n")
         head.append(b"\r\n")
+        del self.parser  # nothing more is HTTP (and the parser calls back into this protocol: a reference cycle)
         ws_protocol_class: Any = self.config.ws_protocol_class
         protocol = ws_protocol_class(config=self.config, server_state=self.server_state, app_state=self.app_state)
         protocol.connection_made(self.transport)
