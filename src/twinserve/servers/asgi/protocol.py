@@ -183,7 +183,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
 
     async def drain(self) -> None:
         """Return when the transport takes more (the client reads its answers again), or the connection is lost."""
-        if self._drained is None:
+        if self._drained is None or self._drained.done():  # (one a cancelled `send` left behind)
             self._drained = self.loop.create_future()
         await self._drained
 
@@ -203,6 +203,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
     # -- llhttp's callbacks ------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._parsing = None
         if self._fresh:
             self._fresh = False  # the connection's own deadline, from before its first byte, holds
         else:
@@ -403,6 +404,9 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         if self.transport.is_closing():
             return
         logger.debug("refused a request: %s", error.message)
+        if self.crowd is not None and self.crowd.discarding:
+            self.transport.close()  # a body being discarded: its request has its answer already
+            return
         # A body can turn out malformed after the app has begun its answer (one that did not wait for the body):
         # a second response on the wire would be taken for the next one's, so the connection just closes.
         cycle = self._parsing
