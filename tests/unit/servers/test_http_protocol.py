@@ -508,6 +508,75 @@ def test_a_refused_body_not_in_by_the_read_timeout_closes_the_connection() -> No
     run(test)
 
 
+class _Full:
+    """A model's queue (core/runtime.py `ModelRuntime`, as servers/holding.py sees it) that takes nothing until told."""
+
+    def __init__(self) -> None:
+        self.free = 0
+
+    def admits(self, priority: int = 1) -> bool:
+        return self.free > 0
+
+    def room(self) -> int:
+        return self.free
+
+
+class _Holding(_Refusing):
+    def __init__(self, queue: _Full) -> None:
+        super().__init__()
+        self.queue = queue
+
+    def hold(self, method: bytes, url: bytes, headers: Any) -> tuple[Any, int, float] | None:
+        return (self.queue, 1, 5.0) if url == b"/crowded" else None
+
+
+def test_a_connection_answered_while_its_model_is_full_is_held_unread_until_the_queue_takes_again() -> None:
+    async def test() -> None:
+        queue = _Full()
+        early = _Holding(queue)
+        async with connection(text_app(), app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, state):
+            protocol.data_received(b"POST /crowded HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            await settle(state)
+            assert responses(transport.take())[0][0] == 200
+            assert not transport.reading  # its next request waits in TCP
+            await asyncio.sleep(0.02)
+            assert not transport.reading
+            queue.free = 1
+            await asyncio.sleep(0.02)
+            assert transport.reading
+            protocol.data_received(GET)
+            await settle(state)
+            assert responses(transport.take())[0][0] == 200 and transport.reading
+
+    run(test)
+
+
+def test_a_held_connection_is_read_again_at_shutdown_and_its_next_answer_closes_it() -> None:
+    async def test() -> None:
+        early = _Holding(_Full())
+        async with connection(text_app(), app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, state):
+            protocol.data_received(b"POST /crowded HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            await settle(state)
+            transport.take()
+            protocol.shutdown()
+            assert transport.reading and not transport.closed
+            protocol.data_received(GET)
+            await settle(state)
+            assert responses(transport.take())[0][1]["connection"] == "close" and transport.closed
+
+    run(test)
+
+
+def test_a_clients_connection_close_closes_after_the_answer() -> None:
+    async def test() -> None:
+        async with connection(text_app()) as (protocol, transport, state):
+            protocol.data_received(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            await settle(state)
+            assert responses(transport.take())[0][1]["connection"] == "close" and transport.closed
+
+    run(test)
+
+
 # -- the connection's life ----------------------------------------------------------------------------------------
 
 
