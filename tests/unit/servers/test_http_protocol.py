@@ -471,7 +471,7 @@ class _Refusing:
             return None
         return b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nfull"
 
-    def hold(self, method: bytes, url: bytes, headers: Any) -> None:
+    def hold(self, method: bytes, url: bytes, headers: Any) -> tuple[Any, int, float] | None:
         return None
 
 
