@@ -34,6 +34,7 @@ class Transport:
     def __init__(self, protocol: asyncio.Protocol) -> None:
         self.protocol = protocol
         self.written = bytearray()
+        self.writes = 0
         self.closed = False
         self.reading = True
 
@@ -43,6 +44,11 @@ class Transport:
     def write(self, data: bytes) -> None:
         assert not self.closed, "written after close"
         self.written += data
+        self.writes += 1
+
+    def writelines(self, data: Any) -> None:
+        for part in data:
+            self.write(part)
 
     def is_closing(self) -> bool:
         return self.closed
@@ -251,6 +257,31 @@ def test_a_content_length_body_is_given_whole_and_a_wrong_length_answer_is_an_er
             protocol.data_received(b"lo")
             await settle(state)
             assert responses(transport.take())[0][2] == b"hel"
+
+    run(test)
+
+
+def test_a_response_is_one_write_and_a_streams_head_goes_out_before_its_first_part() -> None:
+    async def test() -> None:
+        async with connection(text_app()) as (protocol, transport, state):
+            protocol.data_received(GET)
+            await settle(state)
+            assert transport.writes == 1 and responses(transport.take())[0][2] == b"ok"
+        part = asyncio.Event()
+
+        async def stream(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await part.wait()
+            await send({"type": "http.response.body", "body": b"event", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async with connection(stream) as (protocol, transport, state):
+            protocol.data_received(GET)
+            await asyncio.sleep(0.01)
+            assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n") and transport.written.endswith(b"\r\n\r\n")
+            part.set()
+            await settle(state)
+            assert responses(transport.take())[0][2] == b"event"
 
     run(test)
 

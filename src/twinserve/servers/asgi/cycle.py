@@ -27,6 +27,8 @@ _STATUS_LINES = {
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
+#: A body shorter than this is copied after the head, for one write; a longer one goes beside it (`writelines`).
+_JOIN_BELOW = 16384
 _DISCONNECT = {"type": "http.disconnect"}
 _INTERNAL_ERROR_HEAD = {
     "type": "http.response.start",
@@ -66,6 +68,7 @@ class Cycle:
         "head_request",
         "keep_alive",
         "more_body",
+        "pending",
         "remaining",
         "started",
         "waiter",
@@ -90,6 +93,10 @@ class Cycle:
         self.chunked = False
         #: The bytes still owed by a response of declared `Content-Length`.
         self.remaining = 0
+        #: The response's head, not written yet: it goes out with the first part of the body, in one write (one
+        #: system call, not two), or on the loop's next turn if the app sends none by then (a stream's first event
+        #: may take long).
+        self.pending: bytes | None = None
         #: What `receive` awaits while nothing has arrived.
         self.waiter: asyncio.Future[None] | None = None
 
@@ -139,8 +146,8 @@ class Cycle:
             logger.error("Exception in ASGI application\n", exc_info=exc)
             if not self.started:
                 await self._internal_error()
-            elif self.conn is not None:
-                self.conn.transport.close()
+            else:
+                self._close()
         else:
             if result is not None:
                 logger.error("ASGI callable should return None, but returned '%s'.", result)
@@ -159,11 +166,20 @@ class Cycle:
         await self.send(_INTERNAL_ERROR_BODY)
 
     def _close(self) -> None:
+        self.flush()
         if self.conn is not None:
             self.conn.transport.close()
 
+    def flush(self) -> None:
+        """Write the response's head if it waits still."""
+        head, self.pending = self.pending, None
+        if head is not None and self.conn is not None and not self.conn.transport.is_closing():
+            self.conn.transport.write(head)
+
     async def receive(self) -> dict[str, Any]:
         conn = self.conn
+        if self.pending is not None:
+            self.flush()  # the app reads on after its answer's start: the client may wait for it
         if self.expect_continue:
             self.expect_continue = False
             if conn is not None and not conn.transport.is_closing():
@@ -203,25 +219,33 @@ class Cycle:
             head = self._head(message["status"], message.get("headers", ()), conn)
             self.started = True
             self.expect_continue = False
-            conn.transport.write(head)
+            self.pending = head
+            conn.loop.call_soon(self.flush)
         elif not self.complete:
             if message["type"] != "http.response.body":
                 raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{message['type']}'.")
             body = message.get("body", b"")
             more_body = message.get("more_body", False)
             if self.head_request:
-                pass  # a HEAD answer's head says what a GET's body would be, and no body follows
+                data = b""  # a HEAD answer's head says what a GET's body would be, and no body follows
             elif self.chunked:
                 if body:
-                    conn.transport.write(b"%x\r\n%b\r\n%b" % (len(body), body, b"" if more_body else _LAST_CHUNK))
-                elif not more_body:
-                    conn.transport.write(_LAST_CHUNK)
+                    data = b"%x\r\n%b\r\n%b" % (len(body), body, b"" if more_body else _LAST_CHUNK)
+                else:
+                    data = b"" if more_body else _LAST_CHUNK
             else:
                 if len(body) > self.remaining:
                     raise RuntimeError("Response content longer than Content-Length")
                 self.remaining -= len(body)
-                if body:
-                    conn.transport.write(body)
+                data = body
+            pending, self.pending = self.pending, None
+            if pending is None:
+                if data:
+                    conn.transport.write(data)
+            elif len(data) < _JOIN_BELOW:
+                conn.transport.write(pending + data)
+            else:
+                conn.transport.writelines((pending, data))
             if not more_body:
                 if self.remaining and not self.head_request:
                     raise RuntimeError("Response content shorter than Content-Length")
