@@ -181,7 +181,7 @@ class AsyncClient:
 
     def __init__(self, config: Config) -> None:
         from twinserve.servers import uvicorn
-        from twinserve.servers.httptools import CONFIG_ENV
+        from twinserve.servers.asgi.settings import CONFIG_ENV
 
         self.arch = config.arch
         self.config = config

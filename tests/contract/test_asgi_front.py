@@ -1,25 +1,19 @@
 """The async front's own parts, in-process: the dispatcher compiled from the route table, and how the front learns
-that a client has gone (the extension twinserve's httptools protocol publishes, or a watcher task without it)."""
+that a client has gone (the extension twinserve's HTTP protocol publishes, tests/unit/servers/, or a watcher task
+without it)."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
-import weakref
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.requests import Request
-from uvicorn.server import ServerState
 
-from twinserve.config import load_config
 from twinserve.errors import ClientDisconnected, MethodNotAllowed, NotFound
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, predict_unless_gone
 from twinserve.fronts.dispatch import Dispatcher
 from twinserve.fronts.routes import ROUTES, Route
-from twinserve.servers import httptools
-from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
 
 TABLE = Dispatcher((route, route) for route in ROUTES)
 
@@ -72,94 +66,6 @@ def test_the_hot_routes_are_tried_first_but_never_ahead_of_one_that_matches_the_
 
 
 # -- disconnect --------------------------------------------------------------------------------------------------
-
-
-class _Transport:
-    """Just enough of an asyncio transport for a protocol fed by hand."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-
-def test_the_httptools_protocol_publishes_each_requests_disconnect(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(CONFIG_ENV, load_config().model_dump_json())
-    httptools._config.cache_clear()
-    seen: list[Any] = []
-    started = asyncio.Event()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        gone = scope["extensions"][DISCONNECT_EXTENSION]["disconnected"]
-        seen.append(gone())
-        started.set()
-        assert (await receive())["type"] == "http.request"
-        seen.append(((await receive())["type"], gone()))
-
-    async def serve() -> None:
-        config = uvicorn.Config(
-            app, http=GuardedHttpToolsProtocol, lifespan="off", log_config=None, proxy_headers=False
-        )
-        protocol = GuardedHttpToolsProtocol(config, ServerState(), {})
-        protocol.connection_made(_Transport())  # type: ignore[arg-type]
-        protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
-        await asyncio.wait_for(started.wait(), 5)  # the app's task has run up to its first receive
-        assert seen == [False]
-        protocol.connection_lost(None)
-        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
-
-    try:
-        asyncio.run(serve())
-    finally:
-        httptools._config.cache_clear()
-    assert seen == [False, ("http.disconnect", True)]
-
-
-def test_a_served_requests_objects_are_freed_without_the_garbage_collector(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The disconnect flag the scope carries must not hold the request's cycle, whose scope carries the flag: such a
-    reference cycle per request left every request's objects to the collector's full passes (core/heap.py)."""
-    monkeypatch.setenv(CONFIG_ENV, load_config().model_dump_json())
-    httptools._config.cache_clear()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        assert scope["extensions"][DISCONNECT_EXTENSION]["disconnected"]() is False
-        await receive()
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def serve() -> weakref.ref[Any]:
-        config = uvicorn.Config(app, http=GuardedHttpToolsProtocol, lifespan="off", log_config=None)
-        protocol = GuardedHttpToolsProtocol(config, ServerState(), {})
-        protocol.connection_made(_Transport())  # type: ignore[arg-type]
-        protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
-        cycle = weakref.ref(protocol.cycle)
-        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
-        protocol.data_received(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")  # the next request's cycle
-        await asyncio.wait_for(asyncio.gather(*protocol.tasks), 5)
-        return cycle
-
-    gc.disable()
-    try:
-        cycle = asyncio.run(serve())
-        assert cycle() is None  # freed by reference counting alone
-    finally:
-        gc.enable()
-        httptools._config.cache_clear()
 
 
 class _Runtime:

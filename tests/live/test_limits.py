@@ -1,7 +1,7 @@
 """Limits on everything a client controls, each answered with its own status and code in every architecture.
 
-Request-line and header limits are enforced by the HTTP server while it parses (gunicorn's parser; uvicorn's
-httptools protocol, extended by twinserve), so those answers carry twinserve's body but close the connection.
+Request-line and header limits are enforced by the HTTP server while it parses (twinserve's own parsers on
+httptools, servers/http1.py), so those answers carry twinserve's body but close the connection.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ in one pass, and its router was routed around on the hot path. `/docs` and `/ope
 route table, built from each model's own schemas.
 
 A request whose client leaves while it waits is never computed: the server tells (`DISCONNECT_EXTENSION`, which
-twinserve's own httptools protocol publishes) or, under another ASGI server, a watcher task awaiting
+twinserve's own HTTP protocol publishes) or, under another ASGI server, a watcher task awaiting
 `http.disconnect` does.
 
 `:stream` answers with Server-Sent Events written straight to ASGI (`AsgiEventStream`): one step is computed at a

@@ -1,7 +1,7 @@
 """Whether a request's client has gone, as the async front learns it: a queued request whose client left is never
 computed.
 
-twinserve's httptools protocol (servers/httptools.py) publishes each request's state in the ASGI scope
+twinserve's HTTP protocol (servers/asgi/) publishes each request's state in the ASGI scope
 (`DISCONNECT_EXTENSION`), polled when a batch is formed; under a server without it (Ray Serve, test transports) a
 watcher task per request awaits `http.disconnect` and cancels the request's wait.
 """
@@ -25,7 +25,7 @@ T = TypeVar("T")
 #: The ASGI scope extension in which a server tells whether a request's client has gone:
 #: `scope["extensions"][DISCONNECT_EXTENSION] = {"disconnected": <a callable returning bool, no argument>,
 #: "body": <a callable returning the whole body if it has all arrived and none of it was read, else None>}`.
-#: twinserve's httptools protocol (servers/httptools.py) publishes it; without it a watcher task is the fallback.
+#: twinserve's HTTP protocol (servers/asgi/) publishes it; without it a watcher task is the fallback.
 DISCONNECT_EXTENSION = "twinserve.disconnect"
 
 

@@ -2,8 +2,8 @@
 the request's head, without an ASGI task, a request context, a body read or a decode.
 
 Under a flood most requests are refused; through the ASGI app each refusal costs a task, uvicorn's cycle, an
-exchange and the front's Python, about as much as a small served request. twinserve's own httptools protocol
-(servers/httptools.py) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
+exchange and the front's Python, about as much as a small served request. twinserve's own HTTP protocol
+(servers/asgi/) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
 answer and discards the body; the app never sees the request. The ASGI app publishes the object in the lifespan
 state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server; the Flask app publishes it in its
 `extensions`, for twinserve's sync worker (servers/sync/worker.py), whose poller asks `refusal` while requests wait
@@ -102,7 +102,7 @@ class EarlyRefusal:
     ) -> bytes | None:
         """The whole response (status line to body) when the request is refused, else None: the app takes it.
 
-        For an HTTP server that parses bytes (servers/httptools.py): `headers` are the request's, names
+        For an HTTP server that parses bytes (servers/asgi/): `headers` are the request's, names
         lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
         them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
         refusal = self.refusal(method, url, headers)

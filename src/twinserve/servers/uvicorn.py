@@ -28,7 +28,8 @@ from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
-from twinserve.servers.httptools import CONFIG_ENV, GuardedHttpToolsProtocol
+from twinserve.servers.asgi.protocol import HttpProtocol
+from twinserve.servers.asgi.settings import CONFIG_ENV
 from twinserve.servers.startup import built_or_exit, report_failure, stop_server
 from twinserve.servers.uvicorn_listeners import balanced_listener
 
@@ -140,7 +141,7 @@ def run(config: Config) -> None:
         port=config.port,
         workers=config.effective_workers,
         loop="uvloop",
-        http=GuardedHttpToolsProtocol,
+        http=HttpProtocol,  # twinserve's own HTTP/1.1 protocol (servers/asgi/)
         lifespan="on",
         log_config=None,  # uvicorn's loggers propagate to the pipeline configure_logging set up
         log_level=config.log_level,

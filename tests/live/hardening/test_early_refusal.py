@@ -1,5 +1,5 @@
 """Refusal before the app: with a model's queue full, a predict request is answered 503 by the HTTP server from its
-head (fronts/early.py, servers/httptools.py), the app's answer byte for byte, and the app never runs.
+head (fronts/early.py, servers/asgi/crowd.py), the app's answer byte for byte, and the app never runs.
 
 The queue is held full deterministically: the Gate model blocks in predict until the test releases it, one batch
 of one instance computes at a time, and the queue holds 2 instances, of which priority 2 (the default here) may

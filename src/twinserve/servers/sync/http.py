@@ -1,13 +1,11 @@
 """HTTP/1.1 for the sync worker, without I/O: a connection's bytes in, whole requests out, and what a WSGI app's
 answer is written as.
 
-`RequestReader` runs llhttp (httptools, the parser uvicorn's httptools protocol uses) over a connection's bytes,
-with the limits gunicorn's parser enforced and the async server's protocol enforces (servers/httptools.py): a
-request target past `--max-request-line` is 414, a header field past `--max-header-bytes`, more than
-`--max-header-count` of them, or a head past their sum is 431; anything llhttp refuses is 400 `malformed_http`. A
-body is read whole before a thread sees the request (`Request.body`): a client that trickles it holds a socket in
-the poller, not a request thread. One past `--max-body-bytes` is not read on (`Request.too_large`): the app refuses
-it 413 from its `Content-Length`, or from the first `max + 1` bytes of a chunked one, as it does a body it reads.
+`RequestReader` runs llhttp over a connection's bytes with the head limits the async server's protocol enforces
+too (servers/http1.py `HeadReader`: 414, 431, 400 `malformed_http`). A body is read whole before a thread sees the
+request (`Request.body`): a client that trickles it holds a socket in the poller, not a request thread. One past
+`--max-body-bytes` is not read on (`Request.too_large`): the app refuses it 413 from its `Content-Length`, or from
+the first `max + 1` bytes of a chunked one, as it does a body it reads.
 """
 
 from __future__ import annotations
@@ -21,22 +19,12 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import httptools
-
-from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
+from twinserve.servers.http1 import HeadReader, Limits, ParseError
 
 __all__ = ["SERVER", "Limits", "ParseError", "Request", "RequestReader", "environ_of", "response_head"]
 
 #: The `Server` header of every answer: the worker is twinserve's, its arbiter gunicorn's.
 SERVER = "twinserve"
-
-
-class ParseError(Exception):
-    """A request the parser refused: its answer (414, 431, 400), after which the connection closes."""
-
-    def __init__(self, error: TwinserveError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 @dataclass(slots=True, eq=False)
@@ -70,99 +58,35 @@ class Request:
         return next((value for key, value in self.headers if key == name), None)
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_request_line: int
-    max_header_count: int
-    max_header_bytes: int
-    max_body_bytes: int
+class RequestReader(HeadReader):
+    """llhttp's callbacks for one connection, its heads bounded (servers/http1.py). `feed` raises ParseError;
+    requests whose head is complete come out of `heads` (their body may still be on its way: `Request.complete`) in
+    order."""
 
-    @property
-    def max_head(self) -> int:
-        return self.max_request_line + self.max_header_count * (self.max_header_bytes + 2)
-
-
-class RequestReader:
-    """llhttp's callbacks for one connection. `feed` raises ParseError; requests whose head is complete come out
-    of `heads` (their body may still be on its way: `Request.complete`) in order."""
-
-    __slots__ = (
-        "_count",
-        "_head_bytes",
-        "_headers",
-        "_in_head",
-        "_limits",
-        "_parser",
-        "_url",
-        "current",
-        "heads",
-        "started",
-        "upgraded",
-    )
+    __slots__ = ("current", "heads", "upgraded")
 
     def __init__(self, limits: Limits) -> None:
-        self._limits = limits
-        self._parser = httptools.HttpRequestParser(self)
-        self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._count = 0
-        self._head_bytes = 0
-        self._in_head = False
+        super().__init__(limits)
         #: The request whose head is in and whose body is still being read.
         self.current: Request | None = None
         self.heads: deque[Request] = deque()
-        #: Whether a request's head has begun and not ended (its deadline runs).
-        self.started = False
         #: Whether the last request asked to switch protocols: nothing after its head is read as HTTP.
         self.upgraded = False
 
     def feed(self, data: bytes) -> None:
         if self.upgraded:
             return
-        counting = self._in_head or not self.started
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        if super().feed(data) is not None:
             # A WebSocket handshake: the app answers it (501 here, after its Host, Origin and key checks); what
             # follows its head is another protocol's, never parsed, and the connection closes after the answer.
             self.upgraded = True
             if self.heads:
                 self.heads[-1].keep_alive = False
-            return
-        except httptools.HttpParserCallbackError as exc:
-            cause = exc.__context__
-            if isinstance(cause, ParseError):
-                raise cause from None
-            raise ParseError(MalformedHttp(private=str(exc))) from None
-        except httptools.HttpParserError as exc:
-            raise ParseError(MalformedHttp(private=str(exc))) from None
-        # Counted after parsing, so that a read which ends the head and carries a body is not held against it.
-        if counting and self._in_head:
-            self._head_bytes += len(data)
-            if self._head_bytes > self._limits.max_head:
-                raise ParseError(HeadersTooLarge())
 
     # -- llhttp's callbacks ------------------------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self._url, self._headers, self._count, self._head_bytes = b"", [], 0, 0
-        self._in_head = self.started = True
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        if len(self._url) > self._limits.max_request_line:
-            raise ParseError(UriTooLong())
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._in_head:
-            return  # a chunked body's trailer fields: never in the head a proxy or the app's checks saw
-        self._count += 1
-        if self._count > self._limits.max_header_count or len(name) + len(value) + 2 > self._limits.max_header_bytes:
-            raise ParseError(HeadersTooLarge())
-        self._headers.append((name.lower(), value))
-
     def on_headers_complete(self) -> None:
-        parser, headers = self._parser, self._headers
-        self._in_head = False
+        super().on_headers_complete()
+        parser, headers = self.parser, self.headers
         length: int | None = None
         chunked = expect = False
         for name, value in headers:
@@ -174,7 +98,7 @@ class RequestReader:
                 expect = value.lower().strip() == b"100-continue"
         request = Request(
             parser.get_method().decode("latin-1"),
-            self._url,
+            self.url,
             parser.get_http_version(),
             headers,
             parser.should_keep_alive(),
@@ -182,7 +106,7 @@ class RequestReader:
             chunked,
             expect,
         )
-        if length is not None and length > self._limits.max_body_bytes:
+        if length is not None and length > self.limits.max_body_bytes:
             request.too_large = True
         self.current = request
         self.heads.append(request)
@@ -192,12 +116,12 @@ class RequestReader:
         if request is None or request.too_large or request.answered:
             return
         request.body += body
-        if len(request.body) > self._limits.max_body_bytes:  # a chunked one: the app sees max + 1 and refuses it
-            del request.body[self._limits.max_body_bytes + 1 :]
+        if len(request.body) > self.limits.max_body_bytes:  # a chunked one: the app sees max + 1 and refuses it
+            del request.body[self.limits.max_body_bytes + 1 :]
             request.too_large = True
 
     def on_message_complete(self) -> None:
-        self.started = False
+        super().on_message_complete()
         request = self.current
         if request is not None:
             request.complete = True
