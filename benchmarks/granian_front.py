@@ -6,7 +6,7 @@ down in the environment as `twinserve serve` hands it), under uvicorn as `twinse
 uvloop), the same workers, side by side in alternating rounds: wrk at `--connections` over keep-alive
 connections on the built-in examples. Printed per model and workers: median req/s and P99 of the rounds, and
 granian / uvicorn. What granian would not give, whatever it measures: the refusal before the app (a 503 for a
-full queue without the app's parse, `servers/httptools.py`) and the WebSocket drain on SIGTERM.
+full queue without the app's parse, `servers/asgi/crowd.py`) and the WebSocket drain on SIGTERM.
 
 Needs granian (`pip install granian`: not a twinserve dependency) and wrk. Not CI (minutes of load on every
 core): run it alone.
@@ -26,7 +26,7 @@ from common import Server, require_wrk, warm_wrk
 
 from twinserve.config import Config
 from twinserve.lab.servers import ServerProcess, free_port
-from twinserve.servers.httptools import CONFIG_ENV
+from twinserve.servers.asgi.settings import CONFIG_ENV
 
 MODELS = {"tabular": "twinserve.examples.tabular:Classifier", "minilm": "twinserve.examples.embed:MiniLM"}
 

@@ -293,7 +293,8 @@ def test_sigterm_lets_a_stream_finish_within_the_graceful_timeout_and_cuts_an_en
     left unterminated (RFC 9112 section 7.1: the client sees an incomplete message, never a clean end), and the
     server exits 0."""
     finite, endless = tmp_path / "finite", tmp_path / "endless"
-    finite.mkdir(), endless.mkdir()
+    finite.mkdir()
+    endless.mkdir()
     steps = 15
     with Server(MODELS, arch, "--workers", "1", "--graceful-timeout", "4") as server:
         with (

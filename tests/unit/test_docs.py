@@ -174,7 +174,7 @@ def test_a_wrong_test_name_a_lost_file_or_an_untested_architecture_is_named() ->
         f"| no file | `::{redis}` |",
         "| moved | `hardening/test_nowhere.py::test_x`, `tests/unit/test_docs.py`, `tests/unit/test_nope.py` |",
         f"| sync | `{ws}[sync,async]` |",
-        "| not a test | `servers/httptools.py::GuardedHttpToolsProtocol`, `benchmarks/overload.py`, `[sync,async]` |",
+        "| not a test | `servers/asgi/protocol.py::HttpProtocol`, `benchmarks/overload.py`, `[sync,async]` |",
     ]
     assert _reference_problems("\n".join(rows)) == [
         f"line 2: `{faults}::test_gone`: no function test_gone in tests/live/{faults}",
