@@ -36,6 +36,7 @@ from uvicorn.server import ServerState
 from twinserve.errors import TwinserveError
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
+from twinserve.servers.asgi.accept import accept_waiting
 from twinserve.servers.asgi.crowd import Crowd
 from twinserve.servers.asgi.cycle import Cycle
 from twinserve.servers.asgi.settings import limits_of, served_config
@@ -133,6 +134,11 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         self._client = _address(transport.get_extra_info("peername"))
         self._scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         self.set_deadline(self.loop.time() + self.read_timeout)
+        accept_waiting(self.loop, self._sibling)  # the connections behind it in the accept queue (accept.py)
+
+    def _sibling(self) -> HttpProtocol:
+        """A protocol for another connection of the same server."""
+        return HttpProtocol(self.config, self.server_state, self.app_state, self.loop)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
