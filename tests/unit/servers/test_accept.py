@@ -31,13 +31,17 @@ def _listener() -> socket.socket:
 def _accept_all() -> list[int]:
     """`accept_waiting` until it finds nothing waiting, then the loop's turns that make the transports."""
 
+    before = list(MADE)
+
     async def main() -> list[int]:
         loop = asyncio.get_running_loop()
         counts = [accept.accept_waiting(loop, Made)]
         while counts[-1]:
             counts.append(accept.accept_waiting(loop, Made))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        deadline = loop.time() + 5
+        while len(MADE) < len(before) + sum(counts):  # each accepted connection's transport, made on the loop
+            assert loop.time() < deadline, "the accepted connections were not served"
+            await asyncio.sleep(0.001)
         return counts
 
     return uvloop.run(main())

@@ -21,6 +21,7 @@ from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 from twinserve.fronts.early import EARLY_REFUSAL_STATE
 from twinserve.servers.asgi.protocol import HIGH_WATER, HttpProtocol
 from twinserve.servers.asgi.settings import CONFIG_ENV, served_config
+from twinserve.servers.holding import TICK_S
 
 READ_TIMEOUT_S = 0.3
 GET = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n"
@@ -99,11 +100,18 @@ async def connection(
 
 async def settle(state: ServerState) -> None:
     """Until every app task has finished (and the loop has run the callbacks they left)."""
-    for _ in range(100):
-        await asyncio.sleep(0)
-        if not state.tasks:
-            break
-    await asyncio.sleep(0)
+    while state.tasks:
+        await asyncio.wait_for(asyncio.gather(*state.tasks, return_exceptions=True), 5)
+    await asyncio.sleep(0)  # one turn: the callbacks the tasks left (a head's flush, a closed connection's loss)
+
+
+async def until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Let the loop run until `condition()` holds; fail after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, f"not within {timeout} s"
+        await asyncio.sleep(0.001)
 
 
 def responses(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
@@ -202,16 +210,20 @@ def test_the_scope_has_the_path_decoded_the_query_the_root_path_and_a_copy_of_th
 
 
 def test_pipelined_requests_are_answered_in_order() -> None:
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["path"] == "/slow":
-            await asyncio.sleep(0.05)
-        await text_app(scope["path"].encode())(scope, receive, send)
-
     async def test() -> None:
+        slow_entered, go = asyncio.Event(), asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["path"] == "/slow":
+                slow_entered.set()
+                await go.wait()
+            await text_app(scope["path"].encode())(scope, receive, send)
+
         async with connection(app) as (protocol, transport, state):
             protocol.data_received(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\nGET /fast HTTP/1.1\r\nHost: t\r\n\r\n")
             assert not transport.reading  # nothing more is read while a request waits behind another
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(slow_entered.wait(), 5)
+            go.set()
             await settle(state)
             assert [body for _, _, body in responses(transport.take())] == [b"/slow", b"/fast"]
             assert transport.reading
@@ -235,7 +247,7 @@ def test_a_response_without_a_length_is_chunked_and_a_chunked_request_body_arriv
     async def test() -> None:
         async with connection(app) as (protocol, transport, state):
             protocol.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-            await asyncio.sleep(0)
+            await until(lambda: received)  # the app has the first part before the rest arrives
             protocol.data_received(b"1\r\n!\r\n0\r\n\r\n")
             await settle(state)
             [(_status, headers, body)] = responses(transport.take())
@@ -277,7 +289,7 @@ def test_a_response_is_one_write_and_a_streams_head_goes_out_before_its_first_pa
 
         async with connection(stream) as (protocol, transport, state):
             protocol.data_received(GET)
-            await asyncio.sleep(0.01)
+            await until(lambda: transport.written)
             assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n") and transport.written.endswith(b"\r\n\r\n")
             part.set()
             await settle(state)
@@ -309,22 +321,21 @@ def test_head_and_204_get_no_body() -> None:
 
 
 def test_100_continue_is_sent_only_when_the_app_first_reads_the_body() -> None:
-    reading = asyncio.Event
-
     async def test() -> None:
-        go = reading()
+        entered, go = asyncio.Event(), asyncio.Event()
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
+            entered.set()
             await go.wait()
             message = await receive()
             await text_app(message["body"])(scope, receive, send)
 
         async with connection(app) as (protocol, transport, state):
             protocol.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
-            await asyncio.sleep(0.01)
+            await asyncio.wait_for(entered.wait(), 5)  # the app runs, and has not read yet
             assert transport.take() == b""
             go.set()
-            await asyncio.sleep(0.01)
+            await until(lambda: transport.written)
             assert transport.take() == b"HTTP/1.1 100 Continue\r\n\r\n"
             protocol.data_received(b"hi")
             await settle(state)
@@ -428,18 +439,17 @@ def test_a_head_trickled_past_its_byte_bound_is_431() -> None:
 
 
 def test_a_malformed_request_behind_one_being_answered_is_refused_after_its_answer() -> None:
-    release = asyncio.Event
-
     async def test() -> None:
-        go = release()
+        entered, go = asyncio.Event(), asyncio.Event()
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
+            entered.set()
             await go.wait()
             await text_app()(scope, receive, send)
 
         async with connection(app) as (protocol, transport, state):
             protocol.data_received(GET + b"GARBAGE\r\n\r\n")
-            await asyncio.sleep(0)
+            await asyncio.wait_for(entered.wait(), 5)
             assert transport.take() == b""
             go.set()
             await settle(state)
@@ -452,8 +462,8 @@ def test_a_head_not_in_by_the_read_timeout_closes_the_connection_and_a_whole_one
     async def test() -> None:
         async with connection(text_app()) as (protocol, transport, state):
             protocol.data_received(b"GET / HTTP/1.1\r\nHost")
-            await asyncio.sleep(READ_TIMEOUT_S * 1.5)
-            assert transport.closed and transport.take() == b""
+            await until(lambda: transport.closed)  # at the read timeout, READ_TIMEOUT_S
+            assert transport.take() == b""
         async with connection(text_app(), timeout_keep_alive=100) as (protocol, transport, state):
             timer = protocol._timer
             for _ in range(3):
@@ -470,8 +480,7 @@ def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout() -> 
             protocol.data_received(GET)
             await settle(state)
             assert not transport.closed
-            await asyncio.sleep(0.25)
-            assert transport.closed
+            await until(lambda: transport.closed)  # at the keep-alive timeout
 
     run(test)
 
@@ -533,8 +542,7 @@ def test_a_refused_body_not_in_by_the_read_timeout_closes_the_connection() -> No
         early = _Refusing()
         async with connection(text_app(), app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, _state):
             protocol.data_received(b"POST /full HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n12345")
-            await asyncio.sleep(READ_TIMEOUT_S * 1.5)
-            assert transport.closed
+            await until(lambda: transport.closed)  # at the read timeout, READ_TIMEOUT_S
 
     run(test)
 
@@ -570,11 +578,10 @@ def test_a_connection_answered_while_its_model_is_full_is_held_unread_until_the_
             await settle(state)
             assert responses(transport.take())[0][0] == 200
             assert not transport.reading  # its next request waits in TCP
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(10 * TICK_S)  # a negative check: ten of the holds' polls pass, and it stays held
             assert not transport.reading
             queue.free = 1
-            await asyncio.sleep(0.02)
-            assert transport.reading
+            await until(lambda: transport.reading)
             protocol.data_received(GET)
             await settle(state)
             assert responses(transport.take())[0][0] == 200 and transport.reading
@@ -613,9 +620,10 @@ def test_a_clients_connection_close_closes_after_the_answer() -> None:
 
 def test_shutdown_closes_an_idle_connection_and_lets_a_running_request_finish_with_connection_close() -> None:
     async def test() -> None:
-        go = asyncio.Event()
+        entered, go = asyncio.Event(), asyncio.Event()
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
+            entered.set()
             await go.wait()
             await text_app()(scope, receive, send)
 
@@ -624,7 +632,7 @@ def test_shutdown_closes_an_idle_connection_and_lets_a_running_request_finish_wi
             assert transport.closed
         async with connection(app) as (protocol, transport, state):
             protocol.data_received(GET)
-            await asyncio.sleep(0)
+            await asyncio.wait_for(entered.wait(), 5)
             protocol.shutdown()
             assert not transport.closed
             go.set()
@@ -700,8 +708,7 @@ def test_a_large_body_pauses_reading_until_the_app_takes_it() -> None:
             protocol.data_received(b"x" * (2 * HIGH_WATER))
             assert not transport.reading
             go.set()
-            await asyncio.sleep(0.01)
-            assert transport.reading
+            await until(lambda: transport.reading)
             protocol.data_received(b"x" * HIGH_WATER)
             await settle(state)
             assert sum(sizes) == size and responses(transport.take())[0][0] == 200
@@ -711,10 +718,16 @@ def test_a_large_body_pauses_reading_until_the_app_takes_it() -> None:
 
 def test_send_waits_while_the_transport_is_paused_for_writing() -> None:
     async def test() -> None:
-        async with connection(text_app()) as (protocol, transport, state):
+        sending = asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            sending.set()  # its task goes on into `send`, and waits there, before this test's wakes
+            await text_app()(scope, receive, send)
+
+        async with connection(app) as (protocol, transport, state):
             protocol.pause_writing()
             protocol.data_received(GET)
-            await asyncio.sleep(0.01)
+            await asyncio.wait_for(sending.wait(), 5)
             assert transport.take() == b""
             protocol.resume_writing()
             await settle(state)
