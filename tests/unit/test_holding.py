@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twinserve.servers.holding import TICK_S, Holding, ReadHolds
+from twinserve.servers.http1 import Limits
 from twinserve.servers.sync.connection import Connection, pass_order
-from twinserve.servers.sync.http import Limits
 
 LIMITS = Limits(max_request_line=8190, max_header_count=100, max_header_bytes=8190, max_body_bytes=1 << 20)
 

@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from twinserve.errors import HeadersTooLarge, MalformedHttp, UriTooLong
-from twinserve.servers.sync.http import Limits, ParseError, RequestReader, environ_of, response_head
+from twinserve.servers.http1 import Limits, ParseError
+from twinserve.servers.sync.http import RequestReader, environ_of, response_head
 from twinserve.servers.sync.input import BodyInput
 from twinserve.servers.sync.response import ResponseWriter
 

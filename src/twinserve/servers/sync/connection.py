@@ -6,7 +6,8 @@ import selectors
 import socket
 from typing import Any
 
-from twinserve.servers.sync.http import Limits, RequestReader
+from twinserve.servers.http1 import Limits
+from twinserve.servers.sync.http import RequestReader
 
 __all__ = ["Connection", "pass_order"]
 

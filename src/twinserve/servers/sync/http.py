@@ -19,9 +19,9 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from twinserve.servers.http1 import HeadReader, Limits, ParseError
+from twinserve.servers.http1 import HeadReader, Limits
 
-__all__ = ["SERVER", "Limits", "ParseError", "Request", "RequestReader", "environ_of", "response_head"]
+__all__ = ["SERVER", "Request", "RequestReader", "environ_of", "response_head"]
 
 #: The `Server` header of every answer: the worker is twinserve's, its arbiter gunicorn's.
 SERVER = "twinserve"

@@ -37,17 +37,12 @@ from twinserve.errors import TwinserveError, internal_error
 from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
+from twinserve.servers.http1 import Limits, ParseError
 from twinserve.servers.sync.admission import PollerAdmission
 from twinserve.servers.sync.answers import front_answer
 from twinserve.servers.sync.balance import Balance
 from twinserve.servers.sync.connection import Connection, pass_order
-from twinserve.servers.sync.http import (
-    Limits,
-    ParseError,
-    Request,
-    environ_of,
-    response_head,
-)
+from twinserve.servers.sync.http import Request, environ_of, response_head
 from twinserve.servers.sync.input import BodyInput
 from twinserve.servers.sync.response import ResponseWriter
 from twinserve.servers.sync.threads import QUICK, LevelledThreadPool
