@@ -16,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 
 from tests.conftest import ARCHS
 from tests.errors import error_fields, without_request_id
-from tests.serving import Server, model_path, servers_per_arch
+from tests.serving import HTTP, Server, model_path, servers_per_arch
 from twinserve.cli import build_parser
 from twinserve.config import load_config
 from twinserve.errors import ConfigError, CorsRejected, RateLimited, Unauthorized
@@ -25,6 +25,8 @@ from twinserve.fronts.contract import Service
 from twinserve.fronts.cors import ALLOWED_HEADERS, CorsPolicy
 
 KEY_FLAG, KEY_FILE, KEY_LIMITED = "flag-key-0123456789", "file-key-0123456789", "limited-key-0123456789"
+#: The WebSocket test's own key: its bucket is full when the test starts, whatever the HTTP tests spent of theirs.
+KEY_SOCKET = "socket-key-0123456789"
 ORIGIN = "https://app.example"
 IRIS = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 
@@ -165,7 +167,7 @@ def test_cors_policy() -> None:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     """One server per architecture with keys from a flag and a file, CORS for one origin."""
     key_file = tmp_path_factory.mktemp("keys") / "keys"
-    key_file.write_text(f"# test keys\n{KEY_FILE}\n{KEY_LIMITED}\n")
+    key_file.write_text(f"# test keys\n{KEY_FILE}\n{KEY_LIMITED}\n{KEY_SOCKET}\n")
 
     def make(arch: str) -> Server:
         return Server(
@@ -197,7 +199,7 @@ def secure_server(request: pytest.FixtureRequest, secured: dict[str, Server]) ->
 
 
 def _predict(server: Server, headers: dict[str, str], path: str = "/v1/models/iris:predict") -> httpx.Response:
-    return httpx.post(server.url + path, json={"instances": [IRIS]}, headers=headers, timeout=30)
+    return HTTP.post(server.url + path, json={"instances": [IRIS]}, headers=headers, timeout=30)
 
 
 def test_a_key_from_each_source_in_each_header(secure_server: Server) -> None:
@@ -221,26 +223,26 @@ def test_missing_or_wrong_key_is_401_with_a_challenge(
     secure_server: Server, headers: dict[str, str], challenge: str
 ) -> None:
     for path in ("/v1/models/iris:predict", "/v1/models", "/v1/models/iris", "/openapi.json", "/docs", "/nowhere"):
-        response = httpx.get(secure_server.url + path, headers=headers) if "predict" not in path else None
+        response = HTTP.get(secure_server.url + path, headers=headers) if "predict" not in path else None
         response = response or _predict(secure_server, headers, path)
         assert response.status_code == 401, (path, response.text)
         assert response.headers["www-authenticate"] == challenge
         error = error_fields(response.json())
         assert error["code"] == "unauthorized" and error["request_id"] == response.headers["x-request-id"]
         assert KEY_FLAG[:-1] not in response.text
-    v2 = httpx.post(secure_server.url + "/v2/models/iris/infer", json={}, headers=headers)
+    v2 = HTTP.post(secure_server.url + "/v2/models/iris/infer", json={}, headers=headers)
     assert v2.status_code == 401 and v2.headers["www-authenticate"] == challenge
     assert list(v2.json()) == ["error"] and "API key" in v2.json()["error"]  # the V2 error body
 
 
 def test_probes_and_scrapes_stay_open(secure_server: Server) -> None:
-    assert httpx.get(secure_server.url + "/v2/health/live").json() == {"live": True}
-    assert httpx.get(secure_server.url + "/v2/health/ready").json() == {"ready": True}
-    assert httpx.get(secure_server.url + "/metrics").status_code == 200
+    assert HTTP.get(secure_server.url + "/v2/health/live").json() == {"live": True}
+    assert HTTP.get(secure_server.url + "/v2/health/ready").json() == {"ready": True}
+    assert HTTP.get(secure_server.url + "/metrics").status_code == 200
 
 
 def test_openapi_declares_the_keys(secure_server: Server) -> None:
-    doc = httpx.get(secure_server.url + "/openapi.json", headers={"X-API-Key": KEY_FILE}).json()
+    doc = HTTP.get(secure_server.url + "/openapi.json", headers={"X-API-Key": KEY_FILE}).json()
     assert set(doc["components"]["securitySchemes"]) == {"bearer", "apiKey"}
     assert doc["components"]["securitySchemes"]["apiKey"] == {"type": "apiKey", "in": "header", "name": "X-API-Key"}
     assert doc["security"] == [{"bearer": []}, {"apiKey": []}]
@@ -282,7 +284,7 @@ def _cors_exchanges(server: Server) -> list[tuple[int, dict[str, str], Any]]:
     seen = []
     for method, path, headers in requests:
         body = {"instances": [IRIS]} if method == "POST" else None
-        response = httpx.request(method, server.url + path, headers=headers, json=body, timeout=30)
+        response = HTTP.request(method, server.url + path, headers=headers, json=body, timeout=30)
         kept = {
             k: v
             for k, v in response.headers.items()
@@ -355,7 +357,7 @@ def test_websocket_origin_and_per_key_rate_limit(secured: dict[str, Server], arc
         assert refused.value.response.status_code == 403
         assert error_fields(json.loads(refused.value.response.body or b""))["code"] == "cors_rejected"
         # Each message is charged to the handshake's key (5 requests/s here): a burst of 20 is partly refused.
-        async with connect(url, additional_headers={"X-API-Key": KEY_LIMITED, "Origin": ORIGIN}) as socket:
+        async with connect(url, additional_headers={"X-API-Key": KEY_SOCKET, "Origin": ORIGIN}) as socket:
             for i in range(20):
                 await socket.send(json.dumps({"id": str(i), "instances": [IRIS]}))
             answers = [json.loads(await socket.recv()) for _ in range(20)]
@@ -370,7 +372,7 @@ def test_streams_carry_cors_headers_in_every_architecture(secured: dict[str, Ser
     headers = {"X-API-Key": KEY_FLAG, "Origin": ORIGIN}
     body = {"instances": [{"text": "a b c", "max_tokens": 3}]}
     for arch, server in secured.items():
-        with httpx.stream("POST", server.url + "/v1/models/tokens:stream", json=body, headers=headers) as response:
+        with HTTP.stream("POST", server.url + "/v1/models/tokens:stream", json=body, headers=headers) as response:
             assert response.status_code == 200, arch
             assert response.headers["access-control-allow-origin"] == ORIGIN, arch
             assert response.headers["content-type"].startswith("text/event-stream"), arch

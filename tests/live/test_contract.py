@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from tests.errors import error_fields, without_request_id
-from tests.serving import Server, predict, wait_for_file
+from tests.serving import HTTP, Server, predict, wait_for_file
 from twinserve.examples.io import entity_features
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
@@ -28,19 +28,19 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
 
 # -- metadata and health ---------------------------------------------------------------------------------------
 def test_health(server: Server) -> None:
-    assert httpx.get(server.url + "/v2/health/live").json() == {"live": True}
-    assert httpx.get(server.url + "/v2/health/ready").json() == {"ready": True}
+    assert HTTP.get(server.url + "/v2/health/live").json() == {"live": True}
+    assert HTTP.get(server.url + "/v2/health/ready").json() == {"ready": True}
 
 
 def test_list_models(server: Server) -> None:
-    names = httpx.get(server.url + "/v1/models").json()["models"]  # KServe V1's listing: names
+    names = HTTP.get(server.url + "/v1/models").json()["models"]  # KServe V1's listing: names
     assert {"iris", "feature-lookup", "echo", "async-echo", "faulty", "gate", "where"} <= set(names)
-    details = [httpx.get(f"{server.url}/v1/models/{name}").json() for name in names]
+    details = [HTTP.get(f"{server.url}/v1/models/{name}").json() for name in names]
     assert all(m["ready"] and m["version"] == "1" for m in details)
 
 
 def test_model_metadata(server: Server) -> None:
-    meta = httpx.get(server.url + "/v1/models/iris").json()
+    meta = HTTP.get(server.url + "/v1/models/iris").json()
     assert meta["name"] == "iris" and meta["ready"] is True
     assert set(meta["input_schema"]["required"]) == set(SETOSA)
     assert meta["output_schema"]["title"] == "IrisPrediction"
@@ -48,21 +48,21 @@ def test_model_metadata(server: Server) -> None:
 
 
 def test_openapi_documents_each_model(server: Server) -> None:
-    doc = httpx.get(server.url + "/openapi.json").json()
+    doc = HTTP.get(server.url + "/openapi.json").json()
     body = doc["paths"]["/v1/models/iris:predict"]["post"]["requestBody"]["content"]["application/json"]
     assert body["example"]["instances"][0] == SETOSA
     request_schema = doc["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
     assert request_schema["properties"]["instances"]["items"]["$ref"] == "#/components/schemas/IrisFeatures"
     assert "petal_width" in doc["components"]["schemas"]["IrisFeatures"]["properties"]
     assert "/v2/health/ready" in doc["paths"]
-    page = httpx.get(server.url + "/docs")
+    page = HTTP.get(server.url + "/docs")
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     assert 'url: "/openapi.json"' in page.text
 
 
 def test_openapi_is_the_same_in_every_architecture(servers: dict[str, Server]) -> None:
-    docs = [httpx.get(s.url + "/openapi.json").json() for s in servers.values()]
+    docs = [HTTP.get(s.url + "/openapi.json").json() for s in servers.values()]
     assert all(d == docs[0] for d in docs)
 
 
@@ -129,7 +129,7 @@ def test_concurrent_requests_get_their_own_answers(server: Server) -> None:
 def test_request_id_is_echoed_or_generated(server: Server) -> None:
     echoed = predict(server, "echo", [1], headers={"X-Request-ID": "abc-123"})
     assert echoed.headers["x-request-id"] == "abc-123"
-    generated = {httpx.get(server.url + "/v2/health/live").headers["x-request-id"] for _ in range(40)}
+    generated = {HTTP.get(server.url + "/v2/health/live").headers["x-request-id"] for _ in range(40)}
     assert len(generated) == 40  # unique across the server's worker processes too
     assert all(len(rid) == 32 for rid in generated)
     unsafe = predict(server, "echo", [1], headers={"X-Request-ID": "bad id\twith spaces"})
@@ -140,7 +140,7 @@ def test_request_id_is_echoed_or_generated(server: Server) -> None:
 
 # -- errors ------------------------------------------------------------------------------------------------
 def test_malformed_json_is_400(server: Server) -> None:
-    response = httpx.post(
+    response = HTTP.post(
         f"{server.url}/v1/models/iris:predict",
         content=b'{"instances": [',
         headers={"content-type": "application/json"},
@@ -159,25 +159,25 @@ def test_schema_violation_is_422_naming_index_and_field(server: Server) -> None:
         "validation_failed",
     )
     assert missing["message"] == "instances[0].sepal_width: Field required"
-    no_instances = httpx.post(f"{server.url}/v1/models/iris:predict", json={"rows": []})
+    no_instances = HTTP.post(f"{server.url}/v1/models/iris:predict", json={"rows": []})
     assert assert_error(no_instances, 422, "validation_failed")["message"].startswith("instances:")
-    not_object = httpx.post(f"{server.url}/v1/models/iris:predict", json=[1, 2])
+    not_object = HTTP.post(f"{server.url}/v1/models/iris:predict", json=[1, 2])
     assert_error(not_object, 422, "validation_failed")
     assert_error(predict(server, "iris", []), 422, "validation_failed")
 
 
 def test_unknown_model_is_404(server: Server) -> None:
     assert "'nope'" in assert_error(predict(server, "nope", [1]), 404, "model_not_found")["message"]
-    assert_error(httpx.get(server.url + "/v1/models/nope"), 404, "model_not_found")
-    assert_error(httpx.get(server.url + "/v1/nothing/here"), 404, "not_found")
+    assert_error(HTTP.get(server.url + "/v1/models/nope"), 404, "model_not_found")
+    assert_error(HTTP.get(server.url + "/v1/nothing/here"), 404, "not_found")
 
 
 def test_wrong_method_is_405(server: Server) -> None:
-    response = httpx.get(server.url + "/v1/models/iris:predict")
+    response = HTTP.get(server.url + "/v1/models/iris:predict")
     assert_error(response, 405, "method_not_allowed")
     assert response.headers["allow"] == "POST"
-    assert_error(httpx.post(server.url + "/v1/models", json={}), 405, "method_not_allowed")
-    assert_error(httpx.delete(server.url + "/v2/health/live"), 405, "method_not_allowed")
+    assert_error(HTTP.post(server.url + "/v1/models", json={}), 405, "method_not_allowed")
+    assert_error(HTTP.delete(server.url + "/v2/health/live"), 405, "method_not_allowed")
 
 
 def test_oversized_body_is_413(server: Server) -> None:
@@ -190,7 +190,7 @@ def test_oversized_body_is_413(server: Server) -> None:
             yield b'"' + b"x" * 1000 + b'",'
         yield b'"end"]}'
 
-    chunked = httpx.post(
+    chunked = HTTP.post(
         f"{server.url}/v1/models/echo:predict", content=chunks(), headers={"content-type": "application/json"}
     )
     assert_error(chunked, 413, "payload_too_large")
@@ -198,13 +198,13 @@ def test_oversized_body_is_413(server: Server) -> None:
 
 
 def test_wrong_content_type_is_415(server: Server) -> None:
-    response = httpx.post(
+    response = HTTP.post(
         f"{server.url}/v1/models/echo:predict",
         content=b'{"instances": [1]}',
         headers={"content-type": "text/plain"},
     )
     assert "text/plain" in assert_error(response, 415, "unsupported_media_type")["message"]
-    charset = httpx.post(
+    charset = HTTP.post(
         f"{server.url}/v1/models/echo:predict",
         content=b'{"instances": [1]}',
         headers={"content-type": "application/json; charset=utf-8"},
@@ -239,7 +239,7 @@ def test_blocking_predict_does_not_stall_health(server: Server, tmp_path: Path) 
         pending = pool.submit(predict, server, "gate", [{"gate": str(gate)}])
         wait_for_file(gate.with_suffix(".started"))
         # predict is now blocked inside the model; the server must still answer other requests.
-        assert httpx.get(server.url + "/v2/health/ready", timeout=10).status_code == 200
+        assert HTTP.get(server.url + "/v2/health/ready", timeout=10).status_code == 200
         assert predict(server, "echo", [1]).status_code == 200
         assert not pending.done()
         gate.with_suffix(".release").touch()
@@ -248,7 +248,7 @@ def test_blocking_predict_does_not_stall_health(server: Server, tmp_path: Path) 
 
 def test_blocking_model_code_runs_off_the_event_loop(server: Server) -> None:
     where = predict(server, "where", [1]).json()["predictions"][0]
-    serving = httpx.get(server.url + "/v1/models/where").json()["serving"]
+    serving = HTTP.get(server.url + "/v1/models/where").json()["serving"]
     if serving["executor"] == "process":  # hybrid: in a model-worker process
         assert where["process"] == "twinserve-model-worker"
         assert len(serving["worker_pids"]) == 1

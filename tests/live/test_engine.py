@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.errors import error_fields
-from tests.serving import Server, model_path, predict, read_response, sample, scrape, wait_for_file
+from tests.serving import HTTP, Server, model_path, predict, read_response, sample, scrape, wait_for_file
 
 #: Sync batches across the request threads of one process, so give it one process with enough threads.
 SAME_PROCESS = {
@@ -76,7 +76,7 @@ def test_requests_queued_behind_a_busy_model_are_computed_as_one_batch(batching_
     url = f"{server.url}/v1/models/batchrecorder:predict"
 
     def ask(instance: Any) -> dict[str, Any]:
-        response = httpx.post(url, json={"instances": [instance]}, timeout=60)
+        response = HTTP.post(url, json={"instances": [instance]}, timeout=60)
         assert response.status_code == 200, response.text
         answer: dict[str, Any] = response.json()["predictions"][0]
         return answer
@@ -96,7 +96,7 @@ def test_requests_queued_behind_a_busy_model_are_computed_as_one_batch(batching_
 def wait_for_queue(server: Server, model: str, instances: int) -> None:
     deadline = time.monotonic() + 30
     while True:
-        serving = httpx.get(f"{server.url}/v1/models/{model}").json()["serving"]
+        serving = HTTP.get(f"{server.url}/v1/models/{model}").json()["serving"]
         if serving["queued_instances"] == instances:
             return
         assert time.monotonic() < deadline, f"queue never reached {instances}: {serving}"
@@ -180,7 +180,7 @@ def test_deadline_is_504_and_expired_requests_are_not_computed(arch: str, tmp_pa
 def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path) -> None:
     flags = ["--model-workers", "2", "--max-batch-size", "1", "--workers", "1"]
     with Server([model_path("Gate"), model_path("Echo")], "hybrid", *flags) as server:
-        before = httpx.get(server.url + "/v1/models/gate").json()["serving"]["worker_pids"]
+        before = HTTP.get(server.url + "/v1/models/gate").json()["serving"]["worker_pids"]
         assert len(before) == 2
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             doomed = pool.submit(predict, server, "gate", [_gate(tmp_path, "doomed")])
@@ -198,7 +198,7 @@ def test_killed_model_worker_fails_only_its_batch_and_is_replaced(tmp_path: Path
         assert set(statuses) <= {200, 503} and statuses.count(200) >= len(statuses) - 1
         deadline = time.monotonic() + 60
         while True:
-            serving = httpx.get(server.url + "/v1/models/gate").json()["serving"]
+            serving = HTTP.get(server.url + "/v1/models/gate").json()["serving"]
             if len(serving["worker_pids"]) == 2 and victim not in serving["worker_pids"]:
                 break
             assert time.monotonic() < deadline, f"worker never replaced: {serving}"
@@ -218,7 +218,7 @@ def test_rate_limit_is_429_with_retry_after(arch: str) -> None:
         assert limited.status_code == 429
         assert error_fields(limited.json())["code"] == "rate_limited"
         assert int(limited.headers["retry-after"]) >= 1
-        assert httpx.get(server.url + "/v2/health/ready").status_code == 200  # probes are never limited
+        assert HTTP.get(server.url + "/v2/health/ready").status_code == 200  # probes are never limited
         assert sample(scrape(server), "twinserve_rejected_requests_total", model="echo", reason="rate_limit") == 2
 
 
@@ -242,7 +242,7 @@ def test_cache_answers_repeats_without_computing(arch: str) -> None:
         again = predict(server, "batchrecorder", [{"j": 2, "k": 1}, "new", "a"]).json()["predictions"]
         assert again[0] == first[1] and again[2] == first[0]  # same predict call: served from the cache
         assert again[1]["call"] != first[0]["call"] and again[1]["size"] == 1  # only the new one was computed
-        cache = httpx.get(server.url + "/v1/models/batchrecorder").json()["serving"]["cache"]
+        cache = HTTP.get(server.url + "/v1/models/batchrecorder").json()["serving"]["cache"]
         assert cache["hits"] == 2 and cache["misses"] == 3 and cache["entries"] == 3
 
 
@@ -259,5 +259,5 @@ def test_client_that_disconnects_while_queued_leaves_the_queue(arch: str, tmp_pa
         _release(tmp_path, "after")
         assert predict(server, "gate", [_gate(tmp_path, "after")]).status_code == 200
         assert not (tmp_path / "gone.started").exists()
-        batches = httpx.get(server.url + "/v1/models/gate").json()["serving"]["batches"]
+        batches = HTTP.get(server.url + "/v1/models/gate").json()["serving"]["batches"]
         assert batches["cancelled"] == 1 and batches["count"] == 2

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -21,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ARCHS
 from tests.grpc_models import DATATYPES, TYPED
-from tests.serving import ROOT, Server, free_port, model_path, sample, scrape, servers_per_arch, wait_for_file
+from tests.serving import HTTP, ROOT, Server, free_port, model_path, sample, scrape, servers_per_arch, wait_for_file
 from twinserve.lab.servers import announced_grpc
 
 KEY = "grpc-test-key-0123456789"
@@ -142,7 +141,7 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
 
 
 def test_metadata_and_config_match_rest(server: GrpcServer, client: triton.InferenceServerClient) -> None:
-    rest = httpx.get(f"{server.url}/v2/models/everytype/config", headers=AUTH, timeout=30).json()
+    rest = HTTP.get(f"{server.url}/v2/models/everytype/config", headers=AUTH, timeout=30).json()
     config = client.get_model_config("everytype", headers=AUTH, as_json=True)["config"]
     assert config["name"] == rest["name"] and int(config["max_batch_size"]) == rest["max_batch_size"]
     assert [(t["name"], t["data_type"]) for t in config["input"]] == [
@@ -226,7 +225,7 @@ def test_the_same_predictions_as_rest(server: GrpcServer, client: triton.Inferen
             {"name": "scale", "datatype": "FP64", "shape": [2], "data": scales},
         ]
     }
-    rest = httpx.post(f"{server.url}/v2/models/affine/infer", json=body, headers=AUTH, timeout=30).json()
+    rest = HTTP.post(f"{server.url}/v2/models/affine/infer", json=body, headers=AUTH, timeout=30).json()
     result = client.infer("affine", affine_inputs(rows, scales), headers=AUTH)
     by_name = {o["name"]: o["data"] for o in rest["outputs"]}
     assert result.as_numpy("y").reshape(-1).tolist() == by_name["y"]
@@ -333,7 +332,7 @@ def test_stream_infer_streams_a_streaming_model(server: GrpcServer, client: trit
         client.stop_stream()
     assert [error for _, error in answers] == [None] * 4, [str(e) for _, e in answers]
     words = [result.as_numpy("output").tolist()[0][0] for result, _ in answers]  # shape [1, 1]: one chunk
-    rest = httpx.post(
+    rest = HTTP.post(
         f"{server.url}/v1/models/tokens:stream",
         json={"instances": [{"text": "Why stream?", "max_tokens": 4}]},
         headers=AUTH,

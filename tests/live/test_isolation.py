@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.live.test_engine import SAME_PROCESS, wait_for_queue
-from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file
+from tests.serving import HTTP, Server, model_path, predict, sample, scrape, wait_for_file
 
 #: One request each, queued in this order into one batch: (request id, instances, predictions or None if 500).
 REQUESTS: list[tuple[str, list[str], list[str] | None]] = [
@@ -77,7 +77,7 @@ def test_only_the_poisoned_requests_of_a_batch_fail(arch: str, tmp_path: Path) -
             for outcome in ("answered", "failed")
         }
         assert outcomes == {"answered": 3, "failed": 2}
-        isolation = httpx.get(server.url + "/v1/models/poison").json()["serving"]["failure_isolation"]
+        isolation = HTTP.get(server.url + "/v1/models/poison").json()["serving"]["failure_isolation"]
         assert isolation == {"max_reruns": 32, "batches": 1, "reruns": 8, "failed_requests": 2}
         server.wait_for_output("isolated 2 failing request(s) req-b, req-d, 3 answered")
 
@@ -88,7 +88,7 @@ def test_only_the_poisoned_requests_of_a_batch_fail(arch: str, tmp_path: Path) -
         samples = scrape(server)
         assert _batches(samples, "poison-whole") == (2, 1 + INSTANCES)
         assert sample(samples, "twinserve_batch_isolations_total", model="poison-whole") == 0
-        serving = httpx.get(server.url + "/v1/models/poison-whole").json()["serving"]
+        serving = HTTP.get(server.url + "/v1/models/poison-whole").json()["serving"]
         assert serving["failure_isolation"]["max_reruns"] == 0
 
 

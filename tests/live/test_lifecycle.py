@@ -5,11 +5,10 @@ from __future__ import annotations
 import concurrent.futures
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path, predict, wait_for_file
+from tests.serving import HTTP, Server, model_path, predict, wait_for_file
 from twinserve.core.heap import YOUNG_THRESHOLD
 
 #: What each server logs once it has begun a graceful shutdown.
@@ -76,4 +75,4 @@ def test_sync_worker_class_handles_requests_in_the_worker_main_thread() -> None:
 
 def test_default_model_is_the_tabular_example() -> None:
     with Server([], "async") as server:
-        assert httpx.get(server.url + "/v1/models").json()["models"] == ["iris"]
+        assert HTTP.get(server.url + "/v1/models").json()["models"] == ["iris"]

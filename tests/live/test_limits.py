@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ARCHS
 from tests.errors import error_fields
-from tests.serving import Server, model_path, predict, servers_per_arch, wait_for_file
+from tests.serving import HTTP, Server, model_path, predict, servers_per_arch, wait_for_file
 
 MAX_BODY, MAX_INSTANCES, MAX_ELEMENTS = 4096, 8, 20
 MAX_LINE, MAX_HEADERS, MAX_HEADER_BYTES, MAX_TIMEOUT_MS = 1024, 30, 2048, 300
@@ -71,7 +71,7 @@ def affine(server: Server, rows: int) -> httpx.Response:
             {"name": "scale", "datatype": "FP64", "shape": [rows], "data": [2.0] * rows},
         ]
     }
-    return httpx.post(server.url + "/v2/models/affine/infer", json=body, timeout=30)
+    return HTTP.post(server.url + "/v2/models/affine/infer", json=body, timeout=30)
 
 
 def test_body_size(server: Server) -> None:
@@ -84,7 +84,7 @@ def test_body_size(server: Server) -> None:
         yield b"x" * MAX_BODY
         yield b'"]}'
 
-    chunked = httpx.post(server.url + "/v1/models/echo:predict", content=chunks(), timeout=30)
+    chunked = HTTP.post(server.url + "/v1/models/echo:predict", content=chunks(), timeout=30)
     assert_error(chunked, 413, "payload_too_large")
 
 
@@ -106,17 +106,17 @@ def test_v2_rows_and_tensor_elements(server: Server) -> None:
     assert f"at most {MAX_ELEMENTS}" in seven.json()["error"] and "--max-tensor-elements" in seven.json()["error"]
     # A declared shape is enough: elements are counted before any data is decoded.
     huge = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [10**12, 2], "data": [1.0]}]}
-    refused = httpx.post(server.url + "/v2/models/affine/infer", json=huge, timeout=30)
+    refused = HTTP.post(server.url + "/v2/models/affine/infer", json=huge, timeout=30)
     assert refused.status_code == 413 and "--max-tensor-elements" in refused.json()["error"]
     rows = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [3, 2], "data": [1.0] * 6}]}
-    ok = httpx.post(server.url + "/v2/models/affine/infer", json=rows, timeout=30)
+    ok = HTTP.post(server.url + "/v2/models/affine/infer", json=rows, timeout=30)
     assert ok.status_code == 400 and "scale" in ok.json()["error"]  # under the limit: on to the usual checks
 
 
 def test_v2_rows_per_request(server: Server) -> None:
     rows = MAX_INSTANCES + 1
     body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [rows], "data": ["1"] * rows}]}
-    response = httpx.post(server.url + "/v2/models/echo/infer", json=body, timeout=30)
+    response = HTTP.post(server.url + "/v2/models/echo/infer", json=body, timeout=30)
     assert response.status_code == 413, response.text
     assert f"at most {MAX_INSTANCES} rows" in response.json()["error"]
 
@@ -240,7 +240,7 @@ def test_request_line_and_headers(
         error = error_fields(httpx.Response(got, content=body).json())
         assert error["code"] == code and error["request_id"] == response_headers["x-request-id"]
         assert "--max-" in error["message"]
-    assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 200  # and the server carries on
+    assert HTTP.get(server.url + "/v1/models", timeout=30).status_code == 200  # and the server carries on
 
 
 def test_a_header_without_end_is_refused_before_it_ends(server: Server) -> None:
@@ -287,7 +287,7 @@ def test_client_deadline_is_capped(server: Server, tmp_path: Path) -> None:
                     {"name": "input", "datatype": "BYTES", "shape": [1], "data": [json.dumps(_gate(tmp_path, "v2"))]}
                 ],
             }
-            capped = httpx.post(server.url + "/v2/models/gate/infer", json=v2, timeout=30)
+            capped = HTTP.post(server.url + "/v2/models/gate/infer", json=v2, timeout=30)
             assert capped.status_code == 504, capped.text
         finally:
             (tmp_path / "busy.release").touch()
@@ -300,10 +300,10 @@ def test_nothing_is_checked_without_keys_or_cors(server: Server) -> None:
     response = predict(server, "echo", [1], headers={"Origin": "https://app.example"})
     assert response.status_code == 200
     assert not [k for k in response.headers if k.startswith("access-control-")]
-    preflight = httpx.request(
+    preflight = HTTP.request(
         "OPTIONS",
         server.url + "/v1/models/echo:predict",
         headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"},
     )
     assert preflight.status_code == 405
-    assert httpx.get(server.url + "/openapi.json").json().get("security") is None
+    assert HTTP.get(server.url + "/openapi.json").json().get("security") is None

@@ -16,7 +16,7 @@ from websockets.asyncio.client import connect
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.models import SECRET
-from tests.serving import Server, model_path
+from tests.serving import HTTP, Server, model_path
 
 LEAKY, LEAKY_STREAM = model_path("Leaky"), model_path("LeakyStream")
 #: One server process holding the batch, and room for both requests of a shared batch to meet in it.
@@ -43,7 +43,7 @@ def exposing(request: pytest.FixtureRequest) -> Iterator[Server]:
 
 
 def predict(server: Server, instances: list[str], model: str = "leaky") -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances}, timeout=30)
+    return HTTP.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances}, timeout=30)
 
 
 def logged_with_its_id(server: Server, request_id: str) -> None:
@@ -70,14 +70,14 @@ def test_v1_answers_the_code_the_model_and_the_id_not_the_text(server: Server, i
 
 def test_v2_answers_without_the_text(server: Server) -> None:
     body = {"inputs": [{"name": "input", "datatype": "BYTES", "shape": [1], "data": ["secret"]}]}
-    response = httpx.post(f"{server.url}/v2/models/leaky/infer", json=body, timeout=30)
+    response = HTTP.post(f"{server.url}/v2/models/leaky/infer", json=body, timeout=30)
     assert response.status_code == 500
     assert response.json() == {"error": "model 'leaky' raised in predict; the server log has the details"}
 
 
 def test_a_stream_that_fails_after_its_first_step_ends_without_the_text(server: Server) -> None:
     url = f"{server.url}/v1/models/leakystream:stream"
-    response = httpx.post(url, json={"instances": ["a"]}, timeout=30)
+    response = HTTP.post(url, json={"instances": ["a"]}, timeout=30)
     assert response.status_code == 200
     assert response.text.startswith('data: {"predictions":["A"]}')
     assert "event: error" in response.text and "model_error" in response.text
@@ -86,7 +86,7 @@ def test_a_stream_that_fails_after_its_first_step_ends_without_the_text(server: 
 
 def test_a_websocket_message_is_answered_without_the_text(server: Server) -> None:
     if server.args[server.args.index("--arch") + 1] == "sync":  # no WebSocket streams: the handshake is refused
-        assert httpx.get(f"{server.url}/v1/models/leaky/ws", timeout=30).status_code == 501
+        assert HTTP.get(f"{server.url}/v1/models/leaky/ws", timeout=30).status_code == 501
         return
 
     async def exchange() -> dict[str, object]:

@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
-from tests.serving import Server, poll, wait_until
+from tests.serving import HTTP, Server, poll, wait_until
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.repository import ModelRegistry, read_model, read_repository
@@ -418,9 +417,9 @@ def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: s
             """What a round of requests, on new connections (so either process may take each), was answered."""
             seen = set()
             for _ in range(12):
-                answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
+                answer = HTTP.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
                 assert answer.status_code == 200
-                index = httpx.post(f"{server.url}/v2/repository/index", json={}, timeout=30).json()
+                index = HTTP.post(f"{server.url}/v2/repository/index", json={}, timeout=30).json()
                 seen.add(
                     (
                         answer.json()["predictions"][0]["version"],
@@ -454,16 +453,16 @@ def test_every_server_process_follows_an_explicit_load_and_unload(tmp_path: Path
             """(status, version) of a round of requests on new connections, so either process may take each."""
             seen = set()
             for _ in range(12):
-                answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
+                answer = HTTP.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
                 version = answer.json()["predictions"][0]["version"] if answer.status_code == 200 else None
                 seen.add((answer.status_code, version))
             return seen
 
         assert answers() == {(200, 1)}
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (2,))
-        assert httpx.post(f"{server.url}/v2/repository/models/scaler/load", json={}, timeout=120).status_code == 200
+        assert HTTP.post(f"{server.url}/v2/repository/models/scaler/load", json={}, timeout=120).status_code == 200
         wait_until(lambda: answers() == {(200, 2)}, timeout=120)
-        assert httpx.post(f"{server.url}/v2/repository/models/scaler/unload", json={}, timeout=120).status_code == 200
+        assert HTTP.post(f"{server.url}/v2/repository/models/scaler/unload", json={}, timeout=120).status_code == 200
         wait_until(lambda: answers() == {(503, None)}, timeout=120)
 
 

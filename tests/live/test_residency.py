@@ -10,14 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served
 from tests.live.test_repository import RAISES
-from tests.serving import Server, wait_for_file
+from tests.serving import HTTP, Server, wait_for_file
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 
@@ -224,7 +223,7 @@ def test_eviction_keeps_the_servers_memory_bounded(heavy: Path, arch: str) -> No
     with Server([], arch, "--model-repository", str(heavy), "--max-loaded-models", "1", "--workers", "1") as server:
 
         def ask(name: str) -> None:
-            answer = httpx.post(f"{server.url}/v1/models/{name}:predict", json={"instances": [1]}, timeout=120)
+            answer = HTTP.post(f"{server.url}/v1/models/{name}:predict", json={"instances": [1]}, timeout=120)
             assert answer.status_code == 200, answer.text
             assert answer.json()["predictions"] == [name]
 

@@ -23,6 +23,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.serving import (
+    HTTP,
     ROOT,
     Server,
     model_path,
@@ -72,7 +73,7 @@ def events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
 
 def open_stream(server: Server, model: str, instances: list[Any]) -> Any:
     url = f"{server.url}/v1/models/{model}:stream"
-    return httpx.stream("POST", url, json={"instances": instances}, timeout=60)
+    return HTTP.stream("POST", url, json={"instances": instances}, timeout=60)
 
 
 def drip(tmp_path: Path, tag: str = "a", **control: Any) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def test_client_leaving_closes_the_generator(server: Server, model: str, tmp_pat
     again.mkdir()
     with open_stream(server, model, [drip(again, steps=2)]) as response:
         assert [name for name, _ in events(response)] == ["message", "message", "end"]
-    assert httpx.get(server.url + "/v2/health/ready").status_code == 200
+    assert HTTP.get(server.url + "/v2/health/ready").status_code == 200
 
 
 @pytest.mark.parametrize("model", STREAMING)
@@ -210,14 +211,14 @@ def test_errors_before_the_first_step_are_plain_http_errors(server: Server, mode
     assert response.headers["content-type"] == "application/json"
     assert error_fields(response.json())["code"] == "model_error"
     url = f"{server.url}/v1/models/{model}:stream"
-    invalid = httpx.post(url, json={"instances": [{"steps": 2}]}, timeout=30)
+    invalid = HTTP.post(url, json={"instances": [{"steps": 2}]}, timeout=30)
     assert invalid.status_code == 422 and error_fields(invalid.json())["code"] == "validation_failed"
-    missing = httpx.post(f"{server.url}/v1/models/nope:stream", json={"instances": [1]}, timeout=30)
+    missing = HTTP.post(f"{server.url}/v1/models/nope:stream", json={"instances": [1]}, timeout=30)
     assert missing.status_code == 404 and error_fields(missing.json())["code"] == "model_not_found"
 
 
 def test_stream_of_a_non_streaming_model_is_refused(server: Server) -> None:
-    response = httpx.post(f"{server.url}/v1/models/echo:stream", json={"instances": [1]}, timeout=30)
+    response = HTTP.post(f"{server.url}/v1/models/echo:stream", json={"instances": [1]}, timeout=30)
     assert response.status_code == 400
     error = error_fields(response.json())
     assert error["code"] == "not_streaming" and "use :predict" in error["message"]
@@ -229,10 +230,10 @@ def test_predict_on_a_streaming_model_collects_the_steps(server: Server, model: 
     response = predict(server, model, [drip(tmp_path, "a", steps=2), drip(tmp_path, "b")])
     assert response.status_code == 200, response.text
     assert response.json() == {"predictions": [["a-0", "a-1"], ["b-0", "b-1"]]}
-    meta = httpx.get(f"{server.url}/v1/models/{model}").json()
+    meta = HTTP.get(f"{server.url}/v1/models/{model}").json()
     assert meta["streams"] is True
-    assert httpx.get(f"{server.url}/v1/models/echo").json()["streams"] is False
-    paths = httpx.get(server.url + "/openapi.json").json()["paths"]
+    assert HTTP.get(f"{server.url}/v1/models/echo").json()["streams"] is False
+    paths = HTTP.get(server.url + "/openapi.json").json()["paths"]
     assert f"/v1/models/{model}:stream" in paths and "/v1/models/echo:stream" not in paths
 
 
@@ -247,7 +248,7 @@ def test_streams_are_the_same_in_every_architecture(stream_servers: dict[str, Se
             answers.append(list(events(response)))
         # V2 infer on a streaming model collects its steps, as :predict does.
         steps = [data["predictions"] for _, data in answers[-1][:-1]]
-        v2 = httpx.post(f"{server.url}/v2/models/tokens/infer", json=v2_request, timeout=30)
+        v2 = HTTP.post(f"{server.url}/v2/models/tokens/infer", json=v2_request, timeout=30)
         assert v2.status_code == 200, v2.text
         assert v2.json()["outputs"][0]["shape"] == [2, 5]
         assert v2.json()["outputs"][0]["data"] == [step[0] for step in steps] + [step[1] for step in steps]

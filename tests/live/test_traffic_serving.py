@@ -12,13 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import ARCHS
 from tests.inprocess import ARCHS_IN_PROCESS, AsyncClient, SyncClient, served, served_per_arch
 from tests.live.test_traffic import within_bounds
-from tests.serving import Server, wait_until
+from tests.serving import HTTP, Server, wait_until
 
 Client = SyncClient | AsyncClient
 
@@ -270,18 +269,18 @@ def test_every_server_process_follows_a_traffic_change(tmp_path: Path, arch: str
             """The versions a round of requests on new connections (so either process may take each) got."""
             seen = set()
             for _ in range(12):
-                answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
+                answer = HTTP.post(f"{server.url}/v1/models/scaler:predict", json={"instances": [1]}, timeout=30)
                 assert answer.status_code == 200, answer.text
                 seen.add(answer.json()["predictions"][0]["version"])
             return seen
 
         assert answers() == {2}
         url = f"{server.url}/v2/repository/models/scaler/traffic"
-        assert httpx.post(url, json={"split": {"1": 1}}, timeout=30).status_code == 200
+        assert HTTP.post(url, json={"split": {"1": 1}}, timeout=30).status_code == 200
         wait_until(lambda: answers() == {1}, timeout=120)
         # The change named the split alone: every process keeps the shadow (issue #43: it was dropped).
         kept = {"split": {"1": 1}, "sticky_header": None, "shadow": {"version": "1", "share": 0.5}}
-        assert all(httpx.get(url, timeout=30).json()["traffic"] == kept for _ in range(12))
+        assert all(HTTP.get(url, timeout=30).json()["traffic"] == kept for _ in range(12))
 
 
 # -- gRPC ------------------------------------------------------------------------------------------------------

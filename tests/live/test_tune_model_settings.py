@@ -8,10 +8,10 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
+from tests.serving import HTTP
 from twinserve.config import load_config
 from twinserve.lab.results import Ceiling
 from twinserve.lab.tune.report import write_tune_outputs
@@ -161,10 +161,10 @@ def test_the_candidates_knobs_reach_the_model_over_its_own_settings(arch: str, t
     servers = ProbeServers(request, tmp_path / "scratch")
     try:
         server = servers.get(variant)
-        serving = httpx.get(f"{server.url}/v1/models/adder", timeout=30).json()["serving"]
+        serving = HTTP.get(f"{server.url}/v1/models/adder", timeout=30).json()["serving"]
         assert serving["settings"]["max_batch_size"] == 8 and serving["settings"]["timeout_ms"] == 5000
         assert serving["settings"]["cache_size"] == 8
-        reply = httpx.post(f"{server.url}/v1/models/adder:predict", json={"instances": [1]}, timeout=30)
+        reply = HTTP.post(f"{server.url}/v1/models/adder:predict", json={"instances": [1]}, timeout=30)
         assert reply.json()["predictions"] == [201]  # version 2, its own helper
         result = measure_probe(servers, Probe(variant, "rung0", 10.0, 0.5), "adder", request, 0)
         assert meets(result, request.goal)[0], result

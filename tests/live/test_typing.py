@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving import ROOT, Server
+from tests.serving import HTTP, ROOT, Server
 
 EVERY_HOOK = ROOT / "examples" / "models" / "every_hook.py"
 
@@ -63,12 +63,11 @@ def test_a_model_that_breaks_the_contract_does_not(tmp_path: Path, mypy_cache: P
 
 @pytest.mark.parametrize("arch", ["sync", "async"])
 def test_the_typed_example_serves(arch: str) -> None:
-    import httpx
 
     models = [f"{EVERY_HOOK}:Scaler", f"{EVERY_HOOK}:OnlyAsync"]
     with Server(models, arch) as server:
         body = {"instances": [{"sensor": "a", "value": 1.5}, {"sensor": "b", "value": -2.0}]}
-        answer = httpx.post(f"{server.url}/v1/models/scaler:predict", json=body, timeout=30)
+        answer = HTTP.post(f"{server.url}/v1/models/scaler:predict", json=body, timeout=30)
         assert answer.json() == {"predictions": [3.0, -20.0]}
-        answer = httpx.post(f"{server.url}/v1/models/onlyasync:predict", json={"instances": [1, 2]}, timeout=30)
+        answer = HTTP.post(f"{server.url}/v1/models/onlyasync:predict", json={"instances": [1, 2]}, timeout=30)
         assert answer.json() == {"predictions": [2, 3]}  # apredict alone serves in the sync front too

@@ -13,7 +13,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.errors import error_fields
-from tests.serving import Server, predict
+from tests.serving import HTTP, Server, predict
 from twinserve import __version__
 from twinserve.config import load_config
 from twinserve.fronts.contract import Service
@@ -44,7 +44,7 @@ def strings(name: str, values: list[str], binary: bool = True) -> triton.InferIn
 
 
 def infer(server: Server, model: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    return httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30, **kwargs)
+    return HTTP.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30, **kwargs)
 
 
 def assert_v2_error(response: httpx.Response, status: int, fragment: str) -> str:
@@ -96,7 +96,7 @@ def test_health_and_metadata_through_tritonclient(server: Server, client: triton
         ],
     }
     config = client.get_model_config("iris")
-    serving = httpx.get(f"{server.url}/v1/models/iris").json()["serving"]
+    serving = HTTP.get(f"{server.url}/v1/models/iris").json()["serving"]
     assert config["name"] == "iris" and config["max_batch_size"] == serving["max_batch_size"]
     assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": [4]}]
     assert [o["data_type"] for o in config["output"]] == ["TYPE_STRING", "TYPE_INT64", "TYPE_FP32"]
@@ -184,19 +184,19 @@ def test_errors_through_tritonclient(client: triton.InferenceServerClient) -> No
 def test_errors_have_the_v2_body(server: Server) -> None:
     good = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [5.1, 3.5, 1.4, 0.2]}]}
     assert_v2_error(infer(server, "iris", {"inputs": []}), 400, "non-empty 'inputs' list")
-    malformed = httpx.post(f"{server.url}/v2/models/iris/infer", content=b"{", timeout=30)
+    malformed = HTTP.post(f"{server.url}/v2/models/iris/infer", content=b"{", timeout=30)
     assert_v2_error(malformed, 400, "not valid JSON")
     assert_v2_error(infer(server, "nope", good), 404, "'nope'")
-    versioned = httpx.post(f"{server.url}/v2/models/iris/versions/9/infer", json=good, timeout=30)
+    versioned = HTTP.post(f"{server.url}/v2/models/iris/versions/9/infer", json=good, timeout=30)
     assert_v2_error(versioned, 404, "no version '9'")
-    assert httpx.post(f"{server.url}/v2/models/iris/versions/1/infer", json=good, timeout=30).status_code == 200
+    assert HTTP.post(f"{server.url}/v2/models/iris/versions/1/infer", json=good, timeout=30).status_code == 200
     text = infer(server, "iris", good, headers={"content-type": "text/plain"})
     assert_v2_error(text, 415, "application/json or application/octet-stream")
-    wrong_method = httpx.get(f"{server.url}/v2/models/iris/infer")
+    wrong_method = HTTP.get(f"{server.url}/v2/models/iris/infer")
     assert_v2_error(wrong_method, 405, "GET is not allowed")
-    assert_v2_error(httpx.get(f"{server.url}/v2/no-such-extension"), 404, "no route")
+    assert_v2_error(HTTP.get(f"{server.url}/v2/no-such-extension"), 404, "no route")
     # twinserve's own routes keep their error body
-    assert error_fields(httpx.get(f"{server.url}/v1/models/nope").json())["code"] == "model_not_found"
+    assert error_fields(HTTP.get(f"{server.url}/v1/models/nope").json())["code"] == "model_not_found"
 
 
 def test_plain_json_request_and_request_ids(server: Server) -> None:
@@ -262,7 +262,7 @@ def test_same_answers_in_every_architecture(servers: dict[str, Server]) -> None:
         assert all(b == bodies[0] for b in bodies), (model, bodies)
     paths = ["/v2", "/v2/models/iris", "/v2/models/affine/versions/1", "/v2/models/sensors/ready"]
     for path in paths:
-        assert len({httpx.get(s.url + path).text for s in servers.values()}) == 1, path
+        assert len({HTTP.get(s.url + path).text for s in servers.values()}) == 1, path
 
 
 # -- statistics ------------------------------------------------------------------------------------------------
@@ -286,12 +286,12 @@ def test_statistics_count_every_inference_request(server: Server, client: triton
     assert delta["queue"]["count"] == 5 and delta["compute_infer"]["count"] == 5
     assert delta["compute_input"]["count"] == delta["compute_output"]["count"] == 5
     assert delta["compute_infer"]["ns"] > 0
-    every = httpx.get(f"{server.url}/v2/models/stats").json()["model_stats"]
+    every = HTTP.get(f"{server.url}/v2/models/stats").json()["model_stats"]
     assert {"iris", "mixed", "affine"} <= {entry["name"] for entry in every}
 
 
 def test_openapi_documents_v2(server: Server) -> None:
-    doc = httpx.get(server.url + "/openapi.json").json()
+    doc = HTTP.get(server.url + "/openapi.json").json()
     operation = doc["paths"]["/v2/models/iris/infer"]["post"]
     assert "`input` FP32 [-1, 4]" in operation["description"]
     example = operation["requestBody"]["content"]["application/json"]["example"]

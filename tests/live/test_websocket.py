@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.errors import error_fields
-from tests.serving import Server, model_path, predict, sample, scrape, wait_for_file, wait_until
+from tests.serving import HTTP, Server, model_path, predict, sample, scrape, wait_for_file, wait_until
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
@@ -268,7 +268,7 @@ def unframe(message: str | bytes) -> tuple[dict[str, Any], bytes]:
 def test_binary_messages_carry_v2_tensors(server: Server) -> None:
     rows = np.array([[f[k] for k in FLOWERS[0]] for f in FLOWERS], dtype=np.float32)
     tensor = {"name": "input", "datatype": "FP32", "shape": list(rows.shape)}
-    http = httpx.post(
+    http = HTTP.post(
         f"{server.url}/v2/models/iris/infer", json={"id": "t1", "inputs": [{**tensor, "data": rows.tolist()}]}
     )
     assert http.status_code == 200
@@ -307,7 +307,7 @@ def test_a_client_leaving_mid_stream_cancels_its_queued_messages(server: Server,
     gate = tmp_path / "gate"
 
     def gate_stats() -> dict[str, Any]:
-        stats: dict[str, Any] = httpx.get(f"{server.url}/v1/models/gate").json()["serving"]
+        stats: dict[str, Any] = HTTP.get(f"{server.url}/v1/models/gate").json()["serving"]
         return stats
 
     cancelled_before = gate_stats()["batches"]["cancelled"]
@@ -353,10 +353,10 @@ def test_the_handshake_is_refused_for_an_unknown_model_and_a_plain_get_needs_the
 
     asyncio.run(run())
     assert "without completing handshake" not in server.output()  # uvicorn's noise after a refusal is dropped
-    plain = httpx.get(ws_url(server, "iris").replace("ws://", "http://"))
+    plain = HTTP.get(ws_url(server, "iris").replace("ws://", "http://"))
     assert plain.status_code == 426 and plain.headers["upgrade"] == "websocket"
     assert error_fields(plain.json())["code"] == "upgrade_required"
-    documented = httpx.get(f"{server.url}/openapi.json").json()["paths"]["/v1/models/iris/ws"]["get"]
+    documented = HTTP.get(f"{server.url}/openapi.json").json()["paths"]["/v1/models/iris/ws"]["get"]
     assert "ws-max-pending" in documented["description"] and "501" in documented["responses"]
 
 
@@ -366,7 +366,7 @@ def test_sync_answers_501() -> None:
         upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
                    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}  # fmt: skip
         for headers in ({}, upgrade):
-            response = httpx.get(url, headers=headers)
+            response = HTTP.get(url, headers=headers)
             assert response.status_code == 501
             error = error_fields(response.json())
             assert error["code"] == "websocket_unsupported"

@@ -33,7 +33,7 @@ from twinserve.lab.ceiling import measure_in_subprocess, thread_caps
 from twinserve.lab.plan import BenchPlan, BenchTarget
 from twinserve.lab.probe import TreeSampler, scrape, server_stats
 from twinserve.lab.results import Ceiling, Level, Machine, Results, Run
-from twinserve.lab.servers import ServerFailed, TwinserveServer, free_port, request_bodies
+from twinserve.lab.servers import ServerFailed, TwinserveServer, free_port, loopback, request_bodies
 from twinserve.lab.variants import SWEEPABLE, Arch, Variant, variants
 from twinserve.lab.verdicts import verdicts
 from twinserve.repository.layout import read_repository
@@ -131,7 +131,7 @@ def _label(variant: Variant, target: BenchTarget | None) -> str:
 def _routes(plan: BenchPlan, base: str, target: BenchTarget | None) -> tuple[str, str, list[bytes]]:
     """The model's name, the URL to drive and its bodies: the first listed model's (MODEL), or the target's."""
     if target is not None:
-        ready = httpx.get(f"{base}/v2/models/{target.model}/versions/{target.version}/ready", timeout=30)
+        ready = loopback().get(f"{base}/v2/models/{target.model}/versions/{target.version}/ready", timeout=30)
         if ready.status_code != 200:
             raise ValueError(f"model {target.describe()} is not ready in the repository (see the server's log)")
     name, bodies = request_bodies(base, plan.payload, model=target.model if target is not None else None)

@@ -12,6 +12,7 @@ import httpx
 import psutil
 
 from twinserve.lab.results import HELPER, PROCESS, SUPERVISOR, ProcessMemory, Resources, ServerStats
+from twinserve.lab.servers import loopback
 
 __all__ = ["MetricsSnapshot", "TreeSampler", "scrape", "server_stats", "tree_rss_mib"]
 
@@ -195,7 +196,7 @@ def scrape(base_url: str) -> MetricsSnapshot | None:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        reply = httpx.get(base_url + "/metrics", timeout=10)
+        reply = loopback().get(base_url + "/metrics", timeout=10)
     except httpx.HTTPError:
         return None
     if reply.status_code != 200:

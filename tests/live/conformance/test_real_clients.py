@@ -20,7 +20,7 @@ import pytest
 import tritonclient.http as triton
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path
+from tests.serving import HTTP, Server, model_path
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 VIRGINICA = {"sepal_length": 6.3, "sepal_width": 3.3, "petal_length": 6.0, "petal_width": 2.5}
@@ -74,23 +74,23 @@ def test_gzip_bomb_refused_and_server_alive(server: Server) -> None:
     bomb = gzip.compress(b"[" + b" " * (32 << 20) + b"]", compresslevel=9)
     assert len(bomb) < MAX_BODY
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-    refused = httpx.post(f"{server.url}/v1/models/iris:predict", content=bomb, headers=headers, timeout=30)
+    refused = HTTP.post(f"{server.url}/v1/models/iris:predict", content=bomb, headers=headers, timeout=30)
     assert refused.status_code == 413 and refused.json()["code"] == "payload_too_large"
-    assert httpx.get(f"{server.url}/v2/health/ready", timeout=30).status_code == 200
+    assert HTTP.get(f"{server.url}/v2/health/ready", timeout=30).status_code == 200
 
 
 def test_kserve_v1_client_shapes(server: Server) -> None:
     """What KServe's V1 client reads: liveness at `/`, names at /v1/models, `error` as the message string."""
-    assert httpx.get(f"{server.url}/", timeout=30).json() == {"status": "alive"}
-    assert httpx.get(f"{server.url}/v1/models", timeout=30).json() == {"models": ["iris", "raw-bytes"]}
-    missing = httpx.post(f"{server.url}/v1/models/nope:predict", json={"instances": [SETOSA]}, timeout=30)
+    assert HTTP.get(f"{server.url}/", timeout=30).json() == {"status": "alive"}
+    assert HTTP.get(f"{server.url}/v1/models", timeout=30).json() == {"models": ["iris", "raw-bytes"]}
+    missing = HTTP.post(f"{server.url}/v1/models/nope:predict", json={"instances": [SETOSA]}, timeout=30)
     assert missing.status_code == 404 and isinstance(missing.json()["error"], str)
 
 
 def test_tf_serving_curl_examples(server: Server) -> None:
     """TF-Serving's guide: `curl -d '{"instances": ...}' .../versions/1:predict` and the columnar form."""
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    rows = httpx.post(
+    rows = HTTP.post(
         f"{server.url}/v1/models/iris/versions/1:predict",
         content=b'{"instances": [%s]}' % httpx.Request("POST", "/", json=SETOSA).content,
         headers=form,
@@ -98,5 +98,5 @@ def test_tf_serving_curl_examples(server: Server) -> None:
     )
     assert rows.status_code == 200, rows.text
     columns = {"inputs": {name: [value] for name, value in SETOSA.items()}}
-    columnar = httpx.post(f"{server.url}/v1/models/iris:predict", json=columns, timeout=30)
+    columnar = HTTP.post(f"{server.url}/v1/models/iris:predict", json=columns, timeout=30)
     assert columnar.status_code == 200 and "outputs" in columnar.json()

@@ -12,13 +12,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
 from tests.factory import level, results, run
 from tests.live.deploy.kube import SchemaError, check_crd, check_native, strict
-from tests.serving import ROOT, ServerProcess, free_port
+from tests.serving import HTTP, ROOT, ServerProcess, free_port
 from twinserve import __version__
 from twinserve.cli import build_parser, main
 from twinserve.config import Config, load_config
@@ -444,8 +443,8 @@ def test_the_container_command_serves_the_probes_and_the_scaling_metric(arch: st
     server.env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with server:
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-            assert httpx.get(server.url + container[probe]["httpGet"]["path"], timeout=10).status_code == 200
-        assert IN_FLIGHT_METRIC in httpx.get(server.url + "/metrics", timeout=10).text
+            assert HTTP.get(server.url + container[probe]["httpGet"]["path"], timeout=10).status_code == 200
+        assert IN_FLIGHT_METRIC in HTTP.get(server.url + "/metrics", timeout=10).text
         assert any(path.name.startswith("twinserve-metrics-") for path in tmp_path.iterdir())
 
 

@@ -27,7 +27,7 @@ import pytest
 import tritonclient.http as triton
 
 from tests.errors import error_fields
-from tests.serving import ROOT, Server, ServerProcess, free_port, model_path, poll, predict, scrape
+from tests.serving import HTTP, ROOT, Server, ServerProcess, free_port, model_path, poll, predict, scrape
 from twinserve.cli import main
 from twinserve.config import Config
 from twinserve.core.heap import YOUNG_THRESHOLD
@@ -139,7 +139,7 @@ def _replica_pids(server: ServerProcess, scrapes: int = 1) -> set[str]:
 
 
 def _examples(server: ServerProcess) -> list[Any]:
-    examples: list[Any] = httpx.get(f"{server.url}/v1/models/iris", timeout=30).json()["examples"]
+    examples: list[Any] = HTTP.get(f"{server.url}/v1/models/iris", timeout=30).json()["examples"]
     return examples
 
 
@@ -161,8 +161,8 @@ def test_error_bodies_equal_async(
     ray_server: RayServer, async_server: Server, path: str, body: bytes, status: int
 ) -> None:
     headers = {"content-type": "application/json", "x-request-id": "same-id-for-both"}
-    on_ray = httpx.post(ray_server.url + path, content=body, headers=headers, timeout=30)
-    on_async = httpx.post(async_server.url + path, content=body, headers=headers, timeout=30)
+    on_ray = HTTP.post(ray_server.url + path, content=body, headers=headers, timeout=30)
+    on_async = HTTP.post(async_server.url + path, content=body, headers=headers, timeout=30)
     assert on_ray.status_code == on_async.status_code == status
     assert on_ray.content == on_async.content
     assert on_ray.headers.get_list("x-request-id") == on_async.headers.get_list("x-request-id") == ["same-id-for-both"]
@@ -176,7 +176,7 @@ def test_each_replica_freezes_what_it_loaded(ray_server: RayServer) -> None:
 
 
 def test_request_id_is_made_once(ray_server: RayServer) -> None:
-    response = httpx.post(ray_server.url + "/v1/models/nope:predict", json={"instances": []}, timeout=30)
+    response = HTTP.post(ray_server.url + "/v1/models/nope:predict", json={"instances": []}, timeout=30)
     assert response.status_code == 404
     assert response.headers.get_list("x-request-id") == [error_fields(response.json())["request_id"]]
 
@@ -185,7 +185,7 @@ def test_metrics_names_equal_async(ray_server: RayServer, async_server: Server) 
     for server in (ray_server, async_server):
         for _ in range(10):  # enough for each replica to see one of each
             predict(server, "iris", _examples(async_server)[:1])
-            httpx.get(server.url + "/v1/models/nope", timeout=30)
+            HTTP.get(server.url + "/v1/models/nope", timeout=30)
     # Each replica exports its own samples: together they must name exactly what the async server does.
     on_ray = {name for _ in range(20) for name, _ in scrape(ray_server)}
     assert on_ray == {name for name, _ in scrape(async_server)}
@@ -203,7 +203,7 @@ def _fp32(rows: list[list[float]], name: str = "input", datatype: str = "FP32") 
     "path", ["/v2", "/v2/models/iris", "/v2/models/iris/versions/1", "/v2/models/gate", "/v2/models/iris/config"]
 )
 def test_v2_metadata_equal_async(ray_server: RayServer, async_server: Server, path: str) -> None:
-    on_ray, on_async = (httpx.get(s.url + path, timeout=30) for s in (ray_server, async_server))
+    on_ray, on_async = (HTTP.get(s.url + path, timeout=30) for s in (ray_server, async_server))
     assert on_ray.status_code == on_async.status_code == 200
     assert on_ray.content == on_async.content
 
@@ -225,7 +225,7 @@ def test_v2_infer_equal_async(
     headers = {"x-request-id": "same-v2-id"}
     url = f"/v2/models/{model}/infer"
     on_ray, on_async = (
-        httpx.post(s.url + url, json=body, headers=headers, timeout=30) for s in (ray_server, async_server)
+        HTTP.post(s.url + url, json=body, headers=headers, timeout=30) for s in (ray_server, async_server)
     )
     assert on_ray.status_code == on_async.status_code == status, (on_ray.text, on_async.text)
     assert on_ray.headers["content-type"] == on_async.headers["content-type"]
@@ -264,7 +264,7 @@ def _flood(server: ServerProcess, gates: Path, requests: int, processes: int, ex
     def gated(i: int) -> httpx.Response:
         started[i].parent.mkdir(parents=True, exist_ok=True)
         body = {"instances": [{"gate": str(started[i].with_suffix(""))}]}
-        return httpx.post(url, json=body, headers=headers, timeout=90)
+        return HTTP.post(url, json=body, headers=headers, timeout=90)
 
     with ThreadPoolExecutor(requests) as pool:
         # One computing in each process first (else a burst can fill a queue before a batch leaves it). Ray's
@@ -473,7 +473,7 @@ def test_a_replica_builds_the_servers_registry_over_a_repository(tmp_path: Path)
 
 
 def _scaled(server: ServerProcess, path: str) -> Any:
-    answer = httpx.post(f"{server.url}{path}", json={"instances": [1]}, timeout=30)
+    answer = HTTP.post(f"{server.url}{path}", json={"instances": [1]}, timeout=30)
     assert answer.status_code == 200, answer.text
     return answer.json()["predictions"][0]
 
@@ -488,7 +488,7 @@ def test_a_model_repository_serves_every_model_and_version_and_follows_the_folde
         assert _scaled(server, "/v1/models/scaler:predict") == 20  # the default: the highest version
         assert _scaled(server, "/v1/models/scaler/versions/1:predict") == 10
         assert _scaled(server, "/v1/models/flat:predict") == 1
-        index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        index = HTTP.post(f"{server.url}/v2/repository/index", timeout=30).json()
         assert {(e["name"], e["version"], e["state"]) for e in index} == {
             ("flat", "1", "READY"), ("scaler", "1", "READY"), ("scaler", "2", "READY")
         }  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.live.hardening.harness import HERE
-from tests.serving import Server, sample, scrape
+from tests.serving import HTTP, Server, sample, scrape
 
 # serial: admission compares deadlines with the measured service time
 pytestmark = pytest.mark.serial
@@ -49,7 +49,7 @@ def _predict(
     if seconds is not None:
         instance["seconds"] = seconds
     body = {"instances": [instance]}
-    return httpx.post(f"{server.url}/v1/models/ledger:predict", json=body, headers=headers, timeout=30)
+    return HTTP.post(f"{server.url}/v1/models/ledger:predict", json=body, headers=headers, timeout=30)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -17,11 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, SharedServers, model_path, sample, scrape, wait_for_new_output, wait_until
+from tests.serving import HTTP, Server, SharedServers, model_path, sample, scrape, wait_for_new_output, wait_until
 
 GATE, ECHO, DRIP = model_path("Gate"), model_path("Echo"), model_path("Drip")
 #: 4 request threads (sync): 3 held by `_held`'s requests leave 1 for everything else, and a held stream takes the
@@ -36,7 +35,7 @@ LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 def _queued(server: Server) -> int:
-    serving = httpx.get(f"{server.url}/v1/models/gate", timeout=TIMEOUT_S).json()["serving"]
+    serving = HTTP.get(f"{server.url}/v1/models/gate", timeout=TIMEOUT_S).json()["serving"]
     return int(serving["queued_instances"])
 
 
@@ -87,7 +86,7 @@ def _held(server: Server, tmp: Path) -> Iterator[dict[str, Path]]:
     def send(name: str, priority: str | None) -> None:
         headers = {"Content-Type": "application/json", **({"X-Priority": priority} if priority else {})}
         url = f"{server.url}/v1/models/gate:predict"
-        answers[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
+        answers[name] = HTTP.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
 
     threads = [threading.Thread(target=send, args=("a", None))]
     threads[0].start()
@@ -142,7 +141,7 @@ def test_a_full_queue_is_answered_before_the_app_with_its_own_503(gated: Server,
             assert status.split()[1] == b"503"
         assert _early(server) == before + 3
         # A bad X-Priority is the app's to answer (400), not refused early.
-        bad = httpx.post(
+        bad = HTTP.post(
             f"{server.url}/v1/models/gate:predict",
             content=_body(gates["g"]),
             headers={"Content-Type": "application/json", "X-Priority": "9"},
@@ -162,7 +161,7 @@ def test_a_higher_priority_is_admitted_while_a_lower_one_is_refused_early(gated:
     def send(name: str, priority: str | None) -> None:
         headers = {"Content-Type": "application/json", **({"X-Priority": priority} if priority else {})}
         url = f"{server.url}/v1/models/gate:predict"
-        codes[name] = httpx.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
+        codes[name] = HTTP.post(url, content=_body(gates[name]), headers=headers, timeout=TIMEOUT_S).status_code
 
     threads = [threading.Thread(target=send, args=("a", None))]
     threads[0].start()
@@ -279,7 +278,7 @@ def test_a_kept_alive_connection_is_refused_while_every_request_thread_is_busy(g
 def _stream_held_drip(server: Server, directory: Path) -> None:
     """One `Drip` stream, held before its first step until `directory/release` exists."""
     body = {"instances": [{"dir": str(directory), "steps": 1, "gate_at": 0}]}
-    with httpx.stream("POST", f"{server.url}/v1/models/drip:stream", json=body, timeout=TIMEOUT_S) as response:
+    with HTTP.stream("POST", f"{server.url}/v1/models/drip:stream", json=body, timeout=TIMEOUT_S) as response:
         assert response.status_code == 200
         response.read()
 
@@ -305,7 +304,7 @@ def _one_thread_computing(
             socks.append(socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT_S))
             assert _raw(socks[-1], LIVE)[0].split()[1] == b"200"
         url = f"{server.url}/v1/models/gate:predict"
-        first = threading.Thread(target=lambda: httpx.post(url, content=_body(gate), timeout=TIMEOUT_S))
+        first = threading.Thread(target=lambda: HTTP.post(url, content=_body(gate), timeout=TIMEOUT_S))
         first.start()
         wait_until(gate.with_suffix(".started").exists, TIMEOUT_S, "a computing")
         yield socks, first
@@ -498,7 +497,7 @@ def _held_after_a_refusal(server: Server, gates: dict[str, Path]) -> Iterator[tu
     answers: dict[str, int] = {}
 
     def send(name: str) -> None:
-        answers[name] = httpx.post(url, content=_body(gates[name]), timeout=TIMEOUT_S).status_code
+        answers[name] = HTTP.post(url, content=_body(gates[name]), timeout=TIMEOUT_S).status_code
 
     threads = [threading.Thread(target=send, args=(name,)) for name in "ab"]
     threads[0].start()

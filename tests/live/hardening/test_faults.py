@@ -20,13 +20,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
 from tests.conftest import ARCHS
 from tests.live.hardening.harness import SLEEPY, RestartableRedis, Traffic
-from tests.serving import Server, wait_until
+from tests.serving import HTTP, Server, wait_until
 from twinserve.examples.io import populate
 
 # serial: kills processes under load and counts what fails
@@ -89,18 +88,18 @@ def test_killed_model_worker_under_load_fails_only_its_batch() -> None:
     flags = ["--workers", "1", "--model-workers", "2", "--max-batch-size", "4"]
     with Server([SLEEPY], "hybrid", *flags) as server:
         model_url = f"{server.url}/v1/models/sleepy"
-        before = httpx.get(model_url).json()["serving"]["worker_pids"]
+        before = HTTP.get(model_url).json()["serving"]["worker_pids"]
         with Traffic(f"{model_url}:predict", _sleepy, CLIENTS) as traffic:
             traffic.wait_for(4 * CLIENTS)
             os.kill(before[0], signal.SIGKILL)
 
             def replaced() -> bool:
-                serving = httpx.get(model_url).json()["serving"]
+                serving = HTTP.get(model_url).json()["serving"]
                 return len(serving["worker_pids"]) == 2 and before[0] not in serving["worker_pids"]
 
             wait_until(replaced, 60, "a replacement model worker")
             traffic.wait_for(4 * CLIENTS, since=time.monotonic())
-        assert httpx.get(model_url).json()["serving"]["workers_replaced"] == 1
+        assert HTTP.get(model_url).json()["serving"]["workers_replaced"] == 1
     outcomes = traffic.outcomes
     died = [o for o in outcomes if o.status == 503]
     statuses = Counter(o.status for o in outcomes)

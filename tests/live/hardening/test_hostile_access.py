@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.errors import error_fields, without_request_id
 from tests.inprocess import ARCHS_IN_PROCESS, Answer, served
-from tests.serving import Server, model_path, servers_per_arch
+from tests.serving import HTTP, Server, model_path, servers_per_arch
 from twinserve.config import MIN_API_KEY_LENGTH, load_config
 from twinserve.core.lockout import FailureLockout
 from twinserve.errors import ConfigError, RateLimited, Unauthorized
@@ -471,7 +471,7 @@ def test_websocket_and_http_with_a_foreign_host_are_400(guarded: dict[str, Serve
     server = guarded[arch]
     status, body = _handshake(server, {**RIGHT, "Host": "evil.example", "Origin": "http://evil.example"})
     assert status == 400 and error_fields(json.loads(body))["code"] == "host_not_allowed"
-    response = httpx.post(server.url + PREDICT, json=BODY, headers={**RIGHT, "Host": "evil.example"})
+    response = HTTP.post(server.url + PREDICT, json=BODY, headers={**RIGHT, "Host": "evil.example"})
     assert response.status_code == 400 and error_fields(response.json())["code"] == "host_not_allowed"
 
 

@@ -31,7 +31,7 @@ from websockets.asyncio.client import connect
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.live.hardening.harness import CLIENT_TIMEOUT_S, PeakRss
-from tests.serving import ROOT, Server, model_path, servers_per_arch, wait_until
+from tests.serving import HTTP, ROOT, Server, model_path, servers_per_arch, wait_until
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError
 from twinserve.fronts.exchange import DECODE_OFF_LOOP_BYTES, Exchange
@@ -130,7 +130,7 @@ def hostile_client(url: str) -> list[Answer]:
 
 def predict(server: Server, model: str, instances: list[object]) -> httpx.Response:
     url = f"{server.url}/v1/models/{model}:predict"
-    return httpx.post(url, json={"instances": instances}, timeout=CLIENT_TIMEOUT_S)
+    return HTTP.post(url, json={"instances": instances}, timeout=CLIENT_TIMEOUT_S)
 
 
 # -- 3. limits before work ---------------------------------------------------------------------------------------
@@ -165,9 +165,9 @@ def test_hostile_body_with_a_valid_tail_is_refused_too(server: Server) -> None:
     short `instances` after a long one is valid, a long one after a short one is not."""
     many = b"[" + b",".join([b"{}"] * 2000) + b"]"
     url = f"{server.url}/v1/models/echo:predict"
-    replaced = httpx.post(url, content=b'{"instances":' + many + b',"instances":[7]}', timeout=CLIENT_TIMEOUT_S)
+    replaced = HTTP.post(url, content=b'{"instances":' + many + b',"instances":[7]}', timeout=CLIENT_TIMEOUT_S)
     assert (replaced.status_code, replaced.json()) == (200, {"predictions": [7]})
-    refused = httpx.post(url, content=b'{"instances":[7],"instances":' + many + b"}", timeout=CLIENT_TIMEOUT_S)
+    refused = HTTP.post(url, content=b'{"instances":[7],"instances":' + many + b"}", timeout=CLIENT_TIMEOUT_S)
     assert (refused.status_code, error_fields(refused.json())["code"]) == (413, "too_many_instances")
 
 
@@ -191,7 +191,7 @@ def test_v2_rows_past_the_limit_are_refused_from_the_declared_shape(server: Serv
     """Rows within --max-tensor-elements but past --max-instances: refused before the data (which would not even
     fill the shape) is looked at."""
     body = orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [100_000, 4], "data": [1.0, 2.0]}]})
-    response = httpx.post(f"{server.url}/v2/models/iris/infer", content=body, timeout=CLIENT_TIMEOUT_S)
+    response = HTTP.post(f"{server.url}/v2/models/iris/infer", content=body, timeout=CLIENT_TIMEOUT_S)
     assert response.status_code == 413, response.text
     assert response.json() == {"error": "a request may hold at most 1024 rows (--max-instances)"}
 

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.live.hardening.conftest import READ_TIMEOUT_S
-from tests.serving import Server
+from tests.serving import HTTP, Server
 
 # serial: trickled bodies against --read-timeout-s while health checks must answer every time
 pytestmark = [pytest.mark.hardening, pytest.mark.serial]
@@ -203,7 +203,7 @@ def quiet_log(server: Server, since: int) -> str:
     """The server's log from offset `since` up to a marker request sent now: it holds what the requests before
     the marker logged (one worker process logs in order)."""
     marker = uuid.uuid4().hex  # server metadata: health checks are not logged
-    assert httpx.get(f"{server.url}/v2", headers={"X-Request-ID": marker}).status_code == 200
+    assert HTTP.get(f"{server.url}/v2", headers={"X-Request-ID": marker}).status_code == 200
     server.wait_for_output(marker, timeout=10 * READ_TIMEOUT_S)
     return server.output()[since:]
 
@@ -274,7 +274,7 @@ def test_hundreds_of_pipelined_requests_are_answered_in_order(arch: str, well_be
             assert status == b"200" and json.loads(body) == {"live": True}
             answered.append(fields["x-request-id"].strip())
     assert answered == ids
-    assert httpx.get(well_behaved[arch].url + "/v2/health/live").status_code == 200
+    assert HTTP.get(well_behaved[arch].url + "/v2/health/live").status_code == 200
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -6,12 +6,11 @@ answers normally and its memory (the whole process tree) is back within 10% of w
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.conftest import ARCHS
 from tests.live.hardening.harness import SLEEPY, PeakRss, closed_loop, open_loop, probing
-from tests.serving import Server, wait_until
+from tests.serving import HTTP, Server, wait_until
 from twinserve.lab.loadgen import TRANSPORT_ERROR_KINDS, LevelResult
 from twinserve.lab.probe import tree_rss_mib
 
@@ -76,7 +75,7 @@ def test_ten_times_capacity_is_shed_with_503_and_nothing_hangs(arch: str) -> Non
             assert not prober.bad, prober.bad[:5]
             assert not prober.errors, prober.errors
 
-        answer = httpx.post(f"{server.url}/v1/models/sleepy:predict", json={"instances": [1, 2]}, timeout=30)
+        answer = HTTP.post(f"{server.url}/v1/models/sleepy:predict", json={"instances": [1, 2]}, timeout=30)
         assert answer.status_code == 200 and answer.json() == {"predictions": [2, 4]}
         after_load = closed_loop(server, "sleepy", concurrency=8, duration_s=1.0, warmup_s=0.0)
         assert after_load.ok == after_load.sent > 0, after_load  # below capacity again: nothing shed

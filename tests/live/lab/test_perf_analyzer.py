@@ -11,10 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.serving import ROOT, Server, free_port
+from tests.serving import HTTP, ROOT, Server, free_port
 from twinserve.lab import perf_analyzer
 from twinserve.lab.drivers import DriverError, drive
 from twinserve.lab.plan import BenchPlan
@@ -30,7 +29,7 @@ def installation() -> perf_analyzer.Installation:
 
 
 def successes(server: Server) -> int:
-    stats = httpx.get(f"{server.url}/v2/models/iris/stats", timeout=30).json()["model_stats"][0]
+    stats = HTTP.get(f"{server.url}/v2/models/iris/stats", timeout=30).json()["model_stats"][0]
     count: int = stats["inference_stats"]["success"]["count"]
     return count
 

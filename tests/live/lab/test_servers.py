@@ -9,12 +9,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from tests.conftest import ARCHS, CONTRACT_MODELS
-from tests.serving import ROOT
+from tests.serving import HTTP, ROOT
 from twinserve.lab.servers import ServerFailed, ServerProcess, TwinserveServer, announced_url, free_port
 
 TABULAR = "twinserve.examples.tabular:Classifier"
@@ -55,7 +54,7 @@ def test_twinserve_binds_a_port_of_its_own_and_the_helper_reads_it(arch: str) ->
         assert server.args[server.args.index("--port") + 1] == "0"
         assert server.port != 0
         assert announced_url(server.output()) == server.url == f"http://127.0.0.1:{server.port}"
-        assert httpx.get(server.url + "/v2/health/ready", timeout=30).status_code == 200
+        assert HTTP.get(server.url + "/v2/health/ready", timeout=30).status_code == 200
         tree = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
     assert server.process is not None and server.process.returncode == 0  # a graceful stop
     assert not _still_running(tree)

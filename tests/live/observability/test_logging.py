@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path
+from tests.serving import HTTP, Server, model_path
 
 CHATTY = model_path("Chatty")
 
@@ -22,7 +22,7 @@ def json_lines(output: str) -> list[dict[str, Any]]:
 
 
 def send(server: Server, request_id: str, body: bytes = b'{"instances": [1, 2]}') -> httpx.Response:
-    return httpx.post(
+    return HTTP.post(
         f"{server.url}/v1/models/chatty:predict",
         content=body,
         headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
@@ -37,7 +37,7 @@ def test_one_event_per_request_and_the_model_logs_carry_its_id(arch: str) -> Non
         for rid in ids:
             assert send(server, rid).json() == {"predictions": [2.0, 4.0]}
         assert send(server, f"{arch}-bad", b'{"instances": ["x"]}').status_code == 422
-        assert httpx.get(f"{server.url}/no/such/route", headers={"X-Request-Id": f"{arch}-404"}).status_code == 404
+        assert HTTP.get(f"{server.url}/no/such/route", headers={"X-Request-Id": f"{arch}-404"}).status_code == 404
         server.wait_for_output(f"{arch}-404")
         events = json_lines(server.output())
 

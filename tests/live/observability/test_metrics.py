@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import ARCHS
-from tests.serving import Server, model_path, poll, predict, sample, scrape, wait_until
+from tests.serving import HTTP, Server, model_path, poll, predict, sample, scrape, wait_until
 from twinserve.observability.metrics import metrics, reap_dead_processes
 
 #: The models of the module's shared servers: in hybrid each server process has a model-worker pool per model.
@@ -40,7 +40,7 @@ def test_every_request_is_counted_once_whichever_worker_answered(metered: Server
     assert all(a.status_code == 200 for a in answers)
     assert predict(server, "faulty", ["boom"]).status_code == 500
     assert predict(server, "echo", ["x" * 2000]).status_code == 413
-    assert httpx.get(server.url + "/v1/nothing").status_code == 404
+    assert HTTP.get(server.url + "/v1/nothing").status_code == 404
     samples = scrape(server)
 
     def get(name: str, **labels: str) -> float:

@@ -16,14 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import opentelemetry.sdk.trace  # noqa: F401  the otel extra is part of `make test`: missing, these tests fail
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tests.conftest import ARCHS
-from tests.serving import ROOT, Server, model_path
+from tests.serving import HTTP, ROOT, Server, model_path
 from twinserve.config import load_config
 from twinserve.errors import ConfigError
 from twinserve.observability.tracing import check_tracing
@@ -145,7 +144,7 @@ def post(server: Server, model: str, instances: list[Any], request_id: str, trac
     if traceparent:
         headers["traceparent"] = traceparent
     url = f"{server.url}/v1/models/{model}:predict"
-    return httpx.post(url, json={"instances": instances}, headers=headers, timeout=30).status_code
+    return HTTP.post(url, json={"instances": instances}, headers=headers, timeout=30).status_code
 
 
 def request_span(spans: list[Span], request_id: str) -> Span | None:
