@@ -14,9 +14,9 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission, QueueBound
 from twinserve.core.batch_queue import BatchQueue, Pending
 from twinserve.errors import ModelNotFound, QueueFull
-from twinserve.fronts.contract import Service
 from twinserve.fronts.early import EarlyRefusal, _response
-from twinserve.fronts.hosts import host_policy
+from twinserve.service.contract import Service
+from twinserve.service.hosts import host_policy
 
 SERVER_HEADERS = [(b"date", b"Wed, 02 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
 BODY_HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"20")]

@@ -35,15 +35,15 @@ from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError,
 from twinserve.fronts.asgi_lifespan import AsgiLifespan
 from twinserve.fronts.asgi_middleware import CorsMiddleware, TrustedHostsMiddleware
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.compression import compress_reply
-from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, step_or_none
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.compression import compress_reply
+from twinserve.service.contract import Reply, Service
+from twinserve.service.exchange import Exchange
+from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 
 __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 

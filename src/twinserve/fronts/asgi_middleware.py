@@ -1,5 +1,5 @@
 """The layers around the async front's app, each installed only when its policy is on: the allowed-hosts check
-(fronts/hosts.py), outermost, and the CORS policy (fronts/cors.py). Their refusals and a preflight's answer go through
+(service/hosts.py), outermost, and the CORS policy (service/cors.py). Their refusals and a preflight's answer go through
 an `Exchange` as any request's do, so they are counted and logged the same way."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from starlette.websockets import WebSocket
 
 from twinserve.errors import TwinserveError
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import REQUEST_ID_HEADER, error_shape
 from twinserve.fronts.websocket import deny_handshake
+from twinserve.service.contract import Service
+from twinserve.service.exchange import Exchange
+from twinserve.service.routes import REQUEST_ID_HEADER, error_shape
 
 __all__ = ["CorsMiddleware", "TrustedHostsMiddleware"]
 
 
 class TrustedHostsMiddleware:
-    """The allowed-hosts check (fronts/hosts.py) on every HTTP request and WebSocket handshake, before anything
+    """The allowed-hosts check (service/hosts.py) on every HTTP request and WebSocket handshake, before anything
     else; only installed when the hosts are restricted."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
@@ -72,7 +72,7 @@ def _host_header(scope: Scope) -> str | None:
 
 
 class CorsMiddleware:
-    """The shared CORS policy (fronts/cors.py) around the whole app: preflights answered
+    """The shared CORS policy (service/cors.py) around the whole app: preflights answered
     here, before authentication; the policy's headers added to every other response."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:

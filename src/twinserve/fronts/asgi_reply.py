@@ -14,8 +14,8 @@ from collections.abc import Collection
 
 from starlette.types import Receive, Scope, Send
 
-from twinserve.fronts.reply import Reply
-from twinserve.fronts.routes import REQUEST_ID_HEADER
+from twinserve.service.reply import Reply
+from twinserve.service.routes import REQUEST_ID_HEADER
 
 __all__ = ["AsgiReply"]
 

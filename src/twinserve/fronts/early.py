@@ -46,11 +46,11 @@ from urllib.parse import unquote
 
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import QueueFull, TwinserveError
-from twinserve.fronts.compression import GZIP_MIN_BYTES, compress_reply
-from twinserve.fronts.contract import Service, request_id_from
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.reply import Reply, error_reply
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, error_shape
+from twinserve.service.compression import GZIP_MIN_BYTES, compress_reply
+from twinserve.service.contract import Service, request_id_from
+from twinserve.service.reply import Reply, error_reply
+from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]
 
@@ -198,7 +198,7 @@ class EarlyRefusal:
         return length is None or (length.isdigit() and int(length) <= self._max_body)
 
     def decide(self, head: Head, host: str | None, backlog: int | None = None, spent: float = 0.0) -> Refusal | None:
-        """The app's decision from the head, in the app's order (fronts/exchange.py `Exchange.admit`): the
+        """The app's decision from the head, in the app's order (service/exchange.py `Exchange.admit`): the
         request's level from `X-Priority`, the sync backlog (`backlog`, None for none), the model, its default
         level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
         if self._hosts is not None and not self._hosts.allows_host(host):

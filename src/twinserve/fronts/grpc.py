@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC: `inference.GRPCInferenceService` on `--grpc-port`, in every architecture.
 
-Every RPC is one exchange (fronts/exchange.py), as an HTTP request is: opened with the request id from the
+Every RPC is one exchange (service/exchange.py), as an HTTP request is: opened with the request id from the
 `x-request-id` metadata, authenticated from the `authorization` / `x-api-key` metadata when the path it stands for
 needs a key, admitted from the message head (model, version, rate limit, size, readiness, priority, deadline),
 decoded by the same V2 codec (protocol/oip/messages.py), answered or failed, logged and counted under the same
@@ -33,10 +33,7 @@ from twinserve.config import Config
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ShuttingDown, TwinserveError
-from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.grpc_malformed import RefuseMalformed
-from twinserve.fronts.reply import Reply
 from twinserve.protocol.oip import grpc_service_pb2 as pb
 from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
 from twinserve.protocol.oip.messages import (
@@ -47,6 +44,9 @@ from twinserve.protocol.oip.messages import (
     statistics_message,
 )
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.contract import Service
+from twinserve.service.exchange import Exchange
+from twinserve.service.reply import Reply
 
 __all__ = [
     "GRPC_CODES",

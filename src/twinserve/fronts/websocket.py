@@ -46,10 +46,10 @@ from twinserve.errors import (
     TwinserveError,
 )
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange, decode_off_loop
-from twinserve.fronts.routes import error_shape
 from twinserve.protocol.websocket import MessageError, WebSocketCodec
+from twinserve.service.contract import Service
+from twinserve.service.exchange import Exchange, decode_off_loop
+from twinserve.service.routes import error_shape
 
 __all__ = [
     "CLOSE_GOING_AWAY",

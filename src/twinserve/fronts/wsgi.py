@@ -25,13 +25,13 @@ from twinserve.errors import (
     TwinserveError,
     WebSocketUnsupported,
 )
-from twinserve.fronts.compression import compress_reply
-from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.compression import compress_reply
+from twinserve.service.contract import Reply, Service
+from twinserve.service.exchange import Exchange
+from twinserve.service.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
 

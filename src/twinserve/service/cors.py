@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from twinserve.config import Config
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.errors import CorsRejected
-from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.routes import REQUEST_ID_HEADER
 
 __all__ = ["ALLOWED_HEADERS", "ALLOWED_METHODS", "CorsPolicy", "cors_policy"]
 

@@ -10,10 +10,10 @@ order, whatever the transport:
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
    type, the declared size, readiness, then the deadline; a request for a model that is loading (or, under
    `--max-loaded-models`, not loaded) first waits for it, up to that deadline (`wait_for_model`, `await_model`);
-3. **decode** the body, its content codings undone (fronts/compression.py), with the endpoint's codec (V1
+3. **decode** the body, its content codings undone (service/compression.py), with the endpoint's codec (V1
    instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
 4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
-   (`fronts/routes.py` `ErrorShape`: V1's, V2's or twinserve's); an exception twinserve did not expect is logged
+   (`service/routes.py` `ErrorShape`: V1's, V2's or twinserve's); an exception twinserve did not expect is logged
    with its traceback and answered as a bare 500;
 5. **close**: the request is logged, counted and traced, and leaves the in-flight gauge, once, whatever happened.
    An exchange closed before it was answered was left by its client: 499.
@@ -39,18 +39,18 @@ from twinserve.errors import (
     UnsupportedMediaType,
     internal_error,
 )
-from twinserve.fronts.compression import inflate, request_codings
-from twinserve.fronts.reply import Reply, error_reply
-from twinserve.fronts.routes import JSON, QUIET_ENDPOINTS, ErrorShape
 from twinserve.repository.shadow import ShadowJob
+from twinserve.service.compression import inflate, request_codings
+from twinserve.service.reply import Reply, error_reply
+from twinserve.service.routes import JSON, QUIET_ENDPOINTS, ErrorShape
 
 if TYPE_CHECKING:
     from twinserve.core.runtime import ModelRuntime
-    from twinserve.fronts.contract import Service
     from twinserve.observability.context import RequestContext
     from twinserve.observability.tracing import Headers
     from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
+    from twinserve.service.contract import Service
 
 __all__ = [
     "DECODE_OFF_LOOP_BYTES",
@@ -238,7 +238,7 @@ class Exchange:
     # -- the body ----------------------------------------------------------------------------------------
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`), from `body`
-        with its content codings undone (fronts/compression.py: `--max-body-bytes` bounds the inflated size)."""
+        with its content codings undone (service/compression.py: `--max-body-bytes` bounds the inflated size)."""
         try:
             return self._decode(body, header_length)
         except MalformedRequest as exc:
