@@ -72,6 +72,12 @@ class _Service:
             raise ModelNotFound(f"no model {model!r}")
         return self.runtime_
 
+    def route(
+        self, endpoint: str, model: str, version: str | None = None, headers: Any = None
+    ) -> tuple[_Runtime, None]:
+        """`Service.route` without a traffic split (the refusal leaves a split model to the app)."""
+        return self.runtime(model, version), None
+
     def refused_early(self, *counted: Any) -> None:
         self.counted.append(counted)
 

@@ -14,6 +14,7 @@ from twinserve.errors import TwinserveError
 from twinserve.fronts.asgi_reply import AsgiReply
 from twinserve.fronts.websocket import deny_handshake
 from twinserve.service.contract import Service
+from twinserve.service.cors import merge_vary
 from twinserve.service.exchange import Exchange
 from twinserve.service.routes import REQUEST_ID_HEADER, error_shape
 
@@ -53,14 +54,15 @@ class TrustedHostsMiddleware:
 
 
 def _merged(headers: Iterable[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """`headers` and `extra`, one `Vary` naming both's (a gzip-able reply varies on Accept-Encoding already)."""
+    """`headers` and `extra`, one `Vary` naming both's (service/cors.py `merge_vary`)."""
     out = list(headers)
     for name, value in extra:
         at = next((i for i, (n, _) in enumerate(out) if n == b"vary"), None) if name == b"vary" else None
         if at is None:
             out.append((name, value))
         else:
-            out[at] = (name, out[at][1] + b", " + value)
+            merged = merge_vary(out[at][1].decode("latin-1"), value.decode("latin-1"))
+            out[at] = (name, merged.encode("latin-1"))
     return out
 
 

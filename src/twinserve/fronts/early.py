@@ -49,6 +49,7 @@ from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.service.compression import GZIP_MIN_BYTES, compress_reply
 from twinserve.service.contract import Service, request_id_from
+from twinserve.service.lifecycle import RequestHead, admit_head
 from twinserve.service.reply import Reply, error_reply
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
@@ -198,9 +199,10 @@ class EarlyRefusal:
         return length is None or (length.isdigit() and int(length) <= self._max_body)
 
     def decide(self, head: Head, host: str | None, backlog: int | None = None, spent: float = 0.0) -> Refusal | None:
-        """The app's decision from the head, in the app's order (service/exchange.py `Exchange.admit`): the
-        request's level from `X-Priority`, the sync backlog (`backlog`, None for none), the model, its default
-        level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
+        """The app's decision from the head, the app's own (service/lifecycle.py `admit_head`, which
+        `Exchange.admit` calls too): the request's level from `X-Priority`, the sync backlog (`backlog`, None for
+        none), the model, its default level; then its batch queue. None unless that decision is 503 `queue_full`:
+        anything else is the app's."""
         if self._hosts is not None and not self._hosts.allows_host(host):
             return None  # the app refuses a foreign Host first (400)
         route = self._route(head.path)
@@ -208,21 +210,17 @@ class EarlyRefusal:
             return None
         endpoint, model, asked_version = route
         service = self.service
-        admission = service.admission
         version = None
         if asked_version is None and model in service.registry.traffic:
             return None  # a traffic split picks the version per request (sticky, weighted): the app's to route
+        level = _Level()
         try:
-            priority = admission.priority(head.priority)
-            if backlog is not None:
-                admission.shed(backlog, priority, spent)
-            runtime = service.runtime(model, asked_version)
+            request = RequestHead(endpoint, model, asked_version, priority=head.priority, backlog=backlog)
+            runtime, _ = admit_head(service, request, None, level, spent)  # no key: keys on refuse nothing here
             if not runtime.ready:
                 return None
             model, version = runtime.name, runtime.spec.version
-            if head.priority is None:
-                priority = admission.priority(None, default=runtime.config.default_priority)
-            error: TwinserveError | None = runtime.early_refusal(priority)
+            error: TwinserveError | None = runtime.early_refusal(level.priority)
         except QueueFull as full:  # the sync backlog's
             error = full
         except TwinserveError:
@@ -231,7 +229,7 @@ class EarlyRefusal:
             return None
         if model not in service.runtimes:
             return None  # shed before the model was known, and it is unknown: the app counts it without a label
-        service.refused_early(model, version, endpoint, priority, error.status, error.code)
+        service.refused_early(model, version, endpoint, level.priority, error.status, error.code)
         return Refusal(error, head)
 
     def hold(
@@ -290,6 +288,15 @@ def _path(url: bytes) -> str:
 def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
     value = fields.get(name)
     return None if value is None else value.decode("latin-1")
+
+
+class _Level:
+    """Where `admit_head` writes the refused request's level (the app writes it to the request's context)."""
+
+    __slots__ = ("priority",)
+
+    def __init__(self) -> None:
+        self.priority = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from twinserve.protocol.oip.messages import (
 from twinserve.protocol.v2 import HEADER_LENGTH
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange
+from twinserve.service.lifecycle import RequestHead
 from twinserve.service.reply import Reply
 
 __all__ = [
@@ -245,15 +246,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Admitted from the message head (the gRPC deadline too), then decoded by the V2 codec."""
         if self.draining:
             raise ShuttingDown("the server is shutting down: send this request again")
-        runtime = exchange.admit(
+        head = RequestHead(
+            "infer",
             request.model_name,
             request.model_version or None,
             content_length=request.ByteSize(),
-            timeout_header=metadata.get(_TIMEOUT),
-            priority_header=metadata.get(_PRIORITY),
+            timeout=metadata.get(_TIMEOUT),
+            priority=metadata.get(_PRIORITY),
+            headers=metadata,  # a traffic split's sticky key
             backlog=self.backlog(),
-            headers=metadata,
         )
+        runtime = exchange.admit(head)
         remaining = context.time_remaining()
         if remaining is not None:  # the gRPC deadline, capped like a timeout header
             exchange.deadline = self.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))

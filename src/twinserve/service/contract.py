@@ -45,6 +45,7 @@ from twinserve.service.auth import authenticator, key_id
 from twinserve.service.clients import ForwardedFor
 from twinserve.service.cors import cors_policy
 from twinserve.service.hosts import check_site, host_policy
+from twinserve.service.lifecycle import BodyRule
 from twinserve.service.openapi import openapi_document, secure, swagger_page
 from twinserve.service.reply import NOT_READY_HEADERS, Reply, error_reply
 from twinserve.service.repository_api import RepositoryApi
@@ -143,6 +144,8 @@ class Service(OpenInferenceHandlers):
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
+        #: What every front decides about the body bytes it reads: too large, cut short, too late.
+        self.body = BodyRule(config.max_body_bytes, config.read_timeout_s, self.too_large)
         #: Whether a model's exception text may reach the client (`--expose-errors`, `--debug`).
         self.expose_errors = config.effective_expose_errors
         #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
