@@ -38,7 +38,7 @@ from twinserve.protocol.oip import grpc_service_pb2 as pb
 from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
 from twinserve.protocol.oip.messages import (
     config_message,
-    infer_body,
+    infer_message,
     infer_response,
     metadata_message,
     statistics_message,
@@ -260,8 +260,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:  # the gRPC deadline, capped like a timeout header
             exchange.deadline = self.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))
-        body, length = infer_body(request)
-        return runtime, await exchange.adecode(body, str(length))
+        message, data = infer_message(request)  # decoded by the V2 codec as it is: no REST body between
+        return runtime, await exchange.adecode_message(message, data)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any

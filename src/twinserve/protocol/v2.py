@@ -211,15 +211,22 @@ class V2Codec:
         instances the model's schema rejects."""
         header, binary = _split(body, header_length)
         try:
-            request = _object(orjson.loads(header), "the request")
+            request = orjson.loads(header)
         except orjson.JSONDecodeError as exc:
             raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+        return self.decode_message(request, binary, _may_hold_booleans(header))
+
+    def decode_message(self, message: Any, binary: memoryview, booleans: bool = True) -> InferenceRequest:
+        """`decode` of a request already parsed: `message`, the JSON header's object (a gRPC call's, built from
+        its protobuf message: protocol/oip/messages.py), and `binary`, the tensor data its `binary_data_size`
+        parameters describe; `booleans`: whether JSON `data` may hold a true or false."""
+        request = _object(message, "the request")
         parameters = _parameters(request, "request")
         request_id = request.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidTensor("the request id must be a string")
         requested, timeout = self._requested(request, parameters), _timeout(parameters)
-        arrays = self._arrays(request.get("inputs"), binary, _may_hold_booleans(header))
+        arrays = self._arrays(request.get("inputs"), binary, booleans)
         rows = {array.shape[0] for array in arrays.values()}
         if len(rows) > 1:
             raise InvalidTensor(f"the inputs disagree on the batch dimension: {sorted(rows)}")

@@ -245,7 +245,7 @@ class Exchange:
         ADMITTED -> DECODED."""
         self._allowed(Stage.DECODED)
         try:
-            instances = self._decode(body, header_length)
+            instances = self._tallied(self._decode(body, header_length))
         except MalformedRequest as exc:
             if not self._lenient:
                 raise
@@ -262,19 +262,40 @@ class Exchange:
             body = inflate(body, self._codings, service.max_body_bytes, service.too_large)
         self._body_bytes = len(body)
         if self.endpoint == "infer":
-            inference = self._inference = codecs.v2.decode(body, header_length)
-            admission = self.service.admission
-            self.deadline = admission.tighten(self.deadline, inference.timeout_us)
-            if inference.priority is not None:
-                self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
-            instances = inference.instances
-        else:
-            request = codecs.v1.read(body)
-            instances, self._columnar = request.instances, request.columnar
+            return self._inferred(codecs.v2.decode(body, header_length))
+        request = codecs.v1.read(body)
+        self._columnar = request.columnar
+        return request.instances
+
+    def _inferred(self, inference: InferenceRequest) -> list[Any]:
+        """A V2 request's instances; its own `timeout` tightens the deadline, its `priority` sets the level."""
+        self._inference = inference
+        admission = self.service.admission
+        self.deadline = admission.tighten(self.deadline, inference.timeout_us)
+        if inference.priority is not None:
+            self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
+        return inference.instances
+
+    def _tallied(self, instances: list[Any]) -> list[Any]:
+        """`instances`, their count noted (and kept for the shadow version, if any)."""
         self._count = len(instances)
         if self._shadow is not None:
             self._instances = instances
         return instances
+
+    def decode_message(self, message: Any, binary: bytes) -> list[Any]:
+        """`decode` for a V2 request that came as a message, not as body bytes (a gRPC call: its tensors'
+        description as the V2 header's object, `binary` their data): decoded by the same V2 codec, without JSON
+        in between. ADMITTED -> DECODED."""
+        self._allowed(Stage.DECODED)
+        self._body_bytes = len(binary)
+        instances = self._tallied(self._inferred(self.codecs.v2.decode_message(message, memoryview(binary))))
+        self.stage = Stage.DECODED
+        return instances
+
+    async def adecode_message(self, message: Any, binary: bytes) -> list[Any]:
+        """`decode_message` for the event loop: on a thread when its data is large (`decode_off_loop`)."""
+        return await decode_off_loop(functools.partial(self.decode_message, message), binary)
 
     async def adecode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`), and so is a
