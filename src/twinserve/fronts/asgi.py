@@ -41,6 +41,7 @@ from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.protocol.v2 import HEADER_LENGTH
 from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
+from twinserve.service.drive import adecoded, ainfer
 from twinserve.service.exchange import Exchange
 from twinserve.service.lifecycle import BodyRule, RequestHead
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
@@ -228,7 +229,7 @@ _REQUEST_ID = REQUEST_ID_HEADER.lower()
 def _endpoints(service: Service) -> dict[str, Endpoint]:
     """Each route's endpoint, by route name."""
 
-    body_rule = service.body
+    body_rule = service.body  # what the repository API's body is judged by, as an inference body is
 
     def request_head(request: Request, exchange: Exchange) -> RequestHead:
         """The head admission reads, from the request's header dict (`_head`), once."""
@@ -250,14 +251,10 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
 
     async def infer(request: Request, exchange: Exchange) -> Reply:
         """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
-        head = request_head(request, exchange)
-        runtime = await exchange.aadmit(head)
-        instances = await exchange.adecode(await _read_body(request, body_rule), head.header_length)
-        return exchange.encode(await predict_unless_gone(request, runtime, instances, exchange.deadline))
+        return await ainfer(exchange, request_head(request, exchange), request, _read_body, predict_unless_gone)
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:
-        runtime = await exchange.aadmit(request_head(request, exchange))
-        instances = await exchange.adecode(await _read_body(request, body_rule))
+        runtime, instances = await adecoded(exchange, request_head(request, exchange), request, _read_body)
         steps = await runtime.astream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Request, Response, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
+from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
     ClientError,
     HostNotAllowed,
@@ -26,6 +28,7 @@ from twinserve.errors import (
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service import drive
 from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
 from twinserve.service.cors import merge_vary
@@ -70,7 +73,7 @@ def _translate(exc: HTTPException, service: Service) -> TwinserveError:
     return error
 
 
-def _read_body(rule: BodyRule) -> bytes:
+def _read_body(request: Request, rule: BodyRule) -> bytes:
     """The request body, refusing (413) one byte past the limit, chunked or not; 408 if the client stalls: the
     reading here, the decisions the service's `BodyRule` (service/lifecycle.py), the async front's too."""
     try:
@@ -85,13 +88,18 @@ def _read_body(rule: BodyRule) -> bytes:
     return rule.whole(body)
 
 
+def _predict(request: Request, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Any:
+    """The outputs for `instances`, waited for in the request's thread."""
+    return runtime.predict(instances, deadline)
+
+
 def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
     app.url_map.converters["model"] = _ModelNameConverter
     app.extensions[EARLY_REFUSAL_STATE] = EarlyRefusal(service)  # for twinserve's gunicorn worker, before Flask
 
-    body_rule = service.body
+    body_rule = service.body  # what the repository API's body is judged by, as an inference body is
 
     def request_head(exchange: Exchange, model: str, version: str | None = None) -> RequestHead:
         """The head admission reads, from Flask's request, once."""
@@ -114,15 +122,11 @@ def create_wsgi_app(service: Service) -> Flask:
     def infer(model: str, version: str | None = None) -> Response:
         """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
         exchange = _exchange()
-        head = request_head(exchange, model, version)
-        runtime = exchange.wait_admit(head)
-        instances = exchange.decode(_read_body(body_rule), head.header_length)
-        return _respond(exchange.encode(runtime.predict(instances, exchange.deadline)))
+        return _respond(drive.infer(exchange, request_head(exchange, model, version), request, _read_body, _predict))
 
     def stream(model: str) -> Response:
         exchange = _exchange()
-        runtime = exchange.wait_admit(request_head(exchange, model))
-        instances = exchange.decode(_read_body(body_rule))
+        runtime, instances = drive.decoded(exchange, request_head(exchange, model), request, _read_body)
         steps = runtime.stream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
@@ -164,7 +168,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "repository_unload": lambda model: _respond(service.repository.unload(_exchange().key_id, model)),
         "repository_traffic": lambda model: _respond(service.repository.traffic(model)),
         "repository_set_traffic": lambda model: _respond(
-            service.repository.set_traffic(_exchange().key_id, model, _read_body(body_rule))
+            service.repository.set_traffic(_exchange().key_id, model, _read_body(request, body_rule))
         ),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
