@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
@@ -51,6 +50,7 @@ from twinserve.service.compression import GZIP_MIN_BYTES, compress_reply
 from twinserve.service.contract import Service, request_id_from
 from twinserve.service.lifecycle import RequestHead, admit_head
 from twinserve.service.reply import Reply, error_reply
+from twinserve.service.response import http1_response
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]
@@ -326,15 +326,6 @@ class Refusal:
 
 
 def _response(reply: Reply, request_id: str, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
-    """The app's answer as uvicorn writes it: its status line and own headers, then the front's headers in the
-    order its response writes them (request id, the error's, content-length, content-type)."""
-    lines = [f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n".encode("latin-1")]
-    lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
-    fields = {REQUEST_ID_HEADER: request_id, **(reply.headers or {})}
-    lines += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in fields.items()]
-    lines.append(f"content-length: {len(reply.body)}\r\ncontent-type: {reply.content_type}\r\n".encode("latin-1"))
-    if not keep_alive:
-        lines.append(b"connection: close\r\n")
-    lines.append(b"\r\n")
-    lines.append(reply.body)
-    return b"".join(lines)
+    """The app's answer as uvicorn writes it: its status line and own headers, then the app's head by the one
+    response writer the app's replies go through (service/response.py)."""
+    return http1_response(reply, request_id, default_headers, close=not keep_alive)

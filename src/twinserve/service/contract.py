@@ -13,7 +13,6 @@ import time
 import weakref
 from collections.abc import Mapping
 from functools import cached_property
-from http import HTTPStatus
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission
@@ -50,6 +49,7 @@ from twinserve.service.openapi import openapi_document, secure, swagger_page
 from twinserve.service.reply import NOT_READY_HEADERS, Reply, error_reply
 from twinserve.service.repository_api import RepositoryApi
 from twinserve.service.request_counts import RequestCounts
+from twinserve.service.response import http1_response
 from twinserve.service.routes import (
     HTML,
     JSON,
@@ -116,15 +116,10 @@ def request_id_from(header: str | None) -> str:
 
 def raw_error_response(error: TwinserveError) -> bytes:
     """A complete HTTP/1.1 error response that closes the connection, for errors an HTTP server meets while it
-    parses a request (request line or headers too large), before any front sees it. Its body is twinserve's."""
+    parses a request (request line or headers too large), before any front sees it. Its body is twinserve's; its
+    head the one response writer's (service/response.py)."""
     request_id = request_id_from(None)
-    body = dumps(error_payload(error, request_id))
-    head = (
-        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
-        f"content-type: {JSON}\r\ncontent-length: {len(body)}\r\n"
-        f"{REQUEST_ID_HEADER.lower()}: {request_id}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
+    return http1_response(Reply(error.status, dumps(error_payload(error, request_id))), request_id)
 
 
 class Service(OpenInferenceHandlers):
