@@ -76,6 +76,15 @@ DECODE_OFF_LOOP_BYTES = 64 * 1024
 TRIM_AFTER_BYTES = 1 << 20
 
 
+def _sources(to: Stage) -> frozenset[Stage]:
+    """The stages an exchange may move to `to` from (`MOVES`, the one table): checked inline on the hot path."""
+    return frozenset(stage for stage, moves in MOVES.items() if to in moves)
+
+
+_ADMITTED, _DECODED, _ANSWERED = Stage.ADMITTED, Stage.DECODED, Stage.ANSWERED
+_MAY_ADMIT, _MAY_DECODE, _MAY_ANSWER = _sources(_ADMITTED), _sources(_DECODED), _sources(_ANSWERED)
+
+
 async def decode_off_loop(decode: Callable[[D], T], data: D) -> T:
     """`decode(data)`, on a thread of the loop's default executor when `data` is large (the request context goes
     with it), in place otherwise."""
@@ -213,7 +222,8 @@ class Exchange:
     def admit(self, head: RequestHead) -> ModelRuntime:
         """Admit the request from its head alone (OPEN -> ADMITTED); the body is read only after this returns. A
         refusal raises and leaves the exchange OPEN, for the front to `fail`."""
-        self._allowed(Stage.ADMITTED)
+        if self.stage not in _MAY_ADMIT:
+            raise IllegalTransition(self.stage, _ADMITTED)
         service = self.service
         runtime, shadow = admit_head(service, head, self.key_id, self.context)
         if head.backlog is not None:
@@ -235,7 +245,7 @@ class Exchange:
             runtime.refuse_early(priority)
         if self.deadline is None:  # else it waited for its model: the deadline it waited under stands
             self.deadline = service.admission.deadline(head.timeout, runtime.config.timeout_ms)
-        self.stage = Stage.ADMITTED
+        self.stage = _ADMITTED
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------
@@ -243,7 +253,8 @@ class Exchange:
         """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`), from `body`
         with its content codings undone (service/compression.py: `--max-body-bytes` bounds the inflated size):
         ADMITTED -> DECODED."""
-        self._allowed(Stage.DECODED)
+        if self.stage not in _MAY_DECODE:
+            raise IllegalTransition(self.stage, _DECODED)
         try:
             instances = self._tallied(self._decode(body, header_length))
         except MalformedRequest as exc:
@@ -252,7 +263,7 @@ class Exchange:
             raise UnsupportedMediaType(
                 f"Content-Type must be {JSON}; the body is not JSON either ({exc.message})"
             ) from None
-        self.stage = Stage.DECODED
+        self.stage = _DECODED
         return instances
 
     def _decode(self, body: bytes, header_length: str | None) -> list[Any]:
@@ -351,8 +362,9 @@ class Exchange:
     # -- the answer --------------------------------------------------------------------------------------
     def reply(self, reply: Reply) -> Reply:
         """Record `reply` as the answer (-> ANSWERED) and return it."""
-        self._move(Stage.ANSWERED)
-        self.status, self.error_code = reply.status, None
+        if self.stage not in _MAY_ANSWER:
+            raise IllegalTransition(self.stage, _ANSWERED)
+        self.status, self.error_code, self.stage = reply.status, None, _ANSWERED
         return reply
 
     def responded(self, status: int) -> None:

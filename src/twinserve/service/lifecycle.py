@@ -139,7 +139,7 @@ def admit_head(
     shadow); raises the refusal. The exchange goes on to the rate limit, the media type, the declared size,
     readiness and the batch queue (`Exchange.admit`); the refusal before the app asks the batch queue alone."""
     admission = service.admission
-    level.priority = head_level(admission, head, key_id, None)
+    level.priority = admission.priority(head.priority, key_id=key_id)  # `head_level` before the model is known
     if head.backlog is not None:
         admission.shed(head.backlog, level.priority, spent)  # before the rate limit: a shed request takes no token
     routed = service.route(head.endpoint, head.model, head.version, head.headers)
@@ -175,7 +175,8 @@ class BodyRule:
     def whole(self, body: bytes, declared: int | None = None) -> bytes:
         """`body`, once it is judged complete: within the limit, and as long as the `declared` length (None:
         none declared, the read ended where the body did)."""
-        self.within(len(body))
+        if len(body) > self.max_bytes:
+            raise self.too_large()
         if declared is not None and len(body) < declared:
             raise ClientError(
                 f"the request body ended after {len(body)} of the {declared} bytes its Content-Length announced",
