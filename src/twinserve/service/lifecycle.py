@@ -1,17 +1,12 @@
 """A request's life as states, IO-free: what its head carries, the stages it passes, the moves between them.
 
 ```
-            admit(head)          decode(body)
-    OPEN ---------------> ADMITTED ------------> DECODED
-      |                      |                      |
-      |  reply / fail        |  reply / fail        |  encode / reply / fail
-      v                      v                      v
-    ANSWERED <------------------------------------------ (a stream answers step by step: ANSWERED again)
-      |   \\  fail (a stream that broke, an answer that could not be sent)
-      |    v
-      |   FAILED  (fail again: the later failure is the outcome)
-      v    |
-    CLOSED <  close: logged, counted, traced, released; once (closing again does nothing)
+    OPEN --admit(head)--> ADMITTED --decode(body)--> DECODED --encode / reply--> ANSWERED --+
+      |                      |                                                    ^   ^     | a stream:
+      +----------------------+-- reply (a route with no body: health, metadata) --+   +-----+ each step
+    any stage but CLOSED --fail--> FAILED    ANSWERED -> FAILED: a stream that broke, an answer never taken;
+                                             FAILED -> FAILED: the later failure is the outcome
+    any stage --close--> CLOSED              logged, counted, traced, released: once (closing again: nothing)
 ```
 
 An exchange (service/exchange.py) holds its `Stage` and moves only along `MOVES`; any other move raises

@@ -200,3 +200,17 @@ def test_the_head_alone_decides_level_backlog_and_model_for_both_callers(service
     assert shed.priority == 3  # written before the refusal, which is counted at it
     with pytest.raises(ClientError, match="X-Priority must be a whole number"):
         admit_head(service, RequestHead("predict", MODEL, priority="9"), None, _Level())
+
+
+def test_the_moves_are_the_ones_drawn() -> None:
+    """The table every check is derived from, as service/lifecycle.py draws it: forward only, then an outcome,
+    then CLOSED; a wider table would let a front skip admission or decode twice."""
+    open_, admitted, decoded, answered, failed, closed = Stage
+    assert {stage: set(moves) for stage, moves in MOVES.items()} == {
+        open_: {admitted, answered, failed, closed},
+        admitted: {decoded, answered, failed, closed},
+        decoded: {answered, failed, closed},
+        answered: {answered, failed, closed},
+        failed: {failed, closed},
+        closed: set(),
+    }
