@@ -3,9 +3,10 @@
 Every RPC is one exchange (service/exchange.py), as an HTTP request is: opened with the request id from the
 `x-request-id` metadata, authenticated from the `authorization` / `x-api-key` metadata when the path it stands for
 needs a key, admitted from the message head (model, version, rate limit, size, readiness, priority, deadline),
-decoded by the same V2 codec (protocol/oip/messages.py), answered or failed, logged and counted under the same
-endpoint names (`infer`, `live`, ...) and closed once. The gRPC deadline becomes the request's deadline (capped by
-`--max-timeout-ms`, like `X-Request-Timeout-Ms`); a client that cancels leaves the batch queue (499).
+decoded and encoded by the same V2 codec, with no JSON between (protocol/oip/messages.py), answered or failed,
+logged and counted under the same endpoint names (`infer`, `live`, ...) and closed once. The gRPC deadline becomes
+the request's deadline (capped by `--max-timeout-ms`, like `X-Request-Timeout-Ms`); a client that cancels leaves
+the batch queue (499).
 
 A failure is answered with the gRPC status for its HTTP status (`GRPC_CODES`) and the error message as details;
 the request id comes back in the trailing metadata (`x-request-id`) of every call.
@@ -39,15 +40,13 @@ from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
 from twinserve.protocol.oip.messages import (
     config_message,
     infer_message,
-    infer_response,
     metadata_message,
+    response_message,
     statistics_message,
 )
-from twinserve.protocol.v2 import HEADER_LENGTH
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange
 from twinserve.service.lifecycle import RequestHead
-from twinserve.service.reply import Reply
 
 __all__ = [
     "GRPC_CODES",
@@ -119,11 +118,6 @@ def _peer(context: aio.ServicerContext[Any, Any]) -> str | None:
     if kind == "ipv6":
         return rest.rpartition(":")[0].strip("[]")
     return None
-
-
-def _header_length(reply: Reply) -> int | None:
-    value = (reply.headers or {}).get(HEADER_LENGTH)
-    return None if value is None else int(value)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -326,8 +320,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def _encoded(exchange: Exchange, outputs: Any) -> pb.ModelInferResponse:
-    reply = exchange.encode(outputs)
-    return infer_response(reply.body, _header_length(reply))
+    """The reply as the V2 codec gives it, as its protobuf message: no JSON between (protocol/oip/messages.py)."""
+    return response_message(*exchange.encode_message(outputs))
 
 
 async def astream(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> AsyncIterator[list[Any]]:

@@ -323,6 +323,15 @@ class V2Codec:
     # -- responses ---------------------------------------------------------------------------------------------
     def encode(self, request: InferenceRequest, outputs: Any) -> tuple[bytes, int | None]:
         """Outputs -> response bytes, and the JSON header's length when binary tensor data follows it."""
+        response, buffers = self.encode_message(request, outputs)
+        body = dumps(response)
+        if not buffers:
+            return body, None
+        return body + b"".join(buffers), len(body)
+
+    def encode_message(self, request: InferenceRequest, outputs: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """`encode` without the bytes: the JSON header's object, and the binary data of the outputs asked for as
+        binary, in order (a gRPC reply is built from these: protocol/oip/messages.py)."""
         if not isinstance(outputs, list | tuple | np.ndarray):
             raise OutputMismatch(f"predict must return a list, got {type(outputs).__name__}")
         expected = len(request.instances)
@@ -345,10 +354,7 @@ class V2Codec:
             "id": request.id if request.id is not None else (current_request_id() or ""),
             "outputs": described,
         }
-        body = dumps(response)
-        if not buffers:
-            return body, None
-        return body + b"".join(buffers), len(body)
+        return response, buffers
 
 
 def _may_hold_booleans(header: bytes | memoryview) -> bool:

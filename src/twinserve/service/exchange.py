@@ -85,6 +85,10 @@ _ADMITTED, _DECODED, _ANSWERED = Stage.ADMITTED, Stage.DECODED, Stage.ANSWERED
 _MAY_ADMIT, _MAY_DECODE, _MAY_ANSWER = _sources(_ADMITTED), _sources(_DECODED), _sources(_ANSWERED)
 
 
+#: What `encode_message` records as the answer: a 200 whose body the front builds from the message itself.
+_MESSAGE_REPLY = Reply(200, b"")
+
+
 async def decode_off_loop(decode: Callable[[D], T], data: D) -> T:
     """`decode(data)`, on a thread of the loop's default executor when `data` is large (the request context goes
     with it), in place otherwise."""
@@ -326,6 +330,18 @@ class Exchange:
         if self._shadow is not None and self._instances is not None:
             self._mirror(runtime, self._shadow, self._instances, outputs)
         return reply
+
+    def encode_message(self, outputs: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """`encode` for a V2 request answered as a message, not as body bytes (a gRPC call): the V2 reply's header
+        object and its outputs' binary data, no JSON between. -> ANSWERED."""
+        runtime, inference = self._runtime(), self._inference
+        if inference is None:
+            raise RuntimeError("only a decoded V2 request is answered as a message")
+        message = self.codecs.v2.encode_message(inference, outputs)
+        self.reply(_MESSAGE_REPLY)
+        if self._shadow is not None and self._instances is not None:
+            self._mirror(runtime, self._shadow, self._instances, outputs)
+        return message
 
     def _mirror(self, runtime: ModelRuntime, shadow: ModelRuntime, instances: list[Any], outputs: Any) -> None:
         """Hand the answered request to its shadow version (repository/shadow.py): never waited for."""

@@ -21,6 +21,7 @@ from twinserve.protocol.oip.messages import (
     infer_message,
     infer_response,
     parameters_dict,
+    response_message,
     statistics_message,
 )
 from twinserve.protocol.v2 import InferenceRequest, V2Codec
@@ -131,6 +132,10 @@ def test_a_message_decodes_as_its_rest_body_does_without_json_between() -> None:
     assert (direct.id, direct.timeout_us) == (rest.id, rest.timeout_us) == ("r7", 5000)
     assert direct.outputs == rest.outputs
     assert repr(direct.instances) == repr(rest.instances) and len(direct.instances) == 2
+    outputs = [{"y": [3.0, 6.0]}, {"y": [1.5, 2.0]}]
+    answered = response_message(*codec.encode_message(direct, outputs))
+    assert answered == infer_response(*codec.encode(rest, outputs))  # the reply too: no JSON between, same message
+    assert answered.id == "r7" and [o.name for o in answered.outputs] == ["y", "total"]
     request.inputs[1].shape[:] = [3]  # a shape its data does not fill
     message, data = infer_message(request)
     body, length = infer_body(request)

@@ -7,7 +7,8 @@ to the same little-endian layout with one numpy call per tensor. So gRPC, REST J
 checked and decoded by the one codec, with the same messages and statuses (`infer_body` is the REST body itself).
 
 Outputs are always asked for as binary data and answered in `raw_output_contents`, as Triton's gRPC server does
-(tritonclient's `as_numpy` reads either form).
+(tritonclient's `as_numpy` reads either form): `response_message` builds the reply from what the codec gives
+(`V2Codec.encode_message`), again with no JSON between; `infer_response` is its twin over the REST reply's bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "infer_response",
     "metadata_message",
     "parameters_dict",
+    "response_message",
     "statistics_message",
 ]
 
@@ -131,18 +133,27 @@ def infer_message(request: pb.ModelInferRequest) -> tuple[dict[str, Any], bytes]
 
 
 def infer_response(body: bytes, header_length: int | None) -> pb.ModelInferResponse:
-    """The V2 codec's reply (header, then each output's binary data) as a `ModelInferResponse`."""
+    """The V2 codec's reply bytes (header, then each output's binary data) as a `ModelInferResponse`: the REST
+    twin of `response_message`."""
     length = len(body) if header_length is None else header_length
     header = orjson.loads(body[:length])
+    buffers, offset = [], length
+    for output in header["outputs"]:
+        size = output["parameters"]["binary_data_size"]
+        buffers.append(body[offset : offset + size])
+        offset += size
+    return response_message(header, buffers)
+
+
+def response_message(header: Mapping[str, Any], buffers: list[bytes]) -> pb.ModelInferResponse:
+    """The V2 codec's reply as the codec gives it (`V2Codec.encode_message`: the header's object and each
+    output's binary data, every output asked for as binary by `infer_message`) as a `ModelInferResponse`."""
     response = pb.ModelInferResponse(
         model_name=header["model_name"], model_version=header["model_version"], id=header.get("id", "")
     )
-    offset = length
     for output in header["outputs"]:
         response.outputs.add(name=output["name"], datatype=output["datatype"], shape=output["shape"])
-        size = output["parameters"]["binary_data_size"]
-        response.raw_output_contents.append(body[offset : offset + size])
-        offset += size
+    response.raw_output_contents.extend(buffers)
     return response
 
 
