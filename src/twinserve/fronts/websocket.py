@@ -238,20 +238,22 @@ class _Socket:
                 if refusal is not None:
                     message_id = self.codec.message_id(data)
                     raise refusal
+                # Decoded before its exchange opens: the message's id, its request id, is inside it.
+                framed = None
                 if isinstance(data, str):
                     text = await decode_off_loop(self.codec.decode_text, data)
-                    message_id, exchange = text.id, self._open(text.id, received)
-                    runtime = self._admit(exchange)
-                    exchange.counted(len(text.instances))
-                    outputs = await runtime.apredict(text.instances, exchange.deadline, self._gone)
-                    reply = self.codec.encode_text(message_id, outputs, len(text.instances))
+                    message_id, instances, timeout_us = text.id, text.instances, None
                 else:
                     framed = await decode_off_loop(self.codec.decode_binary, data)
-                    message_id, exchange = framed.id, self._open(framed.id, received)
-                    runtime = self._admit(exchange)
-                    exchange.counted(len(framed.request.instances))
-                    deadline = self.service.admission.tighten(exchange.deadline, framed.request.timeout_us)
-                    outputs = await runtime.apredict(framed.request.instances, deadline, self._gone)
+                    message_id, instances, timeout_us = framed.id, framed.request.instances, framed.request.timeout_us
+                exchange = self._open(message_id, received)
+                runtime = self._admit(exchange)
+                exchange.counted(len(instances))
+                deadline = self.service.admission.tighten(exchange.deadline, timeout_us)  # a V2 frame's own
+                outputs = await runtime.apredict(instances, deadline, self._gone)
+                if framed is None:
+                    reply = self.codec.encode_text(message_id, outputs, len(instances))
+                else:
                     reply = self.codec.encode_binary(framed.request, outputs)
             except MessageError as exc:  # a message the codec refused: it fails before it is admitted
                 message_id, error = exc.id, exc.error
