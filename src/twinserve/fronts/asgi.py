@@ -62,8 +62,10 @@ async def _read_body(request: Request, rule: BodyRule) -> bytes:
     whole from the server (`arrived_body`): there is nothing left to wait for.
     """
     arrived = arrived_body(request)
-    if arrived is not None:
-        return rule.whole(arrived)
+    if arrived is not None:  # whole, with no length to check against: only the rule's limit, compared here
+        if len(arrived) > rule.max_bytes:  # (the hot path: no call for one comparison)
+            raise rule.too_large()
+        return arrived
     chunks: list[bytes] = []
     size = 0
     try:
@@ -249,9 +251,10 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             headers,  # a traffic split's sticky key (its name looked up in lower case)
         )
 
-    async def infer(request: Request, exchange: Exchange) -> Reply:
-        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
-        return await ainfer(exchange, request_head(request, exchange), request, _read_body, predict_unless_gone)
+    def infer(request: Request, exchange: Exchange) -> Awaitable[Reply]:
+        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's. The driver's coroutine is
+        the endpoint's own (no coroutine of its own around it: one frame fewer each time the request resumes)."""
+        return ainfer(exchange, request_head(request, exchange), request, _read_body, predict_unless_gone)
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:
         runtime, instances = await adecoded(exchange, request_head(request, exchange), request, _read_body)

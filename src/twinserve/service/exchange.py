@@ -260,7 +260,7 @@ class Exchange:
         if self.stage not in _MAY_DECODE:
             raise IllegalTransition(self.stage, _DECODED)
         try:
-            instances = self._tallied(self._decode(body, header_length))
+            instances = self._decode(body, header_length)
         except MalformedRequest as exc:
             if not self._lenient:
                 raise
@@ -271,16 +271,21 @@ class Exchange:
         return instances
 
     def _decode(self, body: bytes, header_length: str | None) -> list[Any]:
-        codecs = self.codecs
+        service, runtime = self.service, self.runtime
+        assert runtime is not None  # ADMITTED (checked by `decode`): admit set it
+        codecs = service.codecs_of(runtime)
         if self._codings:
-            service = self.service
             body = inflate(body, self._codings, service.max_body_bytes, service.too_large)
         self._body_bytes = len(body)
         if self.endpoint == "infer":
-            return self._inferred(codecs.v2.decode(body, header_length))
-        request = codecs.v1.read(body)
-        self._columnar = request.columnar
-        return request.instances
+            instances = self._inferred(codecs.v2.decode(body, header_length))
+        else:
+            request = codecs.v1.read(body)
+            instances, self._columnar = request.instances, request.columnar
+        self._count = len(instances)
+        if self._shadow is not None:  # kept for the shadow version, computed once the request is answered
+            self._instances = instances
+        return instances
 
     def _inferred(self, inference: InferenceRequest) -> list[Any]:
         """A V2 request's instances; its own `timeout` tightens the deadline, its `priority` sets the level."""
@@ -291,20 +296,16 @@ class Exchange:
             self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
         return inference.instances
 
-    def _tallied(self, instances: list[Any]) -> list[Any]:
-        """`instances`, their count noted (and kept for the shadow version, if any)."""
-        self._count = len(instances)
-        if self._shadow is not None:
-            self._instances = instances
-        return instances
-
     def decode_message(self, message: Any, binary: bytes) -> list[Any]:
         """`decode` for a V2 request that came as a message, not as body bytes (a gRPC call: its tensors'
         description as the V2 header's object, `binary` their data): decoded by the same V2 codec, without JSON
         in between. ADMITTED -> DECODED."""
         self._allowed(Stage.DECODED)
         self._body_bytes = len(binary)
-        instances = self._tallied(self._inferred(self.codecs.v2.decode_message(message, memoryview(binary))))
+        instances = self._inferred(self.codecs.v2.decode_message(message, memoryview(binary)))
+        self._count = len(instances)
+        if self._shadow is not None:
+            self._instances = instances
         self.stage = Stage.DECODED
         return instances
 
@@ -326,7 +327,8 @@ class Exchange:
         if self._inference is not None:
             reply = self.reply(self.service.infer_reply(runtime, self._inference, outputs))
         else:
-            reply = self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
+            v1 = self.service.codecs_of(runtime).v1
+            reply = self.reply(Reply(200, v1.encode(outputs, self._count, self._columnar)))
         if self._shadow is not None and self._instances is not None:
             self._mirror(runtime, self._shadow, self._instances, outputs)
         return reply
