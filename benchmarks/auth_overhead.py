@@ -55,7 +55,7 @@ def main() -> None:
             server.stop()
     from starlette.datastructures import Headers
 
-    from twinserve.fronts.auth import Authenticator
+    from twinserve.service.auth import Authenticator
 
     raw = [(b"x-api-key", KEY.encode()), (b"content-type", b"application/json"), (b"origin", ORIGIN.encode())]
     check, request_headers = Authenticator([KEY]).authenticate, Headers(raw=raw)

@@ -52,8 +52,8 @@ async def _measure(
     from twinserve.config import load_config
     from twinserve.core.runtime import load_runtimes
     from twinserve.fronts.asgi import create_asgi_app
-    from twinserve.fronts.contract import Service
     from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
+    from twinserve.service.contract import Service
 
     if access_log:  # serve's pipeline, one JSON line per request, written where no one reads it
         from twinserve.observability.logging import configure_logging

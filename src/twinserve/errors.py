@@ -112,7 +112,7 @@ class TwinserveError(Exception):
     `message` is what the client reads. `private` is what only the server log holds: a model's exception text,
     which may carry secrets (a connection string) or, in a shared batch, another client's input. It reaches a
     client only with `--expose-errors`, and then only the client whose request was computed alone
-    (`fronts/exchange.py`).
+    (`service/exchange.py`).
     """
 
     status: ClassVar[int] = 500

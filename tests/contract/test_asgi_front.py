@@ -13,7 +13,7 @@ from starlette.requests import Request
 from twinserve.errors import ClientDisconnected, MethodNotAllowed, NotFound
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, predict_unless_gone
 from twinserve.fronts.dispatch import Dispatcher
-from twinserve.fronts.routes import ROUTES, Route
+from twinserve.service.routes import ROUTES, Route
 
 TABLE = Dispatcher((route, route) for route in ROUTES)
 

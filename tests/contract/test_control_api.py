@@ -1,5 +1,5 @@
 """The routes that change what the server serves (repository load, unload, traffic) against hostile requests, in
-every architecture, in process: cross-site requests (fronts/hosts.py `check_site`; docs/security.md "Cross-site
+every architecture, in process: cross-site requests (service/hosts.py `check_site`; docs/security.md "Cross-site
 requests"), and names and bodies no folder or policy could be (4xx, never a 500); and what a traffic change keeps.
 
 A page on another site can make a browser send, with no CORS preflight (Fetch standard, "CORS-safelisted request

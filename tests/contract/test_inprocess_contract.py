@@ -19,7 +19,7 @@ import pytest
 from tests.errors import error_fields, without_request_id
 from tests.inprocess import ARCHS_IN_PROCESS, Answer, AsyncClient, SyncClient, served, served_per_arch
 from tests.serving import model_path
-from twinserve.fronts.routes import ROUTES
+from twinserve.service.routes import ROUTES
 
 #: What a client reads of a model's own failure: its exception text is the log's (tests/live/test_model_errors.py).
 IN_THE_LOG = "the server log has the details"

@@ -27,9 +27,9 @@ from tests.models import LOAD_GATE_ENV
 from tests.serving import model_path, wait_for_file, wait_until
 from twinserve.config import Config, load_config
 from twinserve.fronts.asgi import create_asgi_app
-from twinserve.fronts.contract import Service
 from twinserve.repository import ModelRegistry
 from twinserve.servers.sync import server
+from twinserve.service.contract import Service
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from tests.serving import HTTP, Server, model_path, servers_per_arch
 from twinserve.cli import build_parser
 from twinserve.config import load_config
 from twinserve.errors import ConfigError, CorsRejected, RateLimited, Unauthorized
-from twinserve.fronts.auth import KeyRing, credentials_from, key_id
-from twinserve.fronts.contract import Service
-from twinserve.fronts.cors import ALLOWED_HEADERS, CorsPolicy
+from twinserve.service.auth import KeyRing, credentials_from, key_id
+from twinserve.service.contract import Service
+from twinserve.service.cors import ALLOWED_HEADERS, CorsPolicy
 
 KEY_FLAG, KEY_FILE, KEY_LIMITED = "flag-key-0123456789", "file-key-0123456789", "limited-key-0123456789"
 #: The WebSocket test's own key: its bucket is full when the test starts, whatever the HTTP tests spent of theirs.

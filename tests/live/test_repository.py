@@ -471,8 +471,8 @@ def test_a_websocket_follows_its_models_reload_and_unload(tmp_path: Path) -> Non
     from starlette.testclient import TestClient
 
     from twinserve.fronts.asgi import create_asgi_app
-    from twinserve.fronts.contract import Service
     from twinserve.repository import ModelRegistry
+    from twinserve.service.contract import Service
 
     _versions(tmp_path / "grow", 'model = "model.py:Scaler"\n', (1,))
     config = load_config(arch="async", model_repository=str(tmp_path), model_control="explicit", workers=1)

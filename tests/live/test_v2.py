@@ -16,7 +16,7 @@ from tests.errors import error_fields
 from tests.serving import HTTP, Server, predict
 from twinserve import __version__
 from twinserve.config import load_config
-from twinserve.fronts.contract import Service
+from twinserve.service.contract import Service
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 VERSICOLOR = {"sepal_length": 6.4, "sepal_width": 3.2, "petal_length": 4.5, "petal_width": 1.5}

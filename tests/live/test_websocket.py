@@ -31,7 +31,7 @@ from tests.serving import HTTP, Server, model_path, predict, sample, scrape, wai
 from twinserve.config import Config
 from twinserve.core.runtime import load_runtimes
 from twinserve.fronts.asgi import create_asgi_app
-from twinserve.fronts.contract import Service
+from twinserve.service.contract import Service
 
 STREAM_ARCHS = ("async", "hybrid")
 IRIS = "twinserve.examples.tabular:Classifier"

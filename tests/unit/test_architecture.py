@@ -13,19 +13,23 @@ from tests.import_graph import find_cycle
 from tests.serving import ROOT
 
 PACKAGE = ROOT / "src" / "twinserve"
-#: What each part of twinserve must never import: the core knows no protocol, front, server, lab or deployment.
+#: What each part of twinserve must never import: the core knows no protocol, service, adapter, server, lab or
+#: deployment; the service (the request's lifecycle, IO-free) knows no adapter (fronts/) and no server.
 FORBIDDEN: dict[str, set[str]] = {
-    "core": {"protocol", "fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
-    "protocol": {"fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
+    "core": {"protocol", "service", "fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
+    "protocol": {"service", "fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
+    "service": {"fronts", "servers", "lab", "deploy", "cli", "cli_args", "examples"},
     "fronts": {"servers", "lab", "deploy", "cli", "cli_args", "examples"},
-    "lab": {"fronts", "servers", "deploy"},  # it starts servers as users do: subprocesses, measured from outside
-    "model": {"core", "protocol", "fronts", "servers", "lab", "deploy"},
-    "config": {"core", "protocol", "fronts", "servers", "lab", "deploy", "model"},
-    "errors": {"core", "protocol", "fronts", "servers", "lab", "deploy", "model", "config"},
+    "lab": {"service", "fronts", "servers", "deploy"},  # it starts servers as users do: subprocesses, from outside
+    "model": {"core", "protocol", "service", "fronts", "servers", "lab", "deploy"},
+    "config": {"core", "protocol", "service", "fronts", "servers", "lab", "deploy", "model"},
+    "errors": {"core", "protocol", "service", "fronts", "servers", "lab", "deploy", "model", "config"},
 }
-#: Web frameworks and servers are the fronts' and servers' business alone.
+#: Web frameworks, servers and transports are the adapters' (fronts/) and servers' business alone.
 FRAMEWORKS = {"flask", "werkzeug", "fastapi", "starlette", "gunicorn", "uvicorn", "httptools"}
-TRANSPORT_FREE = ("core", "protocol", "model", "config", "errors", "encoding", "observability")
+#: What moves bytes, besides the web frameworks: the service (its lifecycle, IO-free) imports none of it either.
+TRANSPORTS = FRAMEWORKS | {"grpc", "h11", "socket", "selectors", "ssl", "websockets", "wsproto"}
+TRANSPORT_FREE = ("core", "protocol", "service", "model", "config", "errors", "encoding", "observability")
 
 
 def _part(module: str) -> str | None:
@@ -71,8 +75,9 @@ def test_the_import_reader_sees_the_imports() -> None:
     """A guard against a test that cannot fail: the reader finds imports known to exist."""
     graph = _graph()
     assert {"config", "errors", "observability"} <= graph["core"]
-    assert {"core", "protocol"} <= graph["fronts"]
+    assert {"core", "protocol", "service"} <= graph["fronts"]
     assert ("flask", "src/twinserve/fronts/wsgi.py") in IMPORTS["fronts"]
+    assert ("twinserve.service.exchange", "src/twinserve/fronts/asgi.py") in IMPORTS["fronts"]
 
 
 @pytest.mark.parametrize("part", sorted(FORBIDDEN))
@@ -84,6 +89,11 @@ def test_each_part_imports_nothing_above_it(part: str) -> None:
 @pytest.mark.parametrize("part", TRANSPORT_FREE)
 def test_the_transport_free_parts_import_no_web_framework(part: str) -> None:
     wrong = sorted((name, file) for name, file in IMPORTS[part] if name.split(".")[0] in FRAMEWORKS)
+    assert not wrong, wrong
+
+
+def test_the_service_imports_no_transport() -> None:
+    wrong = sorted((name, file) for name, file in IMPORTS["service"] if name.split(".")[0] in TRANSPORTS)
     assert not wrong, wrong
 
 

@@ -9,9 +9,9 @@ import pytest
 from starlette.responses import Response
 
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.reply import Reply
-from twinserve.fronts.routes import HTML, REQUEST_ID_HEADER
 from twinserve.observability.metrics import CONTENT_TYPE
+from twinserve.service.reply import Reply
+from twinserve.service.routes import HTML, REQUEST_ID_HEADER
 
 REPLIES = [
     Reply(200, b'{"predictions":[1]}'),

@@ -14,9 +14,9 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission, QueueBound
 from twinserve.core.batch_queue import BatchQueue, Pending
 from twinserve.errors import ModelNotFound, QueueFull
-from twinserve.fronts.contract import Service
 from twinserve.fronts.early import EarlyRefusal, _response
-from twinserve.fronts.hosts import host_policy
+from twinserve.service.contract import Service
+from twinserve.service.hosts import host_policy
 
 SERVER_HEADERS = [(b"date", b"Wed, 02 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
 BODY_HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"20")]
@@ -71,6 +71,12 @@ class _Service:
         if model != "m" or version not in (None, "1"):
             raise ModelNotFound(f"no model {model!r}")
         return self.runtime_
+
+    def route(
+        self, endpoint: str, model: str, version: str | None = None, headers: Any = None
+    ) -> tuple[_Runtime, None]:
+        """`Service.route` without a traffic split (the refusal leaves a split model to the app)."""
+        return self.runtime(model, version), None
 
     def refused_early(self, *counted: Any) -> None:
         self.counted.append(counted)

@@ -77,7 +77,7 @@ def test_the_reader_sees_the_imports() -> None:
     assert "twinserve.lab.loadgen" in graph["twinserve.lab.drivers"]
     assert {"twinserve.lab.report", "twinserve.lab.report.svg"} <= graph["twinserve.lab.tune.report"]
     assert ("twinserve.lab.report.rows", "format_errors") in _imports("twinserve.lab.report.plots")
-    assert "twinserve.fronts.contract" in graph["twinserve.fronts.exchange"]  # under TYPE_CHECKING
+    assert "twinserve.service.contract" in graph["twinserve.service.exchange"]  # under TYPE_CHECKING
     assert "twinserve.fronts.grpc" in graph["twinserve.fronts.asgi_lifespan"]  # in a function
     assert "twinserve.core.wire" in graph["twinserve.core.workers"]  # `from twinserve.core import wire`
     assert ("twinserve", "__version__") in _imports("twinserve.cli")

@@ -9,6 +9,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "model",
         "core",
         "fronts",
+        "service",
         "protocol",
         "servers",
         "examples",

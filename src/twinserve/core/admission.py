@@ -1,7 +1,7 @@
 """Admission control, in one place: queue bounds, rate limits and deadlines.
 
 `Admission` holds every rule a request meets before it is computed; the fronts ask it through the exchange
-(`fronts/exchange.py`), the batcher and the model-worker pool ask its `QueueBound`. The rules are pure
+(`service/exchange.py`), the batcher and the model-worker pool ask its `QueueBound`. The rules are pure
 decisions over state and a clock reading passed in (`QueueBound.check`, `Rate.take`), so they are unit-tested
 directly; the state lives in slots that are per process or shared by every process of the server.
 

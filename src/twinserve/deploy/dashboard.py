@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinserve.deploy.monitoring import LATENCY_BUDGET, LATENCY_ENDPOINTS, Scope, recorded
-from twinserve.fronts.routes import INFERENCE_ENDPOINTS
+from twinserve.service.routes import INFERENCE_ENDPOINTS
 
 __all__ = ["SCHEMA_VERSION", "dashboard", "expressions"]
 

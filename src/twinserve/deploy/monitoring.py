@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from twinserve.fronts.routes import INFERENCE_ENDPOINTS
 from twinserve.observability.metrics import LATENCY_BUCKETS
+from twinserve.service.routes import INFERENCE_ENDPOINTS
 
 __all__ = [
     "BURN_WINDOWS",

@@ -205,11 +205,11 @@ class TwinserveReplica:
         metrics_dir = _own_metrics_dir()
         from twinserve.core.heap import settle
         from twinserve.fronts.asgi import create_asgi_app
-        from twinserve.fronts.contract import Service
         from twinserve.observability.logging import configure_logging
         from twinserve.observability.metrics import start_memory_sampler
         from twinserve.observability.tracing import setup_tracing
         from twinserve.repository import ModelRegistry
+        from twinserve.service.contract import Service
 
         config = Config.model_validate_json(self._config_json)
         configure_logging(config.log_level, config.log_format)

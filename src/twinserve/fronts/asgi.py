@@ -30,28 +30,30 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
-from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import ClientDisconnected, RequestTimeout, TwinserveError, UpgradeRequired
+from twinserve.errors import ClientDisconnected, TwinserveError, UpgradeRequired
 from twinserve.fronts.asgi_lifespan import AsgiLifespan
 from twinserve.fronts.asgi_middleware import CorsMiddleware, TrustedHostsMiddleware
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.compression import compress_reply
-from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 from twinserve.fronts.sse import AsgiEventStream, StreamStart, step_or_none
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.compression import compress_reply
+from twinserve.service.contract import Reply, Service
+from twinserve.service.drive import adecoded, ainfer
+from twinserve.service.exchange import Exchange
+from twinserve.service.lifecycle import BodyRule, RequestHead
+from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 
 __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
 
 logger = logging.getLogger("twinserve.asgi")
 
 
-async def _read_body(request: Request, service: Service) -> bytes:
-    """The request body, refusing (413) as soon as it grows past the limit, chunked or not.
+async def _read_body(request: Request, rule: BodyRule) -> bytes:
+    """The request body, refusing (413) as soon as it grows past the limit, chunked or not: the reading here, the
+    decisions the service's `BodyRule` (service/lifecycle.py), the sync front's too.
 
     uvicorn bounds no read: a body that has not arrived whole within `--read-timeout-s` gets 408 and its
     connection closed, instead of holding the request open forever (slowloris). The bound is on the whole body,
@@ -60,26 +62,22 @@ async def _read_body(request: Request, service: Service) -> bytes:
     whole from the server (`arrived_body`): there is nothing left to wait for.
     """
     arrived = arrived_body(request)
-    if arrived is not None:
-        if len(arrived) > service.max_body_bytes:
-            raise service.too_large()
+    if arrived is not None:  # whole, with no length to check against: only the rule's limit, compared here
+        if len(arrived) > rule.max_bytes:  # (the hot path: no call for one comparison)
+            raise rule.too_large()
         return arrived
     chunks: list[bytes] = []
     size = 0
-    timeout = service.config.read_timeout_s
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(rule.read_timeout_s):
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > service.max_body_bytes:
-                    raise service.too_large()
+                rule.within(size)
                 chunks.append(chunk)
     except ClientDisconnect:  # uvicorn takes a half-closed connection for a departed client: nobody to answer
         raise ClientDisconnected("the client closed the connection before the whole body arrived") from None
     except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {timeout:g} s (--read-timeout-s)", headers={"Connection": "close"}
-        ) from None
+        raise rule.late() from None
     return b"".join(chunks)
 
 
@@ -233,32 +231,33 @@ _REQUEST_ID = REQUEST_ID_HEADER.lower()
 def _endpoints(service: Service) -> dict[str, Endpoint]:
     """Each route's endpoint, by route name."""
 
-    async def admitted(request: Request, exchange: Exchange, headers: dict[str, str]) -> ModelRuntime:
-        """The request's model, once it is ready, and the request admitted from its head (`Exchange.admit`)."""
+    body_rule = service.body  # what the repository API's body is judged by, as an inference body is
+
+    def request_head(request: Request, exchange: Exchange) -> RequestHead:
+        """The head admission reads, from the request's header dict (`_head`), once."""
         params = request.path_params
-        await exchange.await_model(params["model"], params.get("version"), headers.get(_TIMEOUT))
-        return exchange.admit(
+        headers = _head(request.scope)
+        endpoint = exchange.endpoint
+        return RequestHead(
+            endpoint,
             params["model"],
             params.get("version"),
-            content_type=headers.get("content-type"),
-            content_length=_length(headers.get("content-length")),
-            content_encoding=headers.get("content-encoding"),
-            timeout_header=headers.get(_TIMEOUT),
-            priority_header=headers.get(_PRIORITY),
-            headers=headers,  # a traffic split's sticky key (its name looked up in lower case)
+            headers.get("content-type"),
+            _length(headers.get("content-length")),
+            headers.get("content-encoding"),
+            headers.get(_TIMEOUT),
+            headers.get(_PRIORITY),
+            headers.get(_HEADER_LENGTH) if endpoint == "infer" else None,  # V2's binary data
+            headers,  # a traffic split's sticky key (its name looked up in lower case)
         )
 
-    async def infer(request: Request, exchange: Exchange) -> Reply:
-        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
-        headers = _head(request.scope)
-        runtime = await admitted(request, exchange, headers)
-        header_length = headers.get(_HEADER_LENGTH) if exchange.endpoint == "infer" else None  # V2's binary data
-        instances = await exchange.adecode(await _read_body(request, service), header_length)
-        return exchange.encode(await predict_unless_gone(request, runtime, instances, exchange.deadline))
+    def infer(request: Request, exchange: Exchange) -> Awaitable[Reply]:
+        """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's. The driver's coroutine is
+        the endpoint's own (no coroutine of its own around it: one frame fewer each time the request resumes)."""
+        return ainfer(exchange, request_head(request, exchange), request, _read_body, predict_unless_gone)
 
     async def stream(request: Request, exchange: Exchange) -> StreamStart:
-        runtime = await admitted(request, exchange, _head(request.scope))
-        instances = await exchange.adecode(await _read_body(request, service))
+        runtime, instances = await adecoded(exchange, request_head(request, exchange), request, _read_body)
         steps = await runtime.astream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
@@ -301,7 +300,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         return service.repository.traffic(request.path_params["model"])
 
     async def repository_set_traffic(request: Request, exchange: Exchange) -> Reply:
-        body = await _read_body(request, service)
+        body = await _read_body(request, body_rule)
         return service.repository.set_traffic(exchange.key_id, request.path_params["model"], body)
 
     async def model_stats(request: Request, exchange: Exchange) -> Reply:

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Receive, Scope, Send
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.contract import Service
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.observability.metrics import mark_process_dead
+from twinserve.service.contract import Service
 
 if TYPE_CHECKING:  # imported only with --grpc-port: its stubs fill protobuf's global pool
     from grpc import aio

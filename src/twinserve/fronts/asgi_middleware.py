@@ -1,5 +1,5 @@
 """The layers around the async front's app, each installed only when its policy is on: the allowed-hosts check
-(fronts/hosts.py), outermost, and the CORS policy (fronts/cors.py). Their refusals and a preflight's answer go through
+(service/hosts.py), outermost, and the CORS policy (service/cors.py). Their refusals and a preflight's answer go through
 an `Exchange` as any request's do, so they are counted and logged the same way."""
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from starlette.websockets import WebSocket
 
 from twinserve.errors import TwinserveError
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import REQUEST_ID_HEADER, error_shape
 from twinserve.fronts.websocket import deny_handshake
+from twinserve.service.contract import Service
+from twinserve.service.cors import merge_vary
+from twinserve.service.exchange import Exchange
+from twinserve.service.routes import REQUEST_ID_HEADER, error_shape
 
 __all__ = ["CorsMiddleware", "TrustedHostsMiddleware"]
 
 
 class TrustedHostsMiddleware:
-    """The allowed-hosts check (fronts/hosts.py) on every HTTP request and WebSocket handshake, before anything
+    """The allowed-hosts check (service/hosts.py) on every HTTP request and WebSocket handshake, before anything
     else; only installed when the hosts are restricted."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
@@ -53,14 +54,15 @@ class TrustedHostsMiddleware:
 
 
 def _merged(headers: Iterable[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """`headers` and `extra`, one `Vary` naming both's (a gzip-able reply varies on Accept-Encoding already)."""
+    """`headers` and `extra`, one `Vary` naming both's (service/cors.py `merge_vary`)."""
     out = list(headers)
     for name, value in extra:
         at = next((i for i, (n, _) in enumerate(out) if n == b"vary"), None) if name == b"vary" else None
         if at is None:
             out.append((name, value))
         else:
-            out[at] = (name, out[at][1] + b", " + value)
+            merged = merge_vary(out[at][1].decode("latin-1"), value.decode("latin-1"))
+            out[at] = (name, merged.encode("latin-1"))
     return out
 
 
@@ -72,7 +74,7 @@ def _host_header(scope: Scope) -> str | None:
 
 
 class CorsMiddleware:
-    """The shared CORS policy (fronts/cors.py) around the whole app: preflights answered
+    """The shared CORS policy (service/cors.py) around the whole app: preflights answered
     here, before authentication; the policy's headers added to every other response."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:

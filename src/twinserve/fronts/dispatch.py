@@ -1,4 +1,4 @@
-"""The route table (`fronts/routes.py`) compiled once into the dispatcher the async front sends every request
+"""The route table (`service/routes.py`) compiled once into the dispatcher the async front sends every request
 through, HTTP and WebSocket alike.
 
 A fixed path (`/v2/health/ready`) is one dict lookup, and its answer, every route in the table that matches it
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from twinserve.errors import MethodNotAllowed, NotFound
-from twinserve.fronts.routes import MODEL_NAME_PATTERN, Route
+from twinserve.service.routes import MODEL_NAME_PATTERN, Route
 
 __all__ = ["HOT_ROUTES", "ROUTE_ERRORS", "Dispatcher"]
 

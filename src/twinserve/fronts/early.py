@@ -40,17 +40,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import QueueFull, TwinserveError
-from twinserve.fronts.compression import GZIP_MIN_BYTES, compress_reply
-from twinserve.fronts.contract import Service, request_id_from
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.reply import Reply, error_reply
-from twinserve.fronts.routes import REQUEST_ID_HEADER, ROUTES, error_shape
+from twinserve.service.compression import GZIP_MIN_BYTES, compress_reply
+from twinserve.service.contract import Service, request_id_from
+from twinserve.service.lifecycle import RequestHead, admit_head
+from twinserve.service.reply import Reply, error_reply
+from twinserve.service.response import http1_response
+from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]
 
@@ -198,9 +199,10 @@ class EarlyRefusal:
         return length is None or (length.isdigit() and int(length) <= self._max_body)
 
     def decide(self, head: Head, host: str | None, backlog: int | None = None, spent: float = 0.0) -> Refusal | None:
-        """The app's decision from the head, in the app's order (fronts/exchange.py `Exchange.admit`): the
-        request's level from `X-Priority`, the sync backlog (`backlog`, None for none), the model, its default
-        level, its batch queue. None unless that decision is 503 `queue_full`: anything else is the app's."""
+        """The app's decision from the head, the app's own (service/lifecycle.py `admit_head`, which
+        `Exchange.admit` calls too): the request's level from `X-Priority`, the sync backlog (`backlog`, None for
+        none), the model, its default level; then its batch queue. None unless that decision is 503 `queue_full`:
+        anything else is the app's."""
         if self._hosts is not None and not self._hosts.allows_host(host):
             return None  # the app refuses a foreign Host first (400)
         route = self._route(head.path)
@@ -208,21 +210,17 @@ class EarlyRefusal:
             return None
         endpoint, model, asked_version = route
         service = self.service
-        admission = service.admission
         version = None
         if asked_version is None and model in service.registry.traffic:
             return None  # a traffic split picks the version per request (sticky, weighted): the app's to route
+        level = _Level()
         try:
-            priority = admission.priority(head.priority)
-            if backlog is not None:
-                admission.shed(backlog, priority, spent)
-            runtime = service.runtime(model, asked_version)
+            request = RequestHead(endpoint, model, asked_version, priority=head.priority, backlog=backlog)
+            runtime, _ = admit_head(service, request, None, level, spent)  # no key: keys on refuse nothing here
             if not runtime.ready:
                 return None
             model, version = runtime.name, runtime.spec.version
-            if head.priority is None:
-                priority = admission.priority(None, default=runtime.config.default_priority)
-            error: TwinserveError | None = runtime.early_refusal(priority)
+            error: TwinserveError | None = runtime.early_refusal(level.priority)
         except QueueFull as full:  # the sync backlog's
             error = full
         except TwinserveError:
@@ -231,7 +229,7 @@ class EarlyRefusal:
             return None
         if model not in service.runtimes:
             return None  # shed before the model was known, and it is unknown: the app counts it without a label
-        service.refused_early(model, version, endpoint, priority, error.status, error.code)
+        service.refused_early(model, version, endpoint, level.priority, error.status, error.code)
         return Refusal(error, head)
 
     def hold(
@@ -292,6 +290,15 @@ def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+class _Level:
+    """Where `admit_head` writes the refused request's level (the app writes it to the request's context)."""
+
+    __slots__ = ("priority",)
+
+    def __init__(self) -> None:
+        self.priority = 1
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """What the decision reads from a request's head: its path (unquoted), `X-Priority`, `X-Request-ID`,
@@ -319,15 +326,6 @@ class Refusal:
 
 
 def _response(reply: Reply, request_id: str, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
-    """The app's answer as uvicorn writes it: its status line and own headers, then the front's headers in the
-    order its response writes them (request id, the error's, content-length, content-type)."""
-    lines = [f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n".encode("latin-1")]
-    lines += [name + b": " + value + b"\r\n" for name, value in default_headers]
-    fields = {REQUEST_ID_HEADER: request_id, **(reply.headers or {})}
-    lines += [f"{name.lower()}: {value}\r\n".encode("latin-1") for name, value in fields.items()]
-    lines.append(f"content-length: {len(reply.body)}\r\ncontent-type: {reply.content_type}\r\n".encode("latin-1"))
-    if not keep_alive:
-        lines.append(b"connection: close\r\n")
-    lines.append(b"\r\n")
-    lines.append(reply.body)
-    return b"".join(lines)
+    """The app's answer as uvicorn writes it: its status line and own headers, then the app's head by the one
+    response writer the app's replies go through (service/response.py)."""
+    return http1_response(reply, request_id, default_headers, close=not keep_alive)

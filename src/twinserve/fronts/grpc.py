@@ -1,11 +1,12 @@
 """The Open Inference Protocol over gRPC: `inference.GRPCInferenceService` on `--grpc-port`, in every architecture.
 
-Every RPC is one exchange (fronts/exchange.py), as an HTTP request is: opened with the request id from the
+Every RPC is one exchange (service/exchange.py), as an HTTP request is: opened with the request id from the
 `x-request-id` metadata, authenticated from the `authorization` / `x-api-key` metadata when the path it stands for
 needs a key, admitted from the message head (model, version, rate limit, size, readiness, priority, deadline),
-decoded by the same V2 codec (protocol/oip/messages.py), answered or failed, logged and counted under the same
-endpoint names (`infer`, `live`, ...) and closed once. The gRPC deadline becomes the request's deadline (capped by
-`--max-timeout-ms`, like `X-Request-Timeout-Ms`); a client that cancels leaves the batch queue (499).
+decoded and encoded by the same V2 codec, with no JSON between (protocol/oip/messages.py), answered or failed,
+logged and counted under the same endpoint names (`infer`, `live`, ...) and closed once. The gRPC deadline becomes
+the request's deadline (capped by `--max-timeout-ms`, like `X-Request-Timeout-Ms`); a client that cancels leaves
+the batch queue (499).
 
 A failure is answered with the gRPC status for its HTTP status (`GRPC_CODES`) and the error message as details;
 the request id comes back in the trailing metadata (`x-request-id`) of every call.
@@ -33,20 +34,19 @@ from twinserve.config import Config
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ShuttingDown, TwinserveError
-from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange
 from twinserve.fronts.grpc_malformed import RefuseMalformed
-from twinserve.fronts.reply import Reply
 from twinserve.protocol.oip import grpc_service_pb2 as pb
 from twinserve.protocol.oip import grpc_service_pb2_grpc as pb_grpc
 from twinserve.protocol.oip.messages import (
     config_message,
-    infer_body,
-    infer_response,
+    infer_message,
     metadata_message,
+    response_message,
     statistics_message,
 )
-from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.contract import Service
+from twinserve.service.exchange import Exchange
+from twinserve.service.lifecycle import RequestHead
 
 __all__ = [
     "GRPC_CODES",
@@ -118,11 +118,6 @@ def _peer(context: aio.ServicerContext[Any, Any]) -> str | None:
     if kind == "ipv6":
         return rest.rpartition(":")[0].strip("[]")
     return None
-
-
-def _header_length(reply: Reply) -> int | None:
-    value = (reply.headers or {}).get(HEADER_LENGTH)
-    return None if value is None else int(value)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -245,20 +240,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Admitted from the message head (the gRPC deadline too), then decoded by the V2 codec."""
         if self.draining:
             raise ShuttingDown("the server is shutting down: send this request again")
-        runtime = exchange.admit(
+        head = RequestHead(
+            "infer",
             request.model_name,
             request.model_version or None,
             content_length=request.ByteSize(),
-            timeout_header=metadata.get(_TIMEOUT),
-            priority_header=metadata.get(_PRIORITY),
+            timeout=metadata.get(_TIMEOUT),
+            priority=metadata.get(_PRIORITY),
+            headers=metadata,  # a traffic split's sticky key
             backlog=self.backlog(),
-            headers=metadata,
         )
+        runtime = exchange.admit(head)
         remaining = context.time_remaining()
         if remaining is not None:  # the gRPC deadline, capped like a timeout header
             exchange.deadline = self.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))
-        body, length = infer_body(request)
-        return runtime, await exchange.adecode(body, str(length))
+        message, data = infer_message(request)  # decoded by the V2 codec as it is: no REST body between
+        return runtime, await exchange.adecode_message(message, data)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -323,8 +320,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def _encoded(exchange: Exchange, outputs: Any) -> pb.ModelInferResponse:
-    reply = exchange.encode(outputs)
-    return infer_response(reply.body, _header_length(reply))
+    """The reply as the V2 codec gives it, as its protobuf message: no JSON between (protocol/oip/messages.py)."""
+    return response_message(*exchange.encode_message(outputs))
 
 
 async def astream(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> AsyncIterator[list[Any]]:

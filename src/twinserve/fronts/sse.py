@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from twinserve.core.runtime import ModelRuntime
 from twinserve.core.streams import AsyncSteps, Steps
 from twinserve.errors import ClientDisconnected, TwinserveError, error_payload
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import EVENT_STREAM, REQUEST_ID_HEADER
 from twinserve.protocol.v1 import dumps
+from twinserve.service.exchange import Exchange
+from twinserve.service.routes import EVENT_STREAM, REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send

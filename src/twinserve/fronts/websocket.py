@@ -46,10 +46,11 @@ from twinserve.errors import (
     TwinserveError,
 )
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.contract import Service
-from twinserve.fronts.exchange import Exchange, decode_off_loop
-from twinserve.fronts.routes import error_shape
 from twinserve.protocol.websocket import MessageError, WebSocketCodec
+from twinserve.service.contract import Service
+from twinserve.service.exchange import Exchange, decode_off_loop
+from twinserve.service.lifecycle import RequestHead
+from twinserve.service.routes import error_shape
 
 __all__ = [
     "CLOSE_GOING_AWAY",
@@ -129,9 +130,11 @@ class _Socket:
         self.runtime = runtime
         self.codec = codec
         self.path: str = websocket.scope["path"]
-        # The handshake's deadline header applies to each message.
-        self.timeout_header = websocket.headers.get(TIMEOUT_HEADER)
-        self.priority_header = websocket.headers.get(PRIORITY_HEADER)
+        # The handshake's head is each message's: its deadline and priority headers apply to every message.
+        headers = websocket.headers
+        self.head = RequestHead(
+            ENDPOINT, runtime.name, timeout=headers.get(TIMEOUT_HEADER), priority=headers.get(PRIORITY_HEADER)
+        )
         self.max_pending = service.config.ws_max_pending
         self.max_bytes = service.config.effective_ws_max_message_bytes
         self.pending: set[asyncio.Task[None]] = set()
@@ -220,9 +223,7 @@ class _Socket:
         and an unload drains the messages inside it)."""
         if self.key_id is not None:
             self.service.admission.charge(self.key_id)
-        return exchange.admit(
-            self.runtime.name, timeout_header=self.timeout_header, priority_header=self.priority_header
-        )
+        return exchange.admit(self.head)
 
     async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
         """Decode one message, predict, send the answer (or the error); its exchange counts it like a request."""
@@ -237,23 +238,27 @@ class _Socket:
                 if refusal is not None:
                     message_id = self.codec.message_id(data)
                     raise refusal
+                # Decoded before its exchange opens: the message's id, its request id, is inside it.
+                framed = None
                 if isinstance(data, str):
                     text = await decode_off_loop(self.codec.decode_text, data)
-                    message_id, exchange = text.id, self._open(text.id, received)
-                    exchange.counted(len(text.instances))
-                    runtime = self._admit(exchange)
-                    outputs = await runtime.apredict(text.instances, exchange.deadline, self._gone)
-                    reply = self.codec.encode_text(message_id, outputs, len(text.instances))
+                    message_id, instances, timeout_us = text.id, text.instances, None
                 else:
                     framed = await decode_off_loop(self.codec.decode_binary, data)
-                    message_id, exchange = framed.id, self._open(framed.id, received)
-                    exchange.counted(len(framed.request.instances))
-                    runtime = self._admit(exchange)
-                    deadline = self.service.admission.tighten(exchange.deadline, framed.request.timeout_us)
-                    outputs = await runtime.apredict(framed.request.instances, deadline, self._gone)
+                    message_id, instances, timeout_us = framed.id, framed.request.instances, framed.request.timeout_us
+                exchange = self._open(message_id, received)
+                runtime = self._admit(exchange)
+                exchange.counted(len(instances))
+                deadline = self.service.admission.tighten(exchange.deadline, timeout_us)  # a V2 frame's own
+                outputs = await runtime.apredict(instances, deadline, self._gone)
+                if framed is None:
+                    reply = self.codec.encode_text(message_id, outputs, len(instances))
+                else:
                     reply = self.codec.encode_binary(framed.request, outputs)
-            except MessageError as exc:
+            except MessageError as exc:  # a message the codec refused: it fails before it is admitted
                 message_id, error = exc.id, exc.error
+                exchange = exchange or self._open(message_id, received)
+                exchange.failed(error)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -262,7 +267,6 @@ class _Socket:
             if exchange is None:
                 exchange = self._open(message_id, received)
             if error is not None:
-                exchange.failed(error)
                 write_error = self.codec.binary_error if binary else self.codec.text_error
                 reply = write_error(message_id, error, exchange.request_id)
             else:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Request, Response, g, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter
 
@@ -21,17 +22,19 @@ from twinserve.errors import (
     HostNotAllowed,
     MethodNotAllowed,
     NotFound,
-    RequestTimeout,
     TwinserveError,
     WebSocketUnsupported,
 )
-from twinserve.fronts.compression import compress_reply
-from twinserve.fronts.contract import Reply, Service
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
-from twinserve.fronts.exchange import Exchange
-from twinserve.fronts.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service import drive
+from twinserve.service.compression import compress_reply
+from twinserve.service.contract import Reply, Service
+from twinserve.service.cors import merge_vary
+from twinserve.service.exchange import Exchange
+from twinserve.service.lifecycle import BodyRule, RequestHead
+from twinserve.service.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
 
@@ -70,28 +73,24 @@ def _translate(exc: HTTPException, service: Service) -> TwinserveError:
     return error
 
 
-def _read_body(service: Service) -> bytes:
-    """The request body, refusing (413) one byte past the limit, chunked or not; 408 if the client stalls."""
+def _read_body(request: Request, rule: BodyRule) -> bytes:
+    """The request body, refusing (413) one byte past the limit, chunked or not; 408 if the client stalls: the
+    reading here, the decisions the service's `BodyRule` (service/lifecycle.py), the async front's too."""
     try:
-        if request.content_length is not None:  # already checked against the limit by Service.admit
-            body: bytes = request.get_data(cache=False)
-            if len(body) < request.content_length:  # the client closed its side early: never act on half a message
-                raise ClientError(
-                    f"the request body ended after {len(body)} of the {request.content_length} bytes its "
-                    "Content-Length announced",
-                    headers={"Connection": "close"},
-                )
-            return body
+        declared = request.content_length
+        if declared is not None:  # checked against the limit by the admission already
+            # A body shorter than announced: the client closed its side early (400, never half a message).
+            return rule.whole(request.get_data(cache=False), declared)
         # Chunked: the server de-chunks wsgi.input and marks its end (wsgi.input_terminated).
-        body = request.environ["wsgi.input"].read(service.max_body_bytes + 1)
+        body: bytes = request.environ["wsgi.input"].read(rule.read_limit)
     except TimeoutError:  # the server's socket read timeout (--read-timeout-s)
-        raise RequestTimeout(
-            f"the request body did not arrive within {service.config.read_timeout_s:g} s (--read-timeout-s)",
-            headers={"Connection": "close"},
-        ) from None
-    if len(body) > service.max_body_bytes:
-        raise service.too_large()
-    return body
+        raise rule.late() from None
+    return rule.whole(body)
+
+
+def _predict(request: Request, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Any:
+    """The outputs for `instances`, waited for in the request's thread."""
+    return runtime.predict(instances, deadline)
 
 
 def create_wsgi_app(service: Service) -> Flask:
@@ -100,31 +99,34 @@ def create_wsgi_app(service: Service) -> Flask:
     app.url_map.converters["model"] = _ModelNameConverter
     app.extensions[EARLY_REFUSAL_STATE] = EarlyRefusal(service)  # for twinserve's gunicorn worker, before Flask
 
-    def admitted(exchange: Exchange, model: str, version: str | None = None) -> ModelRuntime:
-        exchange.wait_for_model(model, version, request.headers.get(TIMEOUT_HEADER))
-        return exchange.admit(
+    body_rule = service.body  # what the repository API's body is judged by, as an inference body is
+
+    def request_head(exchange: Exchange, model: str, version: str | None = None) -> RequestHead:
+        """The head admission reads, from Flask's request, once."""
+        headers = request.headers
+        endpoint = exchange.endpoint
+        return RequestHead(
+            endpoint,
             model,
             version,
-            content_type=request.content_type,
-            content_length=request.content_length,
-            content_encoding=request.headers.get("Content-Encoding"),
-            timeout_header=request.headers.get(TIMEOUT_HEADER),
-            priority_header=request.headers.get(PRIORITY_HEADER),
-            backlog=request.environ.get(BACKLOG_ENVIRON),
-            headers=request.headers,
+            request.content_type,
+            request.content_length,
+            headers.get("Content-Encoding"),
+            headers.get(TIMEOUT_HEADER),
+            headers.get(PRIORITY_HEADER),
+            headers.get(HEADER_LENGTH) if endpoint == "infer" else None,  # V2's binary data
+            headers,  # a traffic split's sticky key
+            request.environ.get(BACKLOG_ENVIRON),
         )
 
     def infer(model: str, version: str | None = None) -> Response:
         """V1 `:predict` and V2 `/infer` alike: the exchange's codec is the endpoint's."""
         exchange = _exchange()
-        runtime = admitted(exchange, model, version)
-        instances = exchange.decode(_read_body(service), request.headers.get(HEADER_LENGTH))
-        return _respond(exchange.encode(runtime.predict(instances, exchange.deadline)))
+        return _respond(drive.infer(exchange, request_head(exchange, model, version), request, _read_body, _predict))
 
     def stream(model: str) -> Response:
         exchange = _exchange()
-        runtime = admitted(exchange, model)
-        instances = exchange.decode(_read_body(service))
+        runtime, instances = drive.decoded(exchange, request_head(exchange, model), request, _read_body)
         steps = runtime.stream(instances, exchange.deadline)
         try:
             # Errors up to the first step are answered like :predict's, with their status and JSON body.
@@ -166,7 +168,7 @@ def create_wsgi_app(service: Service) -> Flask:
         "repository_unload": lambda model: _respond(service.repository.unload(_exchange().key_id, model)),
         "repository_traffic": lambda model: _respond(service.repository.traffic(model)),
         "repository_set_traffic": lambda model: _respond(
-            service.repository.set_traffic(_exchange().key_id, model, _read_body(service))
+            service.repository.set_traffic(_exchange().key_id, model, _read_body(request, body_rule))
         ),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
@@ -223,9 +225,8 @@ def create_wsgi_app(service: Service) -> Flask:
         if service.cors is not None and exchange.endpoint != "preflight" and exchange.error_code != _HOST_REFUSED:
             cors = dict(service.cors.response_headers(request.headers.get("origin")))
             vary = cors.pop("Vary", None)
-            if vary is not None:  # one Vary naming both: a gzip-able reply varies on Accept-Encoding already
-                known = response.headers.get("Vary")
-                response.headers["Vary"] = f"{known}, {vary}" if known else vary
+            if vary is not None:
+                response.headers["Vary"] = merge_vary(response.headers.get("Vary"), vary)
             response.headers.update(cors)
         if not g.get("streaming"):
             exchange.responded(response.status_code)

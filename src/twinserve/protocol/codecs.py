@@ -1,7 +1,7 @@
 """The codecs of one served model, one per protocol, built by the layer that speaks the protocols.
 
 The core runs a model on instances and knows no protocol; the fronts decode each request's body into instances
-and encode the outputs with these, chosen by the endpoint (`fronts/exchange.py`).
+and encode the outputs with these, chosen by the endpoint (`service/exchange.py`).
 """
 
 from __future__ import annotations

@@ -211,15 +211,22 @@ class V2Codec:
         instances the model's schema rejects."""
         header, binary = _split(body, header_length)
         try:
-            request = _object(orjson.loads(header), "the request")
+            request = orjson.loads(header)
         except orjson.JSONDecodeError as exc:
             raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+        return self.decode_message(request, binary, _may_hold_booleans(header))
+
+    def decode_message(self, message: Any, binary: memoryview, booleans: bool = True) -> InferenceRequest:
+        """`decode` of a request already parsed: `message`, the JSON header's object (a gRPC call's, built from
+        its protobuf message: protocol/oip/messages.py), and `binary`, the tensor data its `binary_data_size`
+        parameters describe; `booleans`: whether JSON `data` may hold a true or false."""
+        request = _object(message, "the request")
         parameters = _parameters(request, "request")
         request_id = request.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidTensor("the request id must be a string")
         requested, timeout = self._requested(request, parameters), _timeout(parameters)
-        arrays = self._arrays(request.get("inputs"), binary, _may_hold_booleans(header))
+        arrays = self._arrays(request.get("inputs"), binary, booleans)
         rows = {array.shape[0] for array in arrays.values()}
         if len(rows) > 1:
             raise InvalidTensor(f"the inputs disagree on the batch dimension: {sorted(rows)}")
@@ -316,6 +323,15 @@ class V2Codec:
     # -- responses ---------------------------------------------------------------------------------------------
     def encode(self, request: InferenceRequest, outputs: Any) -> tuple[bytes, int | None]:
         """Outputs -> response bytes, and the JSON header's length when binary tensor data follows it."""
+        response, buffers = self.encode_message(request, outputs)
+        body = dumps(response)
+        if not buffers:
+            return body, None
+        return body + b"".join(buffers), len(body)
+
+    def encode_message(self, request: InferenceRequest, outputs: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """`encode` without the bytes: the JSON header's object, and the binary data of the outputs asked for as
+        binary, in order (a gRPC reply is built from these: protocol/oip/messages.py)."""
         if not isinstance(outputs, list | tuple | np.ndarray):
             raise OutputMismatch(f"predict must return a list, got {type(outputs).__name__}")
         expected = len(request.instances)
@@ -338,10 +354,7 @@ class V2Codec:
             "id": request.id if request.id is not None else (current_request_id() or ""),
             "outputs": described,
         }
-        body = dumps(response)
-        if not buffers:
-            return body, None
-        return body + b"".join(buffers), len(body)
+        return response, buffers
 
 
 def _may_hold_booleans(header: bytes | memoryview) -> bool:

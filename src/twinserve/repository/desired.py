@@ -160,7 +160,7 @@ class DesiredState:
 
 
 def _applied_key(section: str, model: str) -> str:
-    # Model names hold no ':' (fronts/routes.py): a traffic change's key never meets a model's.
+    # Model names hold no ':' (service/routes.py): a traffic change's key never meets a model's.
     return model if section == "models" else f"traffic:{model}"
 
 

@@ -21,7 +21,6 @@ from uvicorn.supervisors import Multiprocess
 from twinserve.config import Config
 from twinserve.core.heap import settle
 from twinserve.fronts.asgi import create_asgi_app
-from twinserve.fronts.contract import Service
 from twinserve.fronts.websocket import OpenSockets
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import start_memory_sampler
@@ -33,6 +32,7 @@ from twinserve.servers.asgi.protocol import HttpProtocol
 from twinserve.servers.asgi.settings import CONFIG_ENV
 from twinserve.servers.startup import built_or_exit, report_failure, stop_server
 from twinserve.servers.uvicorn_listeners import balanced_listener
+from twinserve.service.contract import Service
 
 __all__ = ["app_factory", "run"]
 
@@ -152,7 +152,7 @@ def run(config: Config) -> None:
         ws_max_size=config.effective_ws_max_message_bytes,  # larger messages: close 1009
         ws_ping_interval=20.0,  # keepalive pings find dead peers; a stream may be idle for long
         ws_ping_timeout=20.0,
-        # The client's address is the front's to work out (`fronts/clients.py`, from --forwarded-allow-ips), the
+        # The client's address is the front's to work out (`service/clients.py`, from --forwarded-allow-ips), the
         # same way in every architecture; uvicorn's own rewrite would trust its FORWARDED_ALLOW_IPS instead.
         proxy_headers=False,
     )

@@ -36,9 +36,9 @@ from twinserve.deploy.k8s import (
 from twinserve.deploy.k8s_plan import K8sPlan, cpu_request_cores, sizing
 from twinserve.deploy.wheel import wheel_name
 from twinserve.errors import ConfigError
-from twinserve.fronts.routes import ROUTES
 from twinserve.lab.advise import HEADROOM, autoscaling_targets
 from twinserve.lab.results import Results
+from twinserve.service.routes import ROUTES
 
 ARCHS = ("sync", "async", "hybrid")
 SLO = 50.0

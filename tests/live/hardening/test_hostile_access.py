@@ -6,7 +6,7 @@
 6. Driving the server from a web page: a `Host` outside `--allowed-hosts` (DNS rebinding) is 400, and a
    WebSocket handshake from a foreign `Origin` (cross-site WebSocket hijacking) is 403, by default.
 
-The pure policies first (`core/lockout.py`, `fronts/hosts.py`), then the apps in process (every architecture
+The pure policies first (`core/lockout.py`, `service/hosts.py`), then the apps in process (every architecture
 answers the same status and body), then real servers for what needs a socket: the client's address as each
 HTTP server reports it, and WebSocket handshakes.
 """
@@ -30,9 +30,9 @@ from tests.serving import HTTP, Server, model_path, servers_per_arch
 from twinserve.config import MIN_API_KEY_LENGTH, load_config
 from twinserve.core.lockout import FailureLockout
 from twinserve.errors import ConfigError, RateLimited, Unauthorized
-from twinserve.fronts.auth import Authenticator, authenticator
-from twinserve.fronts.clients import ForwardedFor
-from twinserve.fronts.hosts import HostPolicy, host_of, host_policy
+from twinserve.service.auth import Authenticator, authenticator
+from twinserve.service.clients import ForwardedFor
+from twinserve.service.hosts import HostPolicy, host_of, host_policy
 
 KEY = "hostile-access-key-0123456789"
 WRONG = {"X-API-Key": "not-the-key-0123456789"}

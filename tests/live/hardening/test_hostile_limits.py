@@ -34,8 +34,8 @@ from tests.live.hardening.harness import CLIENT_TIMEOUT_S, PeakRss
 from tests.serving import HTTP, ROOT, Server, model_path, servers_per_arch, wait_until
 from twinserve.config import Config, load_config
 from twinserve.errors import ConfigError
-from twinserve.fronts.exchange import DECODE_OFF_LOOP_BYTES, Exchange
 from twinserve.lab.probe import tree_rss_mib
+from twinserve.service.exchange import DECODE_OFF_LOOP_BYTES, Exchange
 
 pytestmark = pytest.mark.hardening
 
@@ -203,7 +203,7 @@ class _BlockingDecode:
     def __init__(self, coded: bool = False) -> None:
         self.loop_ran = threading.Event()
         self.thread: int | None = None
-        self.coded = coded  # a gzip or deflate body (fronts/compression.py)
+        self.coded = coded  # a gzip or deflate body (service/compression.py)
 
     def decode(self, body: bytes, header_length: str | None = None) -> list[int]:
         self.thread = threading.get_ident()

@@ -280,7 +280,7 @@ import sys
 from starlette.testclient import TestClient
 from twinserve.config import load_config
 from twinserve.core.runtime import load_runtimes
-from twinserve.fronts.contract import Service
+from twinserve.service.contract import Service
 from twinserve.servers.sync.server import build_wsgi_app
 
 config = load_config(models=["twinserve.examples.tabular:Classifier"])

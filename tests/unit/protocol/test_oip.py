@@ -18,8 +18,10 @@ from twinserve.protocol.oip import grpc_service_pb2 as pb
 from twinserve.protocol.oip.messages import (
     config_message,
     infer_body,
+    infer_message,
     infer_response,
     parameters_dict,
+    response_message,
     statistics_message,
 )
 from twinserve.protocol.v2 import InferenceRequest, V2Codec
@@ -110,6 +112,38 @@ def test_the_codec_reply_becomes_raw_output_contents() -> None:
     config = config_message(codec.config(8, 2.0))
     assert config.max_batch_size == 8 and config.dynamic_batching.max_queue_delay_microseconds == 2000
     assert config.input[1].reshape.shape == [] and config.input[0].data_type == pb.DataType.Value("TYPE_FP64")
+
+
+def test_a_message_decodes_as_its_rest_body_does_without_json_between() -> None:
+    """gRPC's path (`infer_message` -> `V2Codec.decode_message`) and REST's (`infer_body` -> `V2Codec.decode`)
+    give the same request, and refuse the same tensors with the same message."""
+    from tests.models import Affine
+
+    codec = V2Codec(ModelSpec(Affine()))
+    request = pb.ModelInferRequest(model_name="affine", id="r7")
+    request.inputs.add(name="x", datatype="FP64", shape=[2, 2])
+    request.inputs.add(name="scale", datatype="FP64", shape=[2])
+    request.raw_input_contents.extend([np.array([1.0, 2.0, 3.0, 4.0]).tobytes(), np.array([3.0, 0.5]).tobytes()])
+    request.parameters["timeout"].int64_param = 5000
+    message, data = infer_message(request)
+    body, length = infer_body(request)
+    assert body == orjson.dumps(message) + data and length == len(orjson.dumps(message))
+    direct, rest = codec.decode_message(message, memoryview(data)), codec.decode(body, str(length))
+    assert (direct.id, direct.timeout_us) == (rest.id, rest.timeout_us) == ("r7", 5000)
+    assert direct.outputs == rest.outputs
+    assert repr(direct.instances) == repr(rest.instances) and len(direct.instances) == 2
+    outputs = [{"y": [3.0, 6.0]}, {"y": [1.5, 2.0]}]
+    answered = response_message(*codec.encode_message(direct, outputs))
+    assert answered == infer_response(*codec.encode(rest, outputs))  # the reply too: no JSON between, same message
+    assert answered.id == "r7" and [o.name for o in answered.outputs] == ["y", "total"]
+    request.inputs[1].shape[:] = [3]  # a shape its data does not fill
+    message, data = infer_message(request)
+    body, length = infer_body(request)
+    with pytest.raises(InvalidTensor) as direct_error:
+        codec.decode_message(message, memoryview(data))
+    with pytest.raises(InvalidTensor) as rest_error:
+        codec.decode(body, str(length))
+    assert direct_error.value.message == rest_error.value.message
 
 
 def test_statistics_message() -> None:

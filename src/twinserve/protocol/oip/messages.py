@@ -1,12 +1,14 @@
 """Open Inference Protocol messages over gRPC <-> the V2 codec's bytes. Transport-free.
 
-A `ModelInferRequest` becomes the body the V2 codec decodes over HTTP with Triton's binary extension: a JSON
-header whose inputs all carry `binary_data_size`, then their bytes. `raw_input_contents` are those bytes as
-sent; typed `contents` are packed to the same little-endian layout with one numpy call per tensor. So gRPC, REST
-JSON and REST binary requests are checked and decoded by the one codec, with the same messages and statuses.
+A `ModelInferRequest` becomes the request the V2 codec reads over HTTP with Triton's binary extension, without
+the bytes between (`infer_message`, for `V2Codec.decode_message`): the JSON header's object, whose inputs all
+carry `binary_data_size`, and their data. `raw_input_contents` are that data as sent; typed `contents` are packed
+to the same little-endian layout with one numpy call per tensor. So gRPC, REST JSON and REST binary requests are
+checked and decoded by the one codec, with the same messages and statuses (`infer_body` is the REST body itself).
 
 Outputs are always asked for as binary data and answered in `raw_output_contents`, as Triton's gRPC server does
-(tritonclient's `as_numpy` reads either form).
+(tritonclient's `as_numpy` reads either form): `response_message` builds the reply from what the codec gives
+(`V2Codec.encode_message`), again with no JSON between; `infer_response` is its twin over the REST reply's bytes.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from twinserve.protocol.v1 import dumps
 __all__ = [
     "config_message",
     "infer_body",
+    "infer_message",
     "infer_response",
     "metadata_message",
     "parameters_dict",
+    "response_message",
     "statistics_message",
 ]
 
@@ -92,7 +96,16 @@ def _contents_given(tensor: pb.ModelInferRequest.InferInputTensor) -> bool:
 
 
 def infer_body(request: pb.ModelInferRequest) -> tuple[bytes, int]:
-    """The V2 body (JSON header, then binary tensor data) for `request`, and the header's length."""
+    """The V2 body (JSON header, then binary tensor data) for `request`, and the header's length: the REST twin
+    of `infer_message`, byte for byte what a V2 client would send over HTTP."""
+    header, data = infer_message(request)
+    head = dumps(header)
+    return head + data, len(head)
+
+
+def infer_message(request: pb.ModelInferRequest) -> tuple[dict[str, Any], bytes]:
+    """The V2 request for `request` as the V2 codec reads it, with no JSON between (`V2Codec.decode_message`):
+    the header's object, every input's data sent as binary data (`binary_data_size`), and that data."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidTensor(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
@@ -116,23 +129,31 @@ def infer_body(request: pb.ModelInferRequest) -> tuple[bytes, int]:
         ]
     else:
         header["parameters"]["binary_data_output"] = True
-    head = dumps(header)
-    return head + b"".join(buffers), len(head)
+    return header, b"".join(buffers)
 
 
 def infer_response(body: bytes, header_length: int | None) -> pb.ModelInferResponse:
-    """The V2 codec's reply (header, then each output's binary data) as a `ModelInferResponse`."""
+    """The V2 codec's reply bytes (header, then each output's binary data) as a `ModelInferResponse`: the REST
+    twin of `response_message`."""
     length = len(body) if header_length is None else header_length
     header = orjson.loads(body[:length])
+    buffers, offset = [], length
+    for output in header["outputs"]:
+        size = output["parameters"]["binary_data_size"]
+        buffers.append(body[offset : offset + size])
+        offset += size
+    return response_message(header, buffers)
+
+
+def response_message(header: Mapping[str, Any], buffers: list[bytes]) -> pb.ModelInferResponse:
+    """The V2 codec's reply as the codec gives it (`V2Codec.encode_message`: the header's object and each
+    output's binary data, every output asked for as binary by `infer_message`) as a `ModelInferResponse`."""
     response = pb.ModelInferResponse(
         model_name=header["model_name"], model_version=header["model_version"], id=header.get("id", "")
     )
-    offset = length
     for output in header["outputs"]:
         response.outputs.add(name=output["name"], datatype=output["datatype"], shape=output["shape"])
-        size = output["parameters"]["binary_data_size"]
-        response.raw_output_contents.append(body[offset : offset + size])
-        offset += size
+    response.raw_output_contents.extend(buffers)
     return response
 
 

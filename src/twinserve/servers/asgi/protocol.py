@@ -34,13 +34,13 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from twinserve.errors import TwinserveError
-from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 from twinserve.servers.asgi.accept import accept_waiting
 from twinserve.servers.asgi.crowd import Crowd
 from twinserve.servers.asgi.cycle import Cycle
 from twinserve.servers.asgi.settings import limits_of, served_config
 from twinserve.servers.http1 import HeadReader, ParseError
+from twinserve.service.contract import raw_error_response
 
 __all__ = ["HIGH_WATER", "HttpProtocol"]
 

@@ -6,7 +6,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.utils import get_content_type
 
 from twinserve.fronts.early import Refusal
-from twinserve.fronts.routes import REQUEST_ID_HEADER
+from twinserve.service.routes import REQUEST_ID_HEADER
 
 __all__ = ["front_answer"]
 

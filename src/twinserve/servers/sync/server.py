@@ -16,7 +16,6 @@ from gunicorn.glogging import Logger
 
 from twinserve.config import Config
 from twinserve.core.heap import settle
-from twinserve.fronts.contract import Service
 from twinserve.fronts.wsgi import create_wsgi_app
 from twinserve.observability.logging import configure_logging
 from twinserve.observability.metrics import mark_process_dead, record_death, start_memory_sampler
@@ -27,6 +26,7 @@ from twinserve.servers.startup import built_or_exit, stop_server
 from twinserve.servers.sync.balance import ConnectionShares
 from twinserve.servers.sync.exits import WorkerExits
 from twinserve.servers.sync.worker import RequestThreadsWorker
+from twinserve.service.contract import Service
 
 __all__ = ["WORKER_CONNECTIONS", "build_wsgi_app", "run"]
 

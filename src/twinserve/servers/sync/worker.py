@@ -35,7 +35,6 @@ from gunicorn.workers.base import Worker
 
 from twinserve.core.admission import Admission
 from twinserve.errors import TwinserveError, internal_error
-from twinserve.fronts.contract import raw_error_response
 from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
 from twinserve.servers.http1 import Limits, ParseError
@@ -47,6 +46,7 @@ from twinserve.servers.sync.http import Request, environ_of, response_head
 from twinserve.servers.sync.input import BodyInput
 from twinserve.servers.sync.response import ResponseWriter
 from twinserve.servers.sync.threads import QUICK, LevelledThreadPool
+from twinserve.service.contract import raw_error_response
 
 __all__ = ["RequestThreadsWorker"]
 

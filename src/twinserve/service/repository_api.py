@@ -13,14 +13,14 @@ import orjson
 
 from twinserve.config import Config
 from twinserve.errors import Forbidden, MalformedRequest, ModelControlOff, ModelNotFound, ModelUnavailable
-from twinserve.fronts.auth import key_id
-from twinserve.fronts.reply import Reply
 from twinserve.protocol.v1 import dumps
 from twinserve.repository import ModelRegistry
 from twinserve.repository.control import ModelControl
 from twinserve.repository.desired import DesiredState, RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
 from twinserve.repository.traffic import TrafficPolicy
+from twinserve.service.auth import key_id
+from twinserve.service.reply import Reply
 
 __all__ = ["RepositoryApi"]
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from twinserve.errors import TwinserveError, error_payload, v1_error_payload
-from twinserve.fronts.routes import JSON, ErrorShape
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import error_body
+from twinserve.service.routes import JSON, ErrorShape
 
 __all__ = ["NOT_READY_HEADERS", "Reply", "error_reply"]
 
@@ -29,7 +29,7 @@ class Reply:
 
 
 def error_reply(error: TwinserveError, request_id: str, shape: ErrorShape = "twinserve") -> Reply:
-    """The error as a response, its body in `shape` (fronts/routes.py `ErrorShape`): twinserve's, V1's
+    """The error as a response, its body in `shape` (service/routes.py `ErrorShape`): twinserve's, V1's
     (TF-Serving/KServe: `error` is the message) or the Open Inference Protocol's `{"error": "message"}`."""
     if shape == "v2":
         body = error_body(error)

@@ -10,13 +10,13 @@ from functools import cached_property
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.reply import NOT_READY_HEADERS, Reply
-from twinserve.fronts.routes import INFERENCE_ENDPOINTS
 from twinserve.observability.metrics import InferenceTotals, inference_totals
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
 from twinserve.protocol.v2 import BINARY, HEADER_LENGTH, InferenceRequest, server_metadata, statistics
 from twinserve.repository import ModelRegistry
+from twinserve.service.reply import NOT_READY_HEADERS, Reply
+from twinserve.service.routes import INFERENCE_ENDPOINTS
 
 __all__ = ["OpenInferenceHandlers"]
 

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.routes import EVENT_STREAM, JSON, ROUTES, error_shape
 from twinserve.model import DATATYPES
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import json_default
 from twinserve.protocol.v2 import V2Codec
+from twinserve.service.routes import EVENT_STREAM, JSON, ROUTES, error_shape
 
 __all__ = ["openapi_document", "secure", "swagger_page"]
 

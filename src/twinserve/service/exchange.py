@@ -9,16 +9,19 @@ order, whatever the transport:
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
    type, the declared size, readiness, then the deadline; a request for a model that is loading (or, under
-   `--max-loaded-models`, not loaded) first waits for it, up to that deadline (`wait_for_model`, `await_model`);
-3. **decode** the body, its content codings undone (fronts/compression.py), with the endpoint's codec (V1
+   `--max-loaded-models`, not loaded) first waits for it, up to that deadline (`wait_admit`, `aadmit`);
+3. **decode** the body, its content codings undone (service/compression.py), with the endpoint's codec (V1
    instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
 4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
-   (`fronts/routes.py` `ErrorShape`: V1's, V2's or twinserve's); an exception twinserve did not expect is logged
+   (`service/routes.py` `ErrorShape`: V1's, V2's or twinserve's); an exception twinserve did not expect is logged
    with its traceback and answered as a bare 500;
 5. **close**: the request is logged, counted and traced, and leaves the in-flight gauge, once, whatever happened.
    An exchange closed before it was answered was left by its client: 499.
 
-A front only moves bytes and blocks or awaits; a stream's exchange stays open until its last event.
+A front only moves bytes and blocks or awaits; a stream's exchange stays open until its last event. The steps
+are the exchange's `Stage`s (service/lifecycle.py): each step is one move, checked against the moves its stage
+allows, so a front cannot decode before it admits, admit twice, or touch an exchange already closed. Admission
+reads one `RequestHead`, built by the front once per request from its own headers.
 """
 
 from __future__ import annotations
@@ -39,18 +42,19 @@ from twinserve.errors import (
     UnsupportedMediaType,
     internal_error,
 )
-from twinserve.fronts.compression import inflate, request_codings
-from twinserve.fronts.reply import Reply, error_reply
-from twinserve.fronts.routes import JSON, QUIET_ENDPOINTS, ErrorShape
 from twinserve.repository.shadow import ShadowJob
+from twinserve.service.compression import inflate, request_codings
+from twinserve.service.lifecycle import MOVES, IllegalTransition, RequestHead, Stage, admit_head, head_level
+from twinserve.service.reply import Reply, error_reply
+from twinserve.service.routes import JSON, QUIET_ENDPOINTS, ErrorShape
 
 if TYPE_CHECKING:
     from twinserve.core.runtime import ModelRuntime
-    from twinserve.fronts.contract import Service
     from twinserve.observability.context import RequestContext
     from twinserve.observability.tracing import Headers
     from twinserve.protocol.codecs import ModelCodecs
     from twinserve.protocol.v2 import InferenceRequest
+    from twinserve.service.contract import Service
 
 __all__ = [
     "DECODE_OFF_LOOP_BYTES",
@@ -72,6 +76,19 @@ DECODE_OFF_LOOP_BYTES = 64 * 1024
 TRIM_AFTER_BYTES = 1 << 20
 
 
+def _sources(to: Stage) -> frozenset[Stage]:
+    """The stages an exchange may move to `to` from (`MOVES`, the one table): checked inline on the hot path."""
+    return frozenset(stage for stage, moves in MOVES.items() if to in moves)
+
+
+_ADMITTED, _DECODED, _ANSWERED = Stage.ADMITTED, Stage.DECODED, Stage.ANSWERED
+_MAY_ADMIT, _MAY_DECODE, _MAY_ANSWER = _sources(_ADMITTED), _sources(_DECODED), _sources(_ANSWERED)
+
+
+#: What `encode_message` records as the answer: a 200 whose body the front builds from the message itself.
+_MESSAGE_REPLY = Reply(200, b"")
+
+
 async def decode_off_loop(decode: Callable[[D], T], data: D) -> T:
     """`decode(data)`, on a thread of the loop's default executor when `data` is large (the request context goes
     with it), in place otherwise."""
@@ -84,7 +101,6 @@ class Exchange:
     """One request (or WebSocket message) from its head to its last byte counted."""
 
     __slots__ = (
-        "_answered",
         "_body_bytes",
         "_codings",
         "_columnar",
@@ -93,7 +109,6 @@ class Exchange:
         "_inference",
         "_instances",
         "_lenient",
-        "_open",
         "_shadow",
         "_threaded",
         "context",
@@ -105,6 +120,7 @@ class Exchange:
         "runtime",
         "service",
         "shape",
+        "stage",
         "status",
     )
 
@@ -154,10 +170,10 @@ class Exchange:
         self._lenient = False
         #: Whether a V1 request came columnar (`inputs`): answered with `outputs`.
         self._columnar = False
-        self._answered = False
         #: Whether a request thread took it from a backlog (the sync front): its time feeds the backlog's estimate.
         self._threaded = False
-        self._open = True
+        #: Where it is in its life (service/lifecycle.py); it moves only as `MOVES` allows.
+        self.stage = Stage.OPEN
         # Health probes and scrapes are not work: counted, a scrape would read itself, and an HPA scaling on the
         # gauge (docs/scale-out.md) would see a probe's or Prometheus's visit as load.
         self._counted = endpoint not in QUIET_ENDPOINTS
@@ -167,6 +183,20 @@ class Exchange:
     @property
     def request_id(self) -> str:
         return self.context.request_id
+
+    def _allowed(self, to: Stage) -> None:
+        """Raise IllegalTransition unless the exchange may move to `to` from where it is."""
+        if to not in MOVES[self.stage]:
+            raise IllegalTransition(self.stage, to)
+
+    def _move(self, to: Stage) -> None:
+        self._allowed(to)
+        self.stage = to
+
+    @property
+    def answered(self) -> bool:
+        """Whether an outcome is recorded: an answer, or a failure."""
+        return self.stage is Stage.ANSWERED or self.stage is Stage.FAILED
 
     # -- before the body ---------------------------------------------------------------------------------
     def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:
@@ -180,94 +210,108 @@ class Exchange:
         self.key_id = self.service.authenticate(headers, peer)
         return self.key_id
 
-    def wait_for_model(self, model: str, version: str | None = None, timeout_header: str | None = None) -> None:
-        """Before `admit`: wait for a loading model, or load a cold one, up to the request's deadline (504 past
-        it; repository/residency.py). The sync front waits in the request's thread."""
-        deadline_of = functools.partial(self.service.admission.deadline, timeout_header)
-        self.deadline = self.service.residency.wait(model, version, deadline_of)
+    def wait_admit(self, head: RequestHead) -> ModelRuntime:
+        """`admit`, after waiting for a loading model, or loading a cold one, up to the request's deadline (504 past
+        it; repository/residency.py): the sync front waits in the request's thread."""
+        deadline_of = functools.partial(self.service.admission.deadline, head.timeout)
+        self.deadline = self.service.residency.wait(head.model, head.version, deadline_of)
+        return self.admit(head)
 
-    async def await_model(self, model: str, version: str | None = None, timeout_header: str | None = None) -> None:
-        """`wait_for_model` for the event loop."""
-        deadline_of = functools.partial(self.service.admission.deadline, timeout_header)
-        self.deadline = await self.service.residency.await_ready(model, version, deadline_of)
+    async def aadmit(self, head: RequestHead) -> ModelRuntime:
+        """`wait_admit` for the event loop."""
+        deadline_of = functools.partial(self.service.admission.deadline, head.timeout)
+        self.deadline = await self.service.residency.await_ready(head.model, head.version, deadline_of)
+        return self.admit(head)
 
-    def admit(
-        self,
-        model: str,
-        version: str | None = None,
-        *,
-        content_type: str | None = None,
-        content_length: int | None = None,
-        content_encoding: str | None = None,
-        timeout_header: str | None = None,
-        priority_header: str | None = None,
-        backlog: int | None = None,
-        headers: Headers | None = None,
-    ) -> ModelRuntime:
-        """Admit the request from its head alone; the body is read only after this returns. `headers` carry the
-        sticky key of a model whose traffic is split (repository/traffic.py)."""
+    def admit(self, head: RequestHead) -> ModelRuntime:
+        """Admit the request from its head alone (OPEN -> ADMITTED); the body is read only after this returns. A
+        refusal raises and leaves the exchange OPEN, for the front to `fail`."""
+        if self.stage not in _MAY_ADMIT:
+            raise IllegalTransition(self.stage, _ADMITTED)
         service = self.service
-        admission = service.admission
-        priority = self.context.priority = admission.priority(priority_header, key_id=self.key_id)
-        if backlog is not None:
-            admission.shed(backlog, priority)  # before the rate limit: a shed request takes no token
+        runtime, shadow = admit_head(service, head, self.key_id, self.context)
+        if head.backlog is not None:
             self._threaded = True
-        runtime, shadow = service.route(self.endpoint, model, version, headers)
         self.model = runtime.name
         if not runtime.occupancy.enter():
             # Replaced (or unloaded) since it was looked up: it drains the requests inside and takes no more. Its
             # successor, when there is one, takes this request.
-            runtime, shadow = service.route(self.endpoint, model, version, headers)
+            runtime, shadow = service.route(head.endpoint, head.model, head.version, head.headers)
             if not runtime.occupancy.enter():
                 raise ModelUnavailable(f"model {runtime.name!r} version {runtime.spec.version} is being unloaded")
+            self.context.priority = head_level(service.admission, head, self.key_id, runtime)
         self.runtime = runtime  # from here on, `close` lets it go
         self._shadow = shadow
-        settings = runtime.config  # the model's own settings: its default priority, queue and timeout
-        if priority_header is None and settings.default_priority != admission.config.default_priority:
-            # Shedding (above) knew no model yet; the request's level is its model's default from here on.
-            own = settings.default_priority
-            priority = self.context.priority = admission.priority(None, key_id=self.key_id, default=own)
-        self._lenient = service.admit(runtime, self.endpoint, content_type, content_length)
-        self._codings = request_codings(content_encoding)  # 415 for a coding twinserve cannot undo
-        if self.endpoint != "stream":  # streams are stepped one by one, not batched
+        endpoint, priority = head.endpoint, self.context.priority
+        self._lenient = service.admit(runtime, endpoint, head.content_type, head.content_length)
+        self._codings = request_codings(head.content_encoding)  # 415 for a coding twinserve cannot undo
+        if endpoint != "stream":  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
         if self.deadline is None:  # else it waited for its model: the deadline it waited under stands
-            self.deadline = admission.deadline(timeout_header, settings.timeout_ms)
+            self.deadline = service.admission.deadline(head.timeout, runtime.config.timeout_ms)
+        self.stage = _ADMITTED
         return runtime
 
     # -- the body ----------------------------------------------------------------------------------------
     def decode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """The request's instances, with the endpoint's codec (V2: its tensors, and their `timeout`), from `body`
-        with its content codings undone (fronts/compression.py: `--max-body-bytes` bounds the inflated size)."""
+        with its content codings undone (service/compression.py: `--max-body-bytes` bounds the inflated size):
+        ADMITTED -> DECODED."""
+        if self.stage not in _MAY_DECODE:
+            raise IllegalTransition(self.stage, _DECODED)
         try:
-            return self._decode(body, header_length)
+            instances = self._decode(body, header_length)
         except MalformedRequest as exc:
             if not self._lenient:
                 raise
             raise UnsupportedMediaType(
                 f"Content-Type must be {JSON}; the body is not JSON either ({exc.message})"
             ) from None
+        self.stage = _DECODED
+        return instances
 
     def _decode(self, body: bytes, header_length: str | None) -> list[Any]:
-        codecs = self.codecs
+        service, runtime = self.service, self.runtime
+        assert runtime is not None  # ADMITTED (checked by `decode`): admit set it
+        codecs = service.codecs_of(runtime)
         if self._codings:
-            service = self.service
             body = inflate(body, self._codings, service.max_body_bytes, service.too_large)
         self._body_bytes = len(body)
         if self.endpoint == "infer":
-            inference = self._inference = codecs.v2.decode(body, header_length)
-            admission = self.service.admission
-            self.deadline = admission.tighten(self.deadline, inference.timeout_us)
-            if inference.priority is not None:
-                self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
-            instances = inference.instances
+            instances = self._inferred(codecs.v2.decode(body, header_length))
         else:
             request = codecs.v1.read(body)
             instances, self._columnar = request.instances, request.columnar
         self._count = len(instances)
-        if self._shadow is not None:
+        if self._shadow is not None:  # kept for the shadow version, computed once the request is answered
             self._instances = instances
         return instances
+
+    def _inferred(self, inference: InferenceRequest) -> list[Any]:
+        """A V2 request's instances; its own `timeout` tightens the deadline, its `priority` sets the level."""
+        self._inference = inference
+        admission = self.service.admission
+        self.deadline = admission.tighten(self.deadline, inference.timeout_us)
+        if inference.priority is not None:
+            self.context.priority = admission.priority(inference.priority, "parameters.priority", self.key_id)
+        return inference.instances
+
+    def decode_message(self, message: Any, binary: bytes) -> list[Any]:
+        """`decode` for a V2 request that came as a message, not as body bytes (a gRPC call: its tensors'
+        description as the V2 header's object, `binary` their data): decoded by the same V2 codec, without JSON
+        in between. ADMITTED -> DECODED."""
+        self._allowed(Stage.DECODED)
+        self._body_bytes = len(binary)
+        instances = self._inferred(self.codecs.v2.decode_message(message, memoryview(binary)))
+        self._count = len(instances)
+        if self._shadow is not None:
+            self._instances = instances
+        self.stage = Stage.DECODED
+        return instances
+
+    async def adecode_message(self, message: Any, binary: bytes) -> list[Any]:
+        """`decode_message` for the event loop: on a thread when its data is large (`decode_off_loop`)."""
+        return await decode_off_loop(functools.partial(self.decode_message, message), binary)
 
     async def adecode(self, body: bytes, header_length: str | None = None) -> list[Any]:
         """`decode` for the event loop: a large body is decoded on a thread (see `decode_off_loop`), and so is a
@@ -283,10 +327,23 @@ class Exchange:
         if self._inference is not None:
             reply = self.reply(self.service.infer_reply(runtime, self._inference, outputs))
         else:
-            reply = self.reply(Reply(200, self.codecs.v1.encode(outputs, self._count, self._columnar)))
+            v1 = self.service.codecs_of(runtime).v1
+            reply = self.reply(Reply(200, v1.encode(outputs, self._count, self._columnar)))
         if self._shadow is not None and self._instances is not None:
             self._mirror(runtime, self._shadow, self._instances, outputs)
         return reply
+
+    def encode_message(self, outputs: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """`encode` for a V2 request answered as a message, not as body bytes (a gRPC call): the V2 reply's header
+        object and its outputs' binary data, no JSON between. -> ANSWERED."""
+        runtime, inference = self._runtime(), self._inference
+        if inference is None:
+            raise RuntimeError("only a decoded V2 request is answered as a message")
+        message = self.codecs.v2.encode_message(inference, outputs)
+        self.reply(_MESSAGE_REPLY)
+        if self._shadow is not None and self._instances is not None:
+            self._mirror(runtime, self._shadow, self._instances, outputs)
+        return message
 
     def _mirror(self, runtime: ModelRuntime, shadow: ModelRuntime, instances: list[Any], outputs: Any) -> None:
         """Hand the answered request to its shadow version (repository/shadow.py): never waited for."""
@@ -322,17 +379,21 @@ class Exchange:
 
     # -- the answer --------------------------------------------------------------------------------------
     def reply(self, reply: Reply) -> Reply:
-        """Record `reply` as the answer and return it."""
-        self.status, self.error_code, self._answered = reply.status, None, True
+        """Record `reply` as the answer (-> ANSWERED) and return it."""
+        if self.stage not in _MAY_ANSWER:
+            raise IllegalTransition(self.stage, _ANSWERED)
+        self.status, self.error_code, self.stage = reply.status, None, _ANSWERED
         return reply
 
     def responded(self, status: int) -> None:
-        """Record the status of a response the front built itself, unless an answer is recorded already."""
-        if not self._answered:
-            self.status, self.error_code, self._answered = status, None, True
+        """Record the status of a response the front built itself, unless an outcome is recorded already."""
+        if not self.answered:
+            self._move(Stage.ANSWERED)
+            self.status, self.error_code = status, None
 
     def failed(self, exc: BaseException) -> TwinserveError:
-        """Record `exc` as the outcome and return it as a TwinserveError (logged when unexpected)."""
+        """Record `exc` as the outcome (-> FAILED) and return it as a TwinserveError (logged when unexpected)."""
+        self._allowed(Stage.FAILED)
         if isinstance(exc, TwinserveError):
             error = exc
             if error.private is not None and self.service.expose_errors and self._alone():
@@ -340,7 +401,7 @@ class Exchange:
         else:
             logger.exception("unhandled error on %s %s", self.context.method, self.context.path, exc_info=exc)
             error = internal_error(exc)
-        self.status, self.error_code, self._answered = error.status, error.code, True
+        self.status, self.error_code, self.stage = error.status, error.code, Stage.FAILED
         return error
 
     def _alone(self) -> bool:
@@ -350,7 +411,9 @@ class Exchange:
         return batch is None or batch == self._count
 
     def counted(self, instances: int) -> None:
-        """Note how many instances the request holds, when the front decoded it itself (a WebSocket message)."""
+        """Note how many instances the admitted request holds, when the front decoded it itself (a WebSocket
+        message, whose head is its socket's handshake): ADMITTED -> DECODED."""
+        self._move(Stage.DECODED)
         self._count = instances
 
     def fail(self, exc: BaseException) -> Reply:
@@ -358,14 +421,16 @@ class Exchange:
         return error_reply(self.failed(exc), self.request_id, self.shape)
 
     def succeeded(self) -> None:
-        """Record a 200 answered piecemeal (a stream that reached its end)."""
-        self.status, self.error_code, self._answered = 200, None, True
+        """Record a 200 answered piecemeal (a stream that reached its end): -> ANSWERED."""
+        self._move(Stage.ANSWERED)
+        self.status, self.error_code = 200, None
 
     def close(self) -> None:
-        """Log, count and trace the request and release it from the in-flight gauge: once, whatever happened."""
-        if not self._open:
+        """Log, count and trace the request and release it from the in-flight gauge: once, whatever happened
+        (-> CLOSED; closing again does nothing)."""
+        if self.stage is Stage.CLOSED:
             return
-        self._open = False
+        self.stage = Stage.CLOSED
         service = self.service
         if self._threaded and self.status == 200:
             service.admission.served(time.perf_counter() - self.context.started)

@@ -37,8 +37,8 @@ from urllib.parse import urlsplit
 
 from twinserve.config import Config
 from twinserve.errors import CrossSite, HostNotAllowed, UnsupportedMediaType
-from twinserve.fronts.routes import INFERENCE_ENDPOINTS, JSON, JSON_MEDIA_TYPE, STATE_CHANGING_ENDPOINTS
 from twinserve.observability.tracing import Headers
+from twinserve.service.routes import INFERENCE_ENDPOINTS, JSON, JSON_MEDIA_TYPE, STATE_CHANGING_ENDPOINTS
 
 __all__ = ["HostPolicy", "check_site", "host_of", "host_policy"]
 

@@ -13,7 +13,6 @@ import time
 import weakref
 from collections.abc import Mapping
 from functools import cached_property
-from http import HTTPStatus
 
 from twinserve.config import Config
 from twinserve.core.admission import Admission
@@ -27,24 +26,6 @@ from twinserve.errors import (
     UnsupportedMediaType,
     error_payload,
 )
-from twinserve.fronts.auth import authenticator, key_id
-from twinserve.fronts.clients import ForwardedFor
-from twinserve.fronts.cors import cors_policy
-from twinserve.fronts.hosts import check_site, host_policy
-from twinserve.fronts.openapi import openapi_document, secure, swagger_page
-from twinserve.fronts.reply import NOT_READY_HEADERS, Reply, error_reply
-from twinserve.fronts.repository_api import RepositoryApi
-from twinserve.fronts.request_counts import RequestCounts
-from twinserve.fronts.routes import (
-    HTML,
-    JSON,
-    JSON_MEDIA_TYPE,
-    QUIET_ENDPOINTS,
-    REQUEST_ID_HEADER,
-    ROUTES,
-    Route,
-)
-from twinserve.fronts.v2_handlers import OpenInferenceHandlers
 from twinserve.observability.context import RequestContext, close_request, open_request
 from twinserve.observability.logging import request_logger
 from twinserve.observability.metrics import CONTENT_TYPE, metrics, render
@@ -59,6 +40,26 @@ from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
 from twinserve.repository.residency import Residency
 from twinserve.repository.shadow import ShadowRunner
+from twinserve.service.auth import authenticator, key_id
+from twinserve.service.clients import ForwardedFor
+from twinserve.service.cors import cors_policy
+from twinserve.service.hosts import check_site, host_policy
+from twinserve.service.lifecycle import BodyRule
+from twinserve.service.openapi import openapi_document, secure, swagger_page
+from twinserve.service.reply import NOT_READY_HEADERS, Reply, error_reply
+from twinserve.service.repository_api import RepositoryApi
+from twinserve.service.request_counts import RequestCounts
+from twinserve.service.response import http1_response
+from twinserve.service.routes import (
+    HTML,
+    JSON,
+    JSON_MEDIA_TYPE,
+    QUIET_ENDPOINTS,
+    REQUEST_ID_HEADER,
+    ROUTES,
+    Route,
+)
+from twinserve.service.v2_handlers import OpenInferenceHandlers
 
 __all__ = [
     "JSON",
@@ -115,15 +116,10 @@ def request_id_from(header: str | None) -> str:
 
 def raw_error_response(error: TwinserveError) -> bytes:
     """A complete HTTP/1.1 error response that closes the connection, for errors an HTTP server meets while it
-    parses a request (request line or headers too large), before any front sees it. Its body is twinserve's."""
+    parses a request (request line or headers too large), before any front sees it. Its body is twinserve's; its
+    head the one response writer's (service/response.py)."""
     request_id = request_id_from(None)
-    body = dumps(error_payload(error, request_id))
-    head = (
-        f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
-        f"content-type: {JSON}\r\ncontent-length: {len(body)}\r\n"
-        f"{REQUEST_ID_HEADER.lower()}: {request_id}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
+    return http1_response(Reply(error.status, dumps(error_payload(error, request_id))), request_id)
 
 
 class Service(OpenInferenceHandlers):
@@ -143,6 +139,8 @@ class Service(OpenInferenceHandlers):
         self.config = config
         self.tracer = tracer
         self.max_body_bytes = config.max_body_bytes
+        #: What every front decides about the body bytes it reads: too large, cut short, too late.
+        self.body = BodyRule(config.max_body_bytes, config.read_timeout_s, self.too_large)
         #: Whether a model's exception text may reach the client (`--expose-errors`, `--debug`).
         self.expose_errors = config.effective_expose_errors
         #: None when no API key is configured: the fronts then skip authentication with one `is None` check.
@@ -158,7 +156,7 @@ class Service(OpenInferenceHandlers):
         self.open_paths = _open_paths(config)
         #: This process's metric writes, summed per interval (observability/sums.py).
         self.sums = metric_sums()
-        #: What answered requests, and those refused before the app, are counted in (fronts/request_counts.py).
+        #: What answered requests, and those refused before the app, are counted in (service/request_counts.py).
         self.counts = RequestCounts(self.registry)
         self._access_log = request_logger() if config.access_log else None
         #: Loads and unloads (None: `--model-control none`, or MODEL arguments); only the admin key may ask.
@@ -211,7 +209,7 @@ class Service(OpenInferenceHandlers):
         self.counts.flush()
         return Reply(200, render(), content_type=CONTENT_TYPE)
 
-    # -- allowed hosts, authentication and CORS (fronts/hosts.py, fronts/auth.py, fronts/cors.py) --------------
+    # -- allowed hosts, authentication and CORS (service/hosts.py, service/auth.py, service/cors.py) --------------
     def check_host(self, host: str | None) -> None:
         """HostNotAllowed (400) for a `Host` header outside `--allowed-hosts` (DNS rebinding), before anything
         else is done for the request: a preflight, authentication or routing."""
@@ -225,7 +223,7 @@ class Service(OpenInferenceHandlers):
 
     def check_site(self, endpoint: str, headers: Headers) -> None:
         """CrossSite (403), or 415, for what a page on another site could send without a preflight to a route that
-        changes state, or as a form to a predict (fronts/hosts.py `check_site`)."""
+        changes state, or as a form to a predict (service/hosts.py `check_site`)."""
         check_site(endpoint, headers, lambda origin: self.origin_allowed(origin, headers.get("host")))
 
     def authenticate(self, headers: Headers, peer: str | None = None) -> str | None:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from twinserve.config import Config
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
 from twinserve.errors import CorsRejected
-from twinserve.fronts.routes import REQUEST_ID_HEADER
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.routes import REQUEST_ID_HEADER
 
-__all__ = ["ALLOWED_HEADERS", "ALLOWED_METHODS", "CorsPolicy", "cors_policy"]
+__all__ = ["ALLOWED_HEADERS", "ALLOWED_METHODS", "CorsPolicy", "cors_policy", "merge_vary"]
 
 ALLOWED_METHODS = ("GET", "POST")
 #: Every request header twinserve reads, plus trace context. Simple headers (Accept, ...) need no permission.
@@ -86,6 +86,12 @@ class CorsPolicy:
         if origin is None or not self.allows(origin):
             return self._vary
         return {"Access-Control-Allow-Origin": self._allow_origin(origin), **self._exposed}
+
+
+def merge_vary(known: str | None, added: str) -> str:
+    """One `Vary` naming both what a reply varies on already (`known`: a gzip-able reply's Accept-Encoding) and
+    what CORS adds (`added`): two `Vary` fields would be one too many for some caches. Every front merges here."""
+    return f"{known}, {added}" if known else added
 
 
 def cors_policy(config: Config) -> CorsPolicy | None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from twinserve.errors import ClientError, PayloadTooLarge, UnsupportedMediaType
 
 if TYPE_CHECKING:
-    from twinserve.fronts.reply import Reply
+    from twinserve.service.reply import Reply
 
 __all__ = ["GZIP_MIN_BYTES", "REQUEST_CODINGS", "accepts_gzip", "compress_reply", "inflate", "request_codings"]
 
