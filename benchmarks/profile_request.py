@@ -46,7 +46,7 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
             "selectors.py",
         ),
     ),
-    ("twinserve front (exchange, routes, admission)", ("twinserve/fronts/",)),
+    ("twinserve front (exchange, routes, admission)", ("twinserve/fronts/", "twinserve/service/")),
     ("HTTP server (uvicorn, httptools, gunicorn)", ("uvicorn/", "httptools", "gunicorn/", "twinserve/servers/")),
     ("event loop", ("asyncio/", "uvloop")),
 ]
