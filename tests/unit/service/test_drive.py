@@ -11,8 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.serving import model_path
-from twinserve.config import Config
+from tests.unit.service.echo import echo_service
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import PayloadTooLarge
 from twinserve.service import drive
@@ -25,13 +24,8 @@ MODEL = "drive-echo"
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    config = Config(arch="sync", models=[model_path("Echo")], max_body_bytes=100)
-    runtime = ModelRuntime(model_path("Echo"), config, name=MODEL)
-    runtime.load()
-    try:
-        yield Service({MODEL: runtime}, config)
-    finally:
-        runtime.close()
+    with echo_service(MODEL, max_body_bytes=100) as service:
+        yield service
 
 
 def _exchange(service: Service) -> Exchange:

@@ -10,9 +10,7 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.serving import model_path
-from twinserve.config import Config
-from twinserve.core.runtime import ModelRuntime
+from tests.unit.service.echo import echo_service
 from twinserve.errors import (
     ClientError,
     ModelNotFound,
@@ -33,13 +31,8 @@ BODY = orjson.dumps({"instances": ["a", "b"]})
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    config = Config(arch="sync", models=[model_path("Echo")], max_body_bytes=1000, read_timeout_s=7)
-    runtime = ModelRuntime(model_path("Echo"), config, name=MODEL)
-    runtime.load()
-    try:
-        yield Service({MODEL: runtime}, config)
-    finally:
-        runtime.close()
+    with echo_service(MODEL, max_body_bytes=1000, read_timeout_s=7) as service:
+        yield service
 
 
 def _open(service: Service, endpoint: str = "predict") -> Exchange:
