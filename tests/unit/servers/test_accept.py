@@ -13,11 +13,15 @@ from twinserve.servers.asgi import accept
 
 #: The protocols made for the connections accepted.
 MADE: list[asyncio.Protocol] = []
+#: Set as each one is made (the loop's of the run that waits for them).
+ARRIVED: list[asyncio.Event] = []
 
 
 class Made(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         MADE.append(self)
+        for arrived in ARRIVED:
+            arrived.set()
         transport.close()
 
 
@@ -38,11 +42,19 @@ def _accept_all() -> list[int]:
         counts = [accept.accept_waiting(loop, Made)]
         while counts[-1]:
             counts.append(accept.accept_waiting(loop, Made))
-        deadline = loop.time() + 5
-        while len(MADE) < len(before) + sum(counts):  # each accepted connection's transport, made on the loop
-            assert loop.time() < deadline, "the accepted connections were not served"
-            await asyncio.sleep(0.001)
-        return counts
+        arrived = asyncio.Event()
+        ARRIVED[:] = [arrived]
+        try:
+            async with asyncio.timeout(5):
+                while True:  # each accepted connection's transport, made on the loop
+                    arrived.clear()
+                    if len(MADE) >= len(before) + sum(counts):
+                        return counts
+                    await arrived.wait()
+        except TimeoutError:
+            raise AssertionError("the accepted connections were not served") from None
+        finally:
+            ARRIVED.clear()
 
     return uvloop.run(main())
 

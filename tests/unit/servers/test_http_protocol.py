@@ -28,9 +28,20 @@ GET = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n"
 App = Callable[[Any, Any, Any], Awaitable[None]]
 
 
+class Changes:
+    """Wakes `until` when the stand-in transport changes (or a test's app notes a step), instead of a poll."""
+
+    event: asyncio.Event | None = None
+
+    @classmethod
+    def note(cls) -> None:
+        if cls.event is not None:
+            cls.event.set()
+
+
 class Transport:
     """Just enough of an asyncio transport: what the protocol writes, and its close, as a loop's transport does
-    (`connection_lost` on the loop's next turn)."""
+    (`connection_lost` on the loop's next turn); each change wakes `until` (`Changes`)."""
 
     def __init__(self, protocol: asyncio.Protocol) -> None:
         self.protocol = protocol
@@ -46,6 +57,7 @@ class Transport:
         assert not self.closed, "written after close"
         self.written += data
         self.writes += 1
+        Changes.note()
 
     def writelines(self, data: Any) -> None:
         for part in data:
@@ -58,12 +70,15 @@ class Transport:
         if not self.closed:
             self.closed = True
             asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+            Changes.note()
 
     def pause_reading(self) -> None:
         self.reading = False
+        Changes.note()
 
     def resume_reading(self) -> None:
         self.reading = True
+        Changes.note()
 
     def set_protocol(self, protocol: asyncio.Protocol) -> None:
         self.protocol = protocol
@@ -106,12 +121,20 @@ async def settle(state: ServerState) -> None:
 
 
 async def until(condition: Callable[[], object], timeout: float = 5.0) -> None:
-    """Let the loop run until `condition()` holds; fail after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, f"not within {timeout} s"
-        await asyncio.sleep(0.001)
+    """Let the loop run until `condition()` holds, looking again at each change `Changes` notes; fail after
+    `timeout` seconds."""
+    event = Changes.event = asyncio.Event()
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                event.clear()  # before the look: a change after it sets the event again
+                if condition():
+                    return
+                await event.wait()
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout} s") from None
+    finally:
+        Changes.event = None
 
 
 def responses(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
@@ -238,6 +261,7 @@ def test_a_response_without_a_length_is_chunked_and_a_chunked_request_body_arriv
         while True:
             message = await receive()
             received.append(message)
+            Changes.note()
             if not message.get("more_body"):
                 break
         await send({"type": "http.response.start", "status": 200, "headers": []})
