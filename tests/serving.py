@@ -12,7 +12,15 @@ from typing import Any
 
 import httpx
 
-from twinserve.lab.servers import READY_TIMEOUT_S, RedisServer, ServerFailed, ServerProcess, TwinserveServer, free_port
+from twinserve.lab.servers import (
+    READY_TIMEOUT_S,
+    RedisServer,
+    ServerFailed,
+    ServerProcess,
+    TwinserveServer,
+    free_port,
+    loopback,
+)
 
 __all__ = [
     "HTTP",
@@ -38,11 +46,11 @@ __all__ = [
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODELS = str(Path(__file__).resolve().parent / "models.py")
 READY_TIMEOUT = READY_TIMEOUT_S
-#: The client of the tests' one-off requests (`HTTP.get(...)` where `httpx.get(...)` would do): `httpx.get` builds a
-#: client, and with it a TLS context that loads the CA bundle (~21 ms of CPU), for every request, though every URL
-#: here is plain HTTP on loopback; that was a third of some live modules' time. No connection is kept between
-#: requests, as with `httpx.get`: a test that counts connections or closes them sees the same.
-HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+#: The client of the tests' one-off requests (`HTTP.get(...)` where `httpx.get(...)` would do), the lab's own
+#: (`loopback`): `httpx.get` builds a client, and with it a TLS context that loads the CA bundle (~21 ms of CPU), for
+#: every request, though every URL here is plain HTTP on loopback; that was a third of some live modules' time. No
+#: connection is kept between requests, as with `httpx.get`: a test that counts or closes connections sees the same.
+HTTP = loopback()
 
 
 def model_path(name: str) -> str:

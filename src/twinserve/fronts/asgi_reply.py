@@ -27,9 +27,6 @@ class AsgiReply:
     def __init__(self, reply: Reply, request_id: str) -> None:
         self.reply, self.request_id = reply, request_id
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        return header_fields(self.reply, self.request_id)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         prefix = "websocket." if scope["type"] == "websocket" else ""
         reply = self.reply
