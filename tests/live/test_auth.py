@@ -25,8 +25,9 @@ from twinserve.service.contract import Service
 from twinserve.service.cors import ALLOWED_HEADERS, CorsPolicy
 
 KEY_FLAG, KEY_FILE, KEY_LIMITED = "flag-key-0123456789", "file-key-0123456789", "limited-key-0123456789"
-#: The WebSocket test's own key: its bucket is full when the test starts, whatever the HTTP tests spent of theirs.
-KEY_SOCKET = "socket-key-0123456789"
+#: Keys of the tests that run last on the module's servers (5 requests/s per key): their buckets are full when they
+#: start, whatever the tests before them spent of the others' in the same second.
+KEY_SOCKET, KEY_STREAM = "socket-key-0123456789", "stream-key-0123456789"
 ORIGIN = "https://app.example"
 IRIS = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 
@@ -167,7 +168,7 @@ def test_cors_policy() -> None:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     """One server per architecture with keys from a flag and a file, CORS for one origin."""
     key_file = tmp_path_factory.mktemp("keys") / "keys"
-    key_file.write_text(f"# test keys\n{KEY_FILE}\n{KEY_LIMITED}\n{KEY_SOCKET}\n")
+    key_file.write_text(f"# test keys\n{KEY_FILE}\n{KEY_LIMITED}\n{KEY_SOCKET}\n{KEY_STREAM}\n")
 
     def make(arch: str) -> Server:
         return Server(
@@ -369,7 +370,7 @@ def test_websocket_origin_and_per_key_rate_limit(secured: dict[str, Server], arc
 
 
 def test_streams_carry_cors_headers_in_every_architecture(secured: dict[str, Server]) -> None:
-    headers = {"X-API-Key": KEY_FLAG, "Origin": ORIGIN}
+    headers = {"X-API-Key": KEY_STREAM, "Origin": ORIGIN}
     body = {"instances": [{"text": "a b c", "max_tokens": 3}]}
     for arch, server in secured.items():
         with HTTP.stream("POST", server.url + "/v1/models/tokens:stream", json=body, headers=headers) as response:
