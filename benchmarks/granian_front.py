@@ -1,10 +1,10 @@
 """Would granian, a Rust HTTP server, serve the async architecture faster than uvicorn? (Issue 15, item 2.)
 
-The same ASGI app, `twinserve.servers.uvicorn:app_factory` (the models load in its lifespan; the Config handed
-down in the environment as `twinserve serve` hands it), under uvicorn as `twinserve serve --arch async` runs it
-(uvloop, httptools with twinserve's refusal before the app) and under granian (its Rust HTTP/1 parser, the app on
-uvloop), the same workers, side by side in alternating rounds: wrk at `--connections` over keep-alive
-connections on the built-in examples. Printed per model and workers: median req/s and P99 of the rounds, and
+The same ASGI app, built by `twinserve.servers.uvicorn.AppFactory` (the models load in its lifespan; granian, given
+an import string, gets `app` here, which reads the Config from `CONFIG_ENV`), under uvicorn as `twinserve serve
+--arch async` runs it (uvloop, httptools with twinserve's refusal before the app) and under granian (its Rust HTTP/1
+parser, the app on uvloop), the same workers, side by side in alternating rounds: wrk at `--connections` over
+keep-alive connections on the built-in examples. Printed per model and workers: median req/s and P99 of the rounds, and
 granian / uvicorn. What granian would not give, whatever it measures: the refusal before the app (a 503 for a
 full queue without the app's parse, `servers/asgi/crowd.py`) and the WebSocket drain on SIGTERM.
 
@@ -19,16 +19,27 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
+from pathlib import Path
 
 from common import Server, require_wrk, warm_wrk
+from starlette.types import ASGIApp
 
 from twinserve.config import Config
 from twinserve.lab.servers import ServerProcess, free_port
-from twinserve.servers.asgi.settings import CONFIG_ENV
+from twinserve.servers.served import Served
+from twinserve.servers.uvicorn import AppFactory
 
+#: granian's worker processes import `app` from a string: the Config reaches them in this variable.
+CONFIG_ENV = "TWINSERVE_GRANIAN_CONFIG_JSON"
 MODELS = {"tabular": "twinserve.examples.tabular:Classifier", "minilm": "twinserve.examples.embed:MiniLM"}
+
+
+def app() -> ASGIApp:
+    """granian's app factory (`--factory`), in each of its workers: the app twinserve's uvicorn server builds."""
+    return AppFactory(Served(Config.model_validate_json(os.environ[CONFIG_ENV])))()
 
 
 def granian(model: str, workers: int) -> ServerProcess:
@@ -37,8 +48,11 @@ def granian(model: str, workers: int) -> ServerProcess:
     config = Config(arch="async", models=[model], workers=workers, port=port, log_level="warning")
     command = [sys.executable, "-m", "granian", "--interface", "asgi", "--factory", "--loop", "uvloop"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-    return ServerProcess(
-        [*command, "twinserve.servers.uvicorn:app_factory"], port=port, env={CONFIG_ENV: config.model_dump_json()}
+    return ServerProcess(  # run here, where `python -m` finds this module (and `common`)
+        [*command, "granian_front:app"],
+        port=port,
+        env={CONFIG_ENV: config.model_dump_json()},
+        cwd=Path(__file__).parent,
     )
 
 

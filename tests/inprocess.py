@@ -1,9 +1,9 @@
 """The real apps, built in this process exactly as the servers build them, behind one small synchronous client.
 
-sync: `twinserve.servers.sync.server.build_wsgi_app(config)` (what each gunicorn worker loads), driven by Flask's test
-client. async and hybrid: `twinserve.servers.uvicorn.app_factory()` (what uvicorn calls, reading the Config from the
-environment `run` sets), driven by httpx's ASGITransport on an event loop of its own thread, the way uvicorn keeps
-one loop for the app's whole life. httpx does not run the ASGI lifespan, so `_Lifespan` does: models load at
+sync: `twinserve.servers.sync.server.build_wsgi_app(Served(config))` (what each gunicorn worker loads), driven by
+Flask's test client. async and hybrid: `twinserve.servers.uvicorn.AppFactory(Served(config))()` (what uvicorn
+calls), driven by httpx's ASGITransport on an event loop of its own thread, the way uvicorn keeps one loop for the
+app's whole life. httpx does not run the ASGI lifespan, so `_Lifespan` does: models load at
 startup (hybrid: the model-worker processes are spawned there) and close at shutdown.
 
 No socket and no subprocess, so each request costs microseconds to milliseconds; what only a real HTTP server
@@ -14,7 +14,7 @@ Three things the servers do are left out on purpose, because they outlive the ap
 `start_memory_sampler` (a thread that never ends, and that reaps the live-gauge files of whatever metrics
 directory the environment names, racing tests that set one), the heap's freeze once the models have loaded
 (core/heap.py: whatever the test process holds then would never be collected) and uvicorn's signal handlers
-(which `app_factory` installs only inside a running loop, so they are skipped here by construction).
+(which `AppFactory` installs only inside a running loop, so they are skipped here by construction).
 prometheus-client is used in-memory here (no PROMETHEUS_MULTIPROC_DIR): `/metrics` then renders this process's
 own registry, as `twinserve.observability.metrics._registry` documents for in-process use.
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json as jsonlib
-import os
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
 from contextlib import contextmanager
@@ -92,6 +91,7 @@ class SyncClient:
     """The WSGI app gunicorn would serve, called through werkzeug's test client."""
 
     def __init__(self, config: Config) -> None:
+        from twinserve.servers.served import Served
         from twinserve.servers.sync import server
 
         self.arch = "sync"
@@ -106,7 +106,7 @@ class SyncClient:
             mock.patch.object(server, "start_memory_sampler"),
             mock.patch.object(server, "load_models", load_models),
         ):
-            self.app = server.build_wsgi_app(config)
+            self.app = server.build_wsgi_app(Served(config))
         self.client = self.app.test_client()
 
     def request(
@@ -181,16 +181,15 @@ class AsyncClient:
 
     def __init__(self, config: Config) -> None:
         from twinserve.servers import uvicorn
-        from twinserve.servers.asgi.settings import CONFIG_ENV
+        from twinserve.servers.served import Served
 
         self.arch = config.arch
         self.config = config
         with (
-            mock.patch.dict(os.environ, {CONFIG_ENV: config.model_dump_json()}),
             mock.patch.object(uvicorn, "start_memory_sampler"),
             mock.patch.object(uvicorn, "settle"),
         ):
-            self.app = uvicorn.app_factory()
+            self.app = uvicorn.AppFactory(Served(config))()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"inprocess-{self.arch}-loop", daemon=True)
         self.thread.start()

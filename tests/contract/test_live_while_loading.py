@@ -28,6 +28,7 @@ from tests.serving import model_path, wait_for_file, wait_until
 from twinserve.config import Config, load_config
 from twinserve.fronts.asgi import create_asgi_app
 from twinserve.repository import ModelRegistry
+from twinserve.servers.served import Served
 from twinserve.servers.sync import server
 from twinserve.service.contract import Service
 
@@ -63,7 +64,7 @@ class _Failures:
 
 def _sync_app(config: Config, on_load_failure: _Failures) -> Any:
     with mock.patch.object(server, "start_memory_sampler"), mock.patch.object(server, "settle"):
-        return server.build_wsgi_app(config, on_load_failure).test_client()
+        return server.build_wsgi_app(Served(config), on_load_failure).test_client()
 
 
 def test_the_sync_app_answers_while_its_model_loads(gate: Path) -> None:

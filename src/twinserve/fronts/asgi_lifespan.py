@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Receive, Scope, Send
 
 from twinserve.core.runtime import ModelRuntime
-from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.observability.metrics import mark_process_dead
 from twinserve.service.contract import Service
 
@@ -51,8 +50,7 @@ class AsgiLifespan:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI's lifespan protocol; a failure is reported (the server logs the message and exits): at startup in the
-        one line `on_startup_failure` makes of it, if given, else with its traceback. The lifespan state carries the
-        refusal twinserve's own HTTP server makes before the app (fronts/early.py)."""
+        one line `on_startup_failure` makes of it, if given, else with its traceback."""
         service = self.service
         started = False
         await receive()  # lifespan.startup
@@ -63,8 +61,6 @@ class AsgiLifespan:
             else:  # the server answers while they load (see the module docstring)
                 service.registry.starting = True
                 loading = asyncio.create_task(self._load_behind(self._on_load_failure))
-            if "state" in scope:
-                scope["state"][EARLY_REFUSAL_STATE] = EarlyRefusal(service)
             await send({"type": "lifespan.startup.complete"})
             started = True
             await receive()  # lifespan.shutdown

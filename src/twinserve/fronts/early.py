@@ -4,10 +4,10 @@ the request's head, without an ASGI task, a request context, a body read or a de
 Under a flood most requests are refused; through the ASGI app each refusal costs a task, uvicorn's cycle, an
 exchange and the front's Python, about as much as a small served request. twinserve's own HTTP protocol
 (servers/asgi/) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
-answer and discards the body; the app never sees the request. The ASGI app publishes the object in the lifespan
-state (`EARLY_REFUSAL_STATE`), the one channel ASGI gives an app to its server; the Flask app publishes it in its
-`extensions`, for twinserve's sync worker (servers/sync/worker.py), whose poller asks `refusal` while requests wait
-for a thread, and whose request threads ask `refuse_environ` with their backlog before Flask runs. Every predict
+answer and discards the body; the app never sees the request. The server makes the object over the service it built
+the app on and hands it to its own parts (servers/served.py): that protocol, and twinserve's sync worker
+(servers/sync/worker.py), whose poller asks `refusal` while requests wait for a thread, and whose request threads
+ask `refuse_environ` with their backlog before Flask runs. Every predict
 request asks, so the first test is a few counter reads (`crowded`): while no model's queue holds its lowest level's
 share, nothing more is looked at.
 
@@ -53,10 +53,8 @@ from twinserve.service.reply import Reply, error_reply
 from twinserve.service.response import http1_response
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 
-__all__ = ["EARLY_REFUSAL_STATE", "EarlyRefusal", "Head", "Refusal"]
+__all__ = ["EarlyRefusal", "Head", "Refusal"]
 
-#: The key of the lifespan state under which the app publishes its `EarlyRefusal`.
-EARLY_REFUSAL_STATE = "twinserve.early_refusal"
 _ENDPOINTS = frozenset({"predict", "infer"})
 _TEXT_PREFIXES = ("/v1/models/", "/v2/models/")
 _PREFIXES = tuple(prefix.encode() for prefix in _TEXT_PREFIXES)

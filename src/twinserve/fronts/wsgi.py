@@ -25,7 +25,6 @@ from twinserve.errors import (
     TwinserveError,
     WebSocketUnsupported,
 )
-from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
 from twinserve.service import drive
@@ -97,7 +96,6 @@ def create_wsgi_app(service: Service) -> Flask:
     """A Flask app serving the shared route table over `service`."""
     app = Flask("twinserve")
     app.url_map.converters["model"] = _ModelNameConverter
-    app.extensions[EARLY_REFUSAL_STATE] = EarlyRefusal(service)  # for twinserve's gunicorn worker, before Flask
 
     body_rule = service.body  # what the repository API's body is judged by, as an inference body is
 

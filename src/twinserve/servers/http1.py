@@ -13,10 +13,14 @@ header fields allowed, each at its longest. What a request's head, body and end 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httptools
 
 from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
+
+if TYPE_CHECKING:
+    from twinserve.config import Config
 
 __all__ = ["HeadReader", "Limits", "ParseError"]
 
@@ -35,6 +39,11 @@ class Limits:
     max_header_count: int
     max_header_bytes: int
     max_body_bytes: int
+
+    @classmethod
+    def of(cls, config: Config) -> Limits:
+        """The limits `config` sets, which twinserve's HTTP servers (sync and async) enforce alike."""
+        return cls(config.max_request_line, config.max_header_count, config.max_header_bytes, config.max_body_bytes)
 
     @property
     def max_head(self) -> int:

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -29,16 +29,18 @@ from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.asgi.accept import listen_on
 from twinserve.servers.asgi.protocol import HttpProtocol
-from twinserve.servers.asgi.settings import CONFIG_ENV
+from twinserve.servers.served import Served
 from twinserve.servers.startup import built_or_exit, report_failure, stop_server
 from twinserve.servers.uvicorn_listeners import balanced_listener
 from twinserve.service.contract import Service
 
-__all__ = ["app_factory", "run"]
+__all__ = ["AppFactory", "run"]
 
 
-def app_factory() -> ASGIApp:
-    """Build the app in this process from the Config `run` handed down; its models load once it serves.
+class AppFactory:
+    """The ASGI app's factory handed to uvicorn (`factory=True`): it builds the app over `served`'s Config in the
+    process that serves it, and fills `served` with what the server's protocol needs (servers/served.py). Picklable,
+    as uvicorn's Config is pickled into each worker process it spawns.
 
     A model that cannot be built here ends this process with uvicorn's STARTUP_FAILURE, which stops its supervisor
     of several workers too, after its one line went to the start-up report (servers/startup.py). The models load in
@@ -46,23 +48,29 @@ def app_factory() -> ASGIApp:
     the MODEL arguments that fails to load stops the server with SIGTERM, uvicorn's graceful stop, after the same
     report: this process with one worker, the supervisor, its parent, with several. Built outside uvicorn's
     serving loop (the tests' in-process apps), the models load before the lifespan's startup completes."""
-    config = Config.model_validate_json(os.environ[CONFIG_ENV])
-    configure_logging(config.log_level, config.log_format)
-    start_memory_sampler("server")
-    sockets = OpenSockets()
-    serving = _DrainSocketsFirst(sockets, config.graceful_timeout).install()
-    logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
-    service = built_or_exit(
-        lambda: Service(ModelRegistry.from_config(config), config, setup_tracing(config)), STARTUP_FAILURE
-    )
-    server_pid = os.getpid() if config.effective_workers == 1 else os.getppid()
-    return create_asgi_app(
-        service,
-        sockets,
-        on_ready=settle,
-        on_startup_failure=report_failure,
-        on_load_failure=functools.partial(stop_server, server_pid=server_pid) if serving else None,
-    )
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+
+    def __call__(self) -> ASGIApp:
+        config = self.served.config
+        configure_logging(config.log_level, config.log_format)
+        start_memory_sampler("server")
+        sockets = OpenSockets()
+        serving = _DrainSocketsFirst(sockets, config.graceful_timeout).install()
+        logging.getLogger("uvicorn.error").addFilter(_refused_handshake_noise)
+        service = built_or_exit(
+            lambda: Service(ModelRegistry.from_config(config), config, setup_tracing(config)), STARTUP_FAILURE
+        )
+        self.served.serve(service)
+        server_pid = os.getpid() if config.effective_workers == 1 else os.getppid()
+        return create_asgi_app(
+            service,
+            sockets,
+            on_ready=settle,
+            on_startup_failure=report_failure,
+            on_load_failure=functools.partial(stop_server, server_pid=server_pid) if serving else None,
+        )
 
 
 def _refused_handshake_noise(record: logging.LogRecord) -> bool:
@@ -131,18 +139,22 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def run(config: Config) -> None:
-    os.environ[CONFIG_ENV] = config.model_dump_json()
     configure_logging(config.log_level, config.log_format)
     # uvicorn re-raises the SIGTERM it caught once shutdown is done; a graceful stop should exit 0, as gunicorn's does.
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    # The app factory and the protocol hold the same `Served`: uvicorn's worker processes get both in one pickle of
+    # its Config, so each worker's protocol sees what that worker's app filled in (servers/served.py).
+    served = Served(config)
+    protocol = functools.partial(HttpProtocol, served=served)
     settings = uvicorn.Config(
-        "twinserve.servers.uvicorn:app_factory",
+        AppFactory(served),
         factory=True,
         host=config.host,
         port=config.port,
         workers=config.effective_workers,
         loop="uvloop",
-        http=HttpProtocol,  # twinserve's own HTTP/1.1 protocol (servers/asgi/)
+        # twinserve's own HTTP/1.1 protocol (servers/asgi/); uvicorn calls what it is given with its keyword arguments.
+        http=cast(type[asyncio.Protocol], protocol),
         lifespan="on",
         log_config=None,  # uvicorn's loggers propagate to the pipeline configure_logging set up
         log_level=config.log_level,

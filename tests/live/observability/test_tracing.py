@@ -281,12 +281,13 @@ from starlette.testclient import TestClient
 from twinserve.config import load_config
 from twinserve.core.runtime import load_runtimes
 from twinserve.service.contract import Service
+from twinserve.servers.served import Served
 from twinserve.servers.sync.server import build_wsgi_app
 
 config = load_config(models=["twinserve.examples.tabular:Classifier"])
 flower = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 body = {"instances": [flower]}
-assert build_wsgi_app(config).test_client().post("/v1/models/iris:predict", json=body).status_code == 200
+assert build_wsgi_app(Served(config)).test_client().post("/v1/models/iris:predict", json=body).status_code == 200
 print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
 from twinserve.fronts.asgi import create_asgi_app
 

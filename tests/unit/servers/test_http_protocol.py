@@ -18,10 +18,9 @@ from uvicorn.server import ServerState
 
 from twinserve.config import load_config
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
-from twinserve.fronts.early import EARLY_REFUSAL_STATE
 from twinserve.servers.asgi.protocol import HIGH_WATER, HttpProtocol
-from twinserve.servers.asgi.settings import CONFIG_ENV, served_config
 from twinserve.servers.holding import TICK_S
+from twinserve.servers.served import Served
 
 READ_TIMEOUT_S = 0.3
 GET = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n"
@@ -89,22 +88,16 @@ class Transport:
         return out
 
 
-@pytest.fixture(autouse=True)
-def _config(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv(CONFIG_ENV, load_config(read_timeout_s=READ_TIMEOUT_S).model_dump_json())
-    served_config.cache_clear()
-    yield
-    served_config.cache_clear()
-
-
 @asynccontextmanager
 async def connection(
-    app: App, app_state: dict[str, Any] | None = None, **settings: Any
+    app: App, app_state: dict[str, Any] | None = None, early: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[HttpProtocol, Transport, ServerState]]:
+    """A connection of a server whose app made `early`, its refusal before the app (None: nothing refused)."""
     config = uvicorn.Config(app, lifespan="off", log_config=None, proxy_headers=False, **settings)
     state = ServerState()
     state.default_headers = [(b"date", b"Thu, 01 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
-    protocol = HttpProtocol(config=config, server_state=state, app_state=app_state or {})
+    served = Served(load_config(read_timeout_s=READ_TIMEOUT_S), early=early)
+    protocol = HttpProtocol(config=config, server_state=state, app_state=app_state or {}, served=served)
     transport = Transport(protocol)
     protocol.connection_made(transport)  # type: ignore[arg-type]
     try:
@@ -548,7 +541,7 @@ def test_a_request_refused_from_its_head_has_its_body_discarded_and_the_connecti
 
     async def test() -> None:
         early = _Refusing()
-        async with connection(app, app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, state):
+        async with connection(app, early=early) as (protocol, transport, state):
             protocol.data_received(b"POST /full HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n12345")
             assert transport.take().endswith(b"full")  # answered at once, before the body is in
             protocol.data_received(b"67890" + GET)
@@ -564,7 +557,7 @@ def test_a_request_refused_from_its_head_has_its_body_discarded_and_the_connecti
 def test_a_refused_body_not_in_by_the_read_timeout_closes_the_connection() -> None:
     async def test() -> None:
         early = _Refusing()
-        async with connection(text_app(), app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, _state):
+        async with connection(text_app(), early=early) as (protocol, transport, _state):
             protocol.data_received(b"POST /full HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n12345")
             await until(lambda: transport.closed)  # at the read timeout, READ_TIMEOUT_S
 
@@ -597,7 +590,7 @@ def test_a_connection_answered_while_its_model_is_full_is_held_unread_until_the_
     async def test() -> None:
         queue = _Full()
         early = _Holding(queue)
-        async with connection(text_app(), app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, state):
+        async with connection(text_app(), early=early) as (protocol, transport, state):
             protocol.data_received(b"POST /crowded HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
             await settle(state)
             assert responses(transport.take())[0][0] == 200
@@ -616,7 +609,7 @@ def test_a_connection_answered_while_its_model_is_full_is_held_unread_until_the_
 def test_a_held_connection_is_read_again_at_shutdown_and_its_next_answer_closes_it() -> None:
     async def test() -> None:
         early = _Holding(_Full())
-        async with connection(text_app(), app_state={EARLY_REFUSAL_STATE: early}) as (protocol, transport, state):
+        async with connection(text_app(), early=early) as (protocol, transport, state):
             protocol.data_received(b"POST /crowded HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
             await settle(state)
             transport.take()

@@ -1,3 +1,4 @@
 """The async architectures' HTTP server (async, hybrid): twinserve's own HTTP/1.1 protocol on httptools, run by
-uvicorn through `uvicorn.Config(http=HttpProtocol)` (protocol.py), one cycle per request (cycle.py), a connection's
-early refusals and holds (crowd.py), and the Config its worker processes rebuild (settings.py)."""
+uvicorn through `uvicorn.Config(http=...)` (protocol.py), one cycle per request (cycle.py), and a connection's
+early refusals and holds (crowd.py). What the protocol needs of the server's process comes with it: `Served`
+(servers/served.py)."""

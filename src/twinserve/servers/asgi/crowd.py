@@ -1,11 +1,12 @@
 """A connection's part in a crowd: requests refused from their head, and connections held unread while their model
 is full.
 
-A predict request for a model whose queue is full is refused from its head when the app has published its
-`EarlyRefusal` (fronts/early.py) in the lifespan state: the app's 503 is written at once, the body is read and
-discarded as it arrives, and the connection stays open for the next request (RFC 9112 section 9.3: a server that
-answers before the whole request has arrived either reads the rest or closes; closing with unread bytes in the socket
-would reset the connection and could lose the answer). No ASGI task is made and the app never runs.
+A predict request for a model whose queue is full is refused from its head where the server made an active
+`EarlyRefusal` (fronts/early.py) over the app's service and handed it to its protocol (servers/served.py): the app's
+503 is written at once, the body is read and discarded as it arrives, and the connection stays open for the next
+request (RFC 9112 section 9.3: a server that answers before the whole request has arrived either reads the rest or
+closes; closing with unread bytes in the socket would reset the connection and could lose the answer). No ASGI task
+is made and the app never runs.
 
 A kept-alive connection answered (served or refused) while its last request's model could not take another at its
 level is not read again until that model's queue takes the level, or the level's wait has passed
@@ -15,13 +16,13 @@ level is not read again until that model's queue takes the level, or the level's
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Protocol
 
 import httptools
 from uvicorn.server import ServerState
 
 from twinserve.config import Config
-from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal
+from twinserve.fronts.early import EarlyRefusal
 from twinserve.servers.holding import ReadHolds
 
 __all__ = ["Crowd", "Reading"]
@@ -48,7 +49,6 @@ class Reading(Protocol):
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     server_state: ServerState
-    app_state: dict[str, Any]
     write_paused: bool
     last_answer: bool
     read_timeout: float
@@ -85,9 +85,8 @@ class Crowd:
         self.held = False
 
     @classmethod
-    def of(cls, conn: Reading, config: Config) -> Crowd | None:
-        """`conn`'s, where the app published an active `EarlyRefusal`; else None (nothing to refuse or hold)."""
-        early: EarlyRefusal | None = conn.app_state.get(EARLY_REFUSAL_STATE)
+    def of(cls, conn: Reading, early: EarlyRefusal | None, config: Config) -> Crowd | None:
+        """`conn`'s, where the app made an active `EarlyRefusal`; else None (nothing to refuse or hold)."""
         if early is None or not early.active:
             return None
         return cls(conn, early, _holds(conn.loop, config) if config.max_queue_wait_ms else None)

@@ -1,13 +1,14 @@
 """twinserve's HTTP/1.1 protocol for uvicorn: an `asyncio.Protocol` on httptools that uvicorn instantiates through
-`uvicorn.Config(http=HttpProtocol)`, one per connection, and runs the ASGI app for each request (servers/asgi/cycle.py).
+`uvicorn.Config(http=...)`, one per connection, and runs the ASGI app for each request (servers/asgi/cycle.py).
 
 What it takes from uvicorn is what uvicorn hands every HTTP protocol: the keyword arguments `config`,
-`server_state` and `app_state` (the lifespan's state); `server_state.connections` (each connection registers itself;
-uvicorn's graceful stop calls `shutdown()` on each, then waits until none is left), `server_state.tasks` (each app
-task, awaited or cancelled at the stop), `server_state.total_requests` and `server_state.default_headers` (`date`,
-`server`, renewed each second). From `config`: the app (`loaded_app`), `root_path`, `timeout_keep_alive`,
-`limit_concurrency` (past it, 503 as uvicorn answers) and `ws_protocol_class`, to which a WebSocket handshake's
-connection is handed as uvicorn's own HTTP protocols hand it.
+`server_state` and `app_state` (the lifespan's state, handed on in each request's scope); `server_state.connections`
+(each connection registers itself; uvicorn's graceful stop calls `shutdown()` on each, then waits until none is
+left), `server_state.tasks` (each app task, awaited or cancelled at the stop), `server_state.total_requests` and
+`server_state.default_headers` (`date`, `server`, renewed each second). From `config`: the app (`loaded_app`),
+`root_path`, `timeout_keep_alive`, `limit_concurrency` (past it, 503 as uvicorn answers) and `ws_protocol_class`, to
+which a WebSocket handshake's connection is handed as uvicorn's own HTTP protocols hand it. From twinserve's server,
+the keyword argument `served` (servers/served.py): the Config it serves and the refusal before the app.
 
 Its own, the same as twinserve's sync worker enforces (servers/http1.py): the request-line and header limits (414,
 431), and 400 `malformed_http` with twinserve's JSON body for anything llhttp refuses; a bound on how long a request's
@@ -38,8 +39,8 @@ from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 from twinserve.servers.asgi.accept import accept_waiting
 from twinserve.servers.asgi.crowd import Crowd
 from twinserve.servers.asgi.cycle import Cycle
-from twinserve.servers.asgi.settings import limits_of, served_config
-from twinserve.servers.http1 import HeadReader, ParseError
+from twinserve.servers.http1 import HeadReader, Limits, ParseError
+from twinserve.servers.served import Served
 from twinserve.service.contract import raw_error_response
 
 __all__ = ["HIGH_WATER", "HttpProtocol"]
@@ -73,7 +74,9 @@ def _address(info: Any) -> tuple[str, int] | None:
 
 
 class HttpProtocol(HeadReader, asyncio.Protocol):
-    """One HTTP/1.1 connection under uvicorn (see the module)."""
+    """One HTTP/1.1 connection under uvicorn (see the module), of the server whose process `served` describes: its
+    Config, and the refusal before the app that the app built in this process (servers/served.py). uvicorn is given
+    `functools.partial(HttpProtocol, served=...)` and adds its own keyword arguments."""
 
     def __init__(
         self,
@@ -81,9 +84,11 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         server_state: ServerState,
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        served: Served,
     ) -> None:
-        settings = served_config()
-        super().__init__(limits_of(settings))
+        settings = served.config
+        super().__init__(Limits.of(settings))
         if not config.loaded:
             config.load()
         self.config = config
@@ -93,6 +98,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         #: uvicorn's set of open connections, typed there with its own protocols only.
         self.connections: set[Any] = server_state.connections
         self.app_state = app_state
+        self.served = served
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
         self._root = config.root_path
         self._raw_root = config.root_path.encode("ascii")
@@ -123,7 +129,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         self._owed: bytes | None = None
         #: Whether the connection closes after its next answer (uvicorn's graceful stop, while it was held).
         self.last_answer = False
-        self.crowd = Crowd.of(self, settings)
+        self.crowd = Crowd.of(self, served.early, settings)
 
     # -- asyncio's callbacks -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -138,7 +144,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
 
     def _sibling(self) -> HttpProtocol:
         """A protocol for another connection of the same server."""
-        return HttpProtocol(self.config, self.server_state, self.app_state, self.loop)
+        return HttpProtocol(self.config, self.server_state, self.app_state, self.loop, served=self.served)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)

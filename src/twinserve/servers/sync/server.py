@@ -22,6 +22,7 @@ from twinserve.observability.metrics import mark_process_dead, record_death, sta
 from twinserve.observability.tracing import setup_tracing, shutdown_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
+from twinserve.servers.served import Served
 from twinserve.servers.startup import built_or_exit, stop_server
 from twinserve.servers.sync.balance import ConnectionShares
 from twinserve.servers.sync.exits import WorkerExits
@@ -34,8 +35,9 @@ __all__ = ["WORKER_CONNECTIONS", "build_wsgi_app", "run"]
 WORKER_CONNECTIONS = 1000
 
 
-def build_wsgi_app(config: Config, on_load_failure: Callable[[BaseException], None] | None = None) -> Flask:
-    """Import every model in this process (the per-worker singleton, S4) and build the app over them.
+def build_wsgi_app(served: Served, on_load_failure: Callable[[BaseException], None] | None = None) -> Flask:
+    """Import every model in this process (the per-worker singleton, S4) and build the app over them, from
+    `served`'s Config; `served` gets the service, its refusal before the app, and the gRPC server once it starts.
 
     Without `on_load_failure` the models load before the app is returned (the debug server, the tests' in-process
     apps): a failure raises. With it they load on a thread of their own behind the app, which answers at once: live,
@@ -44,38 +46,40 @@ def build_wsgi_app(config: Config, on_load_failure: Callable[[BaseException], No
     server's to report and stop. The thread is a daemon: a worker told to stop while a model's `load()` still runs
     (nothing can interrupt it) exits without waiting for it.
     """
+    config = served.config
     configure_logging(config.log_level, config.log_format)
     start_memory_sampler("server")
     tracer = setup_tracing(config)  # here, in the worker: the exporter's thread would not survive gunicorn's fork
     service = Service(load_models(config), config, tracer)
+    served.serve(service)
     if on_load_failure is None:
-        _load(service, config)
+        _load(service, served)
     else:
         service.registry.starting = True
         loading = threading.Thread(
-            target=_load_behind, args=(service, config, on_load_failure), name="twinserve-first-load", daemon=True
+            target=_load_behind, args=(service, served, on_load_failure), name="twinserve-first-load", daemon=True
         )
         loading.start()
     return create_wsgi_app(service)
 
 
-def _load(service: Service, config: Config) -> None:
+def _load(service: Service, served: Served) -> None:
     """Load the models, then start what serves beside HTTP once they are loaded."""
     service.registry.load()
     if service.watch is not None:  # the repository's poll, or the other workers' explicit changes
         service.watch.start()
-    if config.grpc_port is not None:
-        global _grpc
+    if served.config.grpc_port is not None:
         from twinserve.fronts.grpc import GrpcThread  # imported only then: its stubs fill protobuf's global pool
 
-        _grpc = GrpcThread(service, config)
-        _grpc.start()
+        grpc = GrpcThread(service, served.config)
+        grpc.start()
+        served.grpc = grpc
 
 
-def _load_behind(service: Service, config: Config, on_load_failure: Callable[[BaseException], None]) -> None:
+def _load_behind(service: Service, served: Served, on_load_failure: Callable[[BaseException], None]) -> None:
     """`_load` behind a serving app (see `build_wsgi_app`); ready once it and the heap's settling are done."""
     try:
-        _load(service, config)
+        _load(service, served)
         settle()  # its models loaded: the worker serves from here (core/heap.py)
     except Exception as exc:
         on_load_failure(exc)
@@ -86,10 +90,6 @@ def _load_behind(service: Service, config: Config, on_load_failure: Callable[[Ba
 def load_models(config: Config) -> ModelRegistry:
     """The models this worker serves: MODEL arguments' or the model repository's (imported, not yet loaded)."""
     return ModelRegistry.from_config(config)
-
-
-#: This worker's gRPC server (`--grpc-port`), drained when the worker exits.
-_grpc: Any = None
 
 
 #: The arbiter's record of its workers' exits (the `child_exit` hook, which may run in a signal handler: exits.py).
@@ -106,8 +106,9 @@ def _child_exit(server: Any, worker: Any) -> None:
 
 
 def _worker_exit(server: Any, worker: Any) -> None:
-    if _grpc is not None:  # after gunicorn's own drain of HTTP: gRPC calls in flight get the same grace
-        _grpc.stop(server.cfg.graceful_timeout)
+    grpc = worker.app.served.grpc  # the worker's copy of the application (`GunicornServer`): its own gRPC server
+    if grpc is not None:  # after gunicorn's own drain of HTTP: gRPC calls in flight get the same grace
+        grpc.stop(server.cfg.graceful_timeout)
     shutdown_tracing()  # in the exiting worker: export the spans it still holds
 
 
@@ -121,10 +122,13 @@ class _GunicornLogger(Logger):  # type: ignore[misc]
 
 
 class GunicornServer(BaseApplication):  # type: ignore[misc]
-    """gunicorn driven programmatically: no config file, settings from `Config`, app built in each worker."""
+    """gunicorn driven programmatically: no config file, settings from `Config`, app built in each worker.
+
+    Each worker, forked with its copy of this application, builds its app into its copy of `served`, which its
+    `RequestThreadsWorker` and the `worker_exit` hook read (servers/served.py)."""
 
     def __init__(self, config: Config) -> None:
-        self.twinserve_config = config
+        self.served = Served(config)
         workers = config.effective_workers
         # The threaded workers' open connections, shared so that a worker leaves new ones to a less loaded one; room
         # for a graceful reload's new workers beside the old.
@@ -133,7 +137,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         super().__init__()
 
     def load_config(self) -> None:
-        config = self.twinserve_config
+        config = self.served.config
         threads = 1 if config.worker_class == "sync" else config.threads  # `sync`: one request at a time
         settings: dict[str, Any] = {
             "bind": [f"{config.host}:{config.port}"],
@@ -168,7 +172,7 @@ class GunicornServer(BaseApplication):  # type: ignore[misc]
         # booting the worker again, and the reason is the start-up report's (servers/startup.py). Its models load
         # once it serves (live, not ready): one of the MODEL arguments that fails to load stops the arbiter, its
         # parent, with SIGTERM, after the same report.
-        return built_or_exit(lambda: build_wsgi_app(self.twinserve_config, _stop_arbiter), Arbiter.WORKER_BOOT_ERROR)
+        return built_or_exit(lambda: build_wsgi_app(self.served, _stop_arbiter), Arbiter.WORKER_BOOT_ERROR)
 
 
 def _stop_arbiter(error: BaseException) -> None:
@@ -185,7 +189,7 @@ def run(config: Config) -> None:
                 pass  # twinserve's request log has the request already
 
         # One process, one thread, no reloader: a breakpoint() in the model stops right here in the terminal.
-        app = built_or_exit(lambda: build_wsgi_app(config), Arbiter.WORKER_BOOT_ERROR)
+        app = built_or_exit(lambda: build_wsgi_app(Served(config)), Arbiter.WORKER_BOOT_ERROR)
         server = make_server(config.host, config.port, app, threaded=False, request_handler=Quiet)
         announce(config, server.port)  # the port bound: the kernel's choice for --port 0
         server.serve_forever()

@@ -2,7 +2,8 @@
 
 gunicorn runs it as it runs any worker class (`worker_class`): the arbiter forks it, and it serves the WSGI app
 gunicorn loaded (`self.wsgi`) on the listening sockets it was given (`self.sockets`), calling `notify()` as its
-heartbeat and stopping when `alive` turns false (SIGTERM) within `graceful_timeout`. Nothing else of gunicorn's
+heartbeat and stopping when `alive` turns false (SIGTERM) within `graceful_timeout`. What it needs of the service
+behind the app comes with its application (`self.app.served`, servers/served.py). Nothing else of gunicorn's
 is used: no subclass of its gthread or sync workers, none of their internals (issue #42: those changed in 27.0
 and every earlier gunicorn crashed twinserve at import).
 
@@ -35,9 +36,10 @@ from gunicorn.workers.base import Worker
 
 from twinserve.core.admission import Admission
 from twinserve.errors import TwinserveError, internal_error
-from twinserve.fronts.early import EARLY_REFUSAL_STATE, EarlyRefusal, Refusal
+from twinserve.fronts.early import EarlyRefusal, Refusal
 from twinserve.fronts.wsgi import BACKLOG_ENVIRON
 from twinserve.servers.http1 import Limits, ParseError
+from twinserve.servers.served import Served
 from twinserve.servers.sync.admission import PollerAdmission
 from twinserve.servers.sync.answers import front_answer
 from twinserve.servers.sync.balance import Balance
@@ -64,11 +66,10 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
     """A poller thread and `threads` request threads (see the module)."""
 
     def init_process(self) -> None:
-        config = self.app.twinserve_config
+        self._served: Served = self.app.served  # the application's (servers/sync/server.py `GunicornServer`)
+        config = self._served.config
         self._read_timeout: float = config.read_timeout_s
-        self._limits = Limits(
-            config.max_request_line, config.max_header_count, config.max_header_bytes, config.max_body_bytes
-        )
+        self._limits = Limits.of(config)
         self._threads = max(1, int(self.cfg.threads))
         self._keepalive = float(self.cfg.keepalive)
         self._max_connections = int(self.cfg.worker_connections)
@@ -91,10 +92,11 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        early = self.wsgi.extensions.get(EARLY_REFUSAL_STATE) if hasattr(self.wsgi, "extensions") else None
-        if isinstance(early, EarlyRefusal):
-            self._admission = early.service.admission
-            self._early = early if early.active else None
+        served = self._served  # filled as the app was built
+        if served.service is not None:
+            self._admission = served.service.admission
+        if served.early is not None and served.early.active:
+            self._early = served.early
 
     # -- the poller --------------------------------------------------------------------------------------------
     def run(self) -> None:
