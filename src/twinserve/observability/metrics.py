@@ -114,6 +114,14 @@ class _Metrics:
             "twinserve_requests_total and twinserve_rejected_requests_total.",
             ["model"],
         )
+        self.unparsed = Counter(
+            "twinserve_unparsed_requests_total",
+            "Requests the HTTP server answered before any route, as it could not read them: 400 malformed_http "
+            "(llhttp refused them), 414 uri_too_long, 431 headers_too_large (past --max-request-line, "
+            "--max-header-count, --max-header-bytes), by that error code: also counted in twinserve_requests_total, "
+            "with no model or endpoint.",
+            ["reason"],
+        )
         self.by_priority = Counter(
             "twinserve_priority_requests_total",
             "Requests for a model by priority level (1 is the highest) and outcome: ok (2xx), refused (by admission "

@@ -1,4 +1,5 @@
-"""Requests shed by admission control, logged in aggregate: one line per interval, never one per refusal.
+"""Requests shed by admission control, logged in aggregate: one line per interval, never one per refusal; and in the
+same way the requests the HTTP server could not read (`UNPARSED`: 400 `malformed_http`, 414, 431, before any route).
 
 Under overload a server may refuse thousands of requests a second (503 `queue_full`, 429 `rate_limited`, 504
 `deadline_unmeetable`); a log line each would cost as much as the refusal itself and bury everything else. Each
@@ -10,26 +11,38 @@ exits (observability/tally.py keeps the counts).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 
 from twinserve.observability.tally import Tally
 
-__all__ = ["SHED_CODES", "RefusalLog"]
+__all__ = ["SHED", "SHED_CODES", "UNPARSED", "RefusalLog"]
 
 #: Error codes that mean "shed by admission", logged in aggregate.
 SHED_CODES = frozenset({"queue_full", "rate_limited", "deadline_unmeetable"})
 INTERVAL_S = 10.0
 
+#: The line of requests shed by admission, each also a debug-level request event.
+SHED = "refused %d request(s) in %.1f s (model reason count: %s); each is a debug-level request event"
+#: The line of requests the HTTP server answered itself, unread: a flood of broken requests is one line an interval.
+UNPARSED = (
+    "answered %d request(s) the HTTP server could not read in %.1f s (model reason count: %s), each before any "
+    "route, closing its connection"
+)
+
 logger = logging.getLogger("twinserve.admission")
 
 
 class RefusalLog:
-    """Counts refusals per (model, code) and logs them as one line per `interval_s`. Thread-safe."""
+    """Counts refusals per (model, code) and logs them as one line per `interval_s`, `message` (`SHED` or `UNPARSED`)
+    with the count, the seconds and the counts per model and code. Thread-safe."""
 
-    def __init__(self, interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._tally: Tally[tuple[str, str]] = Tally(_log, interval_s, clock)
+    def __init__(
+        self, interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic, message: str = SHED
+    ) -> None:
+        self._tally: Tally[tuple[str, str]] = Tally(functools.partial(_log, message), interval_s, clock)
 
     def refused(self, model: str, code: str, n: int = 1) -> None:
         self._tally.add((model or "-", code), n)
@@ -39,12 +52,7 @@ class RefusalLog:
         self._tally.flush()
 
 
-def _log(counts: dict[tuple[str, str], float], seconds: float) -> None:
+def _log(message: str, counts: dict[tuple[str, str], float], seconds: float) -> None:
     ranked = sorted(counts.items(), key=lambda item: item[1], reverse=True)
     detail = ", ".join(f"{model} {code} {n:.0f}" for (model, code), n in ranked)
-    logger.warning(
-        "refused %d request(s) in %.1f s (model reason count: %s); each is a debug-level request event",
-        sum(counts.values()),
-        seconds,
-        detail,
-    )
+    logger.warning(message, sum(counts.values()), seconds, detail)

@@ -325,6 +325,11 @@ class Service(OpenInferenceHandlers):
         counts a refusal; it has no request context, so no request event and no latency (`RequestCounts`)."""
         self.counts.refused_early((model, version, endpoint, priority, status, error_code))
 
+    def unparsed(self, error: TwinserveError) -> None:
+        """Count a request the HTTP server answered with `error` before any route, as it could not read it (400
+        `malformed_http`, 414, 431: servers/http1.py); like `refused_early`, no request event and no latency."""
+        self.counts.unparsed(error.status, error.code)
+
     def live(self) -> Reply:
         return Reply(200, b'{"live":true}')
 

@@ -1,6 +1,7 @@
 """What answered requests are counted in: the metric children of each kind of answer, and the aggregate refusal
-log (observability/refusals.py), for the requests the app answered (`Service.finish`) and for those the HTTP server
-refused from their head, before the app (fronts/early.py).
+log (observability/refusals.py), for the requests the app answered (`Service.finish`), for those the HTTP server
+refused from their head, before the app (fronts/early.py), and for those it could not read (`unparsed`: 400
+`malformed_http`, 414, 431, answered by the server before any route).
 
 The children are found once per kind of answer, not per request: `labels()` costs a lock and a tuple per call.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from twinserve.observability.metrics import REJECTION_REASONS, metrics
-from twinserve.observability.refusals import SHED_CODES, RefusalLog
+from twinserve.observability.refusals import SHED_CODES, UNPARSED, RefusalLog
 from twinserve.observability.sums import Writes
 from twinserve.observability.tally import Tally
 from twinserve.repository import ModelRegistry
@@ -41,6 +42,8 @@ class RequestCounts:
         self._refusals = RefusalLog()
         self._early: dict[EarlyKey, tuple[Any, ...]] = {}
         self._early_tally: Tally[EarlyKey] = Tally(self._count_early)
+        self._unparsed_log = RefusalLog(message=UNPARSED)
+        self._unparsed_tally: Tally[tuple[int, str]] = Tally(self._count_unparsed)
 
     def answered(self, key: AnswerKey, seconds: float) -> Writes:
         """The metric writes of a request answered as `key` says after `seconds`, for the caller to hand to the
@@ -86,9 +89,24 @@ class RequestCounts:
         refuses thousands a second, and a metric write each cost a tenth of the refusal."""
         self._early_tally.add(key)
 
+    def unparsed(self, status: int, error_code: str) -> None:
+        """Count a request the HTTP server answered itself as it could not read it (its request line, a header, its
+        framing, or a head past the limits): in `twinserve_requests_total` with no model or endpoint, in
+        `twinserve_unparsed_requests_total`, and in one log line an interval. In sums, as the early refusals: a
+        flood of broken requests is as cheap to count as a flood of refusals."""
+        self._unparsed_tally.add((status, error_code))
+
     def flush(self) -> None:
-        """Write the early refusals counted since the last sum now (before a scrape)."""
+        """Write the early refusals and unparsed requests counted since the last sum now (before a scrape)."""
         self._early_tally.flush()
+        self._unparsed_tally.flush()
+
+    def _count_unparsed(self, counts: dict[tuple[int, str], float], seconds: float) -> None:
+        m = metrics()
+        for (status, error_code), n in counts.items():
+            self._unparsed_log.refused("", error_code, int(n))
+            m.requests.labels("", "", str(status)).inc(n)
+            m.unparsed.labels(error_code).inc(n)
 
     def _count_early(self, counts: dict[EarlyKey, float], seconds: float) -> None:
         for key, n in counts.items():

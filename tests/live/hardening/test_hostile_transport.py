@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import ARCHS
 from tests.errors import error_fields
 from tests.live.hardening.conftest import READ_TIMEOUT_S
-from tests.serving import HTTP, Server
+from tests.serving import HTTP, Server, sample, scrape, wait_until
 
 # serial: trickled bodies against --read-timeout-s while health checks must answer every time
 pytestmark = [pytest.mark.hardening, pytest.mark.serial]
@@ -199,6 +199,11 @@ def answer(port: int, raw: bytes, first: bytes = b"") -> tuple[http.client.HTTPR
         return response, body, closed
 
 
+def unparsed(server: Server, code: str) -> float:
+    """The server's count of requests it could not parse, answered with `code` (docs/reference/metrics.md)."""
+    return sample(scrape(server), "twinserve_unparsed_requests_total", reason=code)
+
+
 def quiet_log(server: Server, since: int) -> str:
     """The server's log from offset `since` up to a marker request sent now: it holds what the requests before
     the marker logged (one worker process logs in order)."""
@@ -213,12 +218,15 @@ def quiet_log(server: Server, since: int) -> str:
 def test_parser_refusal_gets_the_json_error_body(arch: str, name: str, well_behaved: dict[str, Server]) -> None:
     broken, server = BROKEN[name], well_behaved[arch]
     since = len(server.output())
+    before = unparsed(server, broken.code)
     response, body, closed = answer(server.port, broken.raw)
     assert response.status == broken.status, body[:300]
     assert response.getheader("content-type") == "application/json"
     error = error_fields(json.loads(body))
     assert error["code"] == broken.code and error["message"] and error["request_id"], error
     assert closed, "the connection stayed open after a request whose end the server could not know"
+    # Counted, though no route saw it (each process writes its sums within 50 ms: another worker's come later).
+    wait_until(lambda: unparsed(server, broken.code) == before + 1, 10, f"one more {broken.code} counted")
     log = quiet_log(server, since)
     assert "Traceback" not in log and '"level":"error"' not in log, log[-2000:]
 

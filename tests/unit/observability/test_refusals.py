@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from twinserve.observability.refusals import RefusalLog
+from twinserve.observability.refusals import UNPARSED, RefusalLog
 
 
 class Clock:
@@ -48,4 +48,22 @@ def test_after_a_quiet_interval_a_refusal_is_logged_at_once(caplog: pytest.LogCa
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         "refused 1 request(s) in 0.0 s",
         "refused 1 request(s) in 0.0 s",
+    ]
+
+
+def test_requests_the_server_could_not_parse_have_a_line_of_their_own(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    log = RefusalLog(interval_s=1000.0, clock=clock, message=UNPARSED)
+    with caplog.at_level(logging.WARNING, logger="twinserve.admission"):
+        log.refused("", "malformed_http")
+        for _ in range(40):
+            log.refused("", "malformed_http")
+        log.refused("", "uri_too_long")
+        clock.now += 2.0
+        log.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "answered 1 request(s) the HTTP server could not read in 0.0 s (model reason count: - malformed_http 1), "
+        "each before any route, closing its connection",
+        "answered 41 request(s) the HTTP server could not read in 2.0 s (model reason count: - malformed_http 40, "
+        "- uri_too_long 1), each before any route, closing its connection",
     ]

@@ -17,6 +17,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from twinserve.config import load_config
+from twinserve.errors import TwinserveError
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 from twinserve.servers.asgi.protocol import HIGH_WATER, HttpProtocol
 from twinserve.servers.holding import TICK_S
@@ -88,15 +89,26 @@ class Transport:
         return out
 
 
+class Unparsed:
+    """A stand-in service: what the server counted as requests it could not parse (`Service.unparsed`)."""
+
+    def __init__(self) -> None:
+        self.counted: list[tuple[int, str]] = []
+
+    def unparsed(self, error: TwinserveError) -> None:
+        self.counted.append((error.status, error.code))
+
+
 @asynccontextmanager
 async def connection(
-    app: App, app_state: dict[str, Any] | None = None, early: Any = None, **settings: Any
+    app: App, app_state: dict[str, Any] | None = None, early: Any = None, service: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[HttpProtocol, Transport, ServerState]]:
-    """A connection of a server whose app made `early`, its refusal before the app (None: nothing refused)."""
+    """A connection of a server whose app made `early`, its refusal before the app (None: nothing refused), over
+    `service` (None: none built; a stand-in counts what the server tells it)."""
     config = uvicorn.Config(app, lifespan="off", log_config=None, proxy_headers=False, **settings)
     state = ServerState()
     state.default_headers = [(b"date", b"Thu, 01 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
-    served = Served(load_config(read_timeout_s=READ_TIMEOUT_S), early=early)
+    served = Served(load_config(read_timeout_s=READ_TIMEOUT_S), service=service, early=early)
     protocol = HttpProtocol(config=config, server_state=state, app_state=app_state or {}, served=served)
     transport = Transport(protocol)
     protocol.connection_made(transport)  # type: ignore[arg-type]
@@ -432,12 +444,14 @@ def test_a_header_with_a_line_break_is_refused() -> None:
 )
 def test_a_refused_head_gets_twinserves_json_error_and_closes(raw: bytes, status: int, code: str) -> None:
     async def test() -> None:
-        async with connection(text_app()) as (protocol, transport, state):
+        service = Unparsed()
+        async with connection(text_app(), service=service) as (protocol, transport, state):
             protocol.data_received(raw)
             [(got, headers, body)] = responses(transport.take())
             assert (got, headers["content-type"]) == (status, "application/json")
             assert code in json.dumps(json.loads(body)) and transport.closed
             assert not state.tasks
+        assert service.counted == [(status, code)]  # counted once, by the service (no exchange was opened)
 
     run(test)
 
@@ -464,13 +478,15 @@ def test_a_malformed_request_behind_one_being_answered_is_refused_after_its_answ
             await go.wait()
             await text_app()(scope, receive, send)
 
-        async with connection(app) as (protocol, transport, state):
+        service = Unparsed()
+        async with connection(app, service=service) as (protocol, transport, state):
             protocol.data_received(GET + b"GARBAGE\r\n\r\n")
             await asyncio.wait_for(entered.wait(), 5)
             assert transport.take() == b""
             go.set()
             await settle(state)
             assert [status for status, _, _ in responses(transport.take())] == [200, 400] and transport.closed
+        assert service.counted == [(400, "malformed_http")]
 
     run(test)
 

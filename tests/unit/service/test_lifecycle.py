@@ -4,6 +4,7 @@ and the body rule both HTTP fronts apply. Over a real `Service` and a real, load
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import orjson
@@ -13,6 +14,8 @@ from prometheus_client import REGISTRY
 from tests.unit.service.echo import echo_service
 from twinserve.errors import (
     ClientError,
+    HeadersTooLarge,
+    MalformedHttp,
     ModelNotFound,
     PayloadTooLarge,
     QueueFull,
@@ -207,3 +210,33 @@ def test_the_moves_are_the_ones_drawn() -> None:
         failed: {failed, closed},
         closed: set(),
     }
+
+
+def test_a_request_the_server_could_not_parse_is_counted_with_no_model_or_endpoint(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The answers a server writes before any route (servers/http1.py: 400, 414, 431) open no exchange: they are
+    counted in sums (a flood of them, like a flood of early refusals) and logged in one line an interval."""
+
+    def counted(metric: str, **labels: str) -> float:
+        service.counts.flush()  # what a scrape of /metrics does first
+        return REGISTRY.get_sample_value(metric, labels) or 0.0
+
+    before = {
+        "400": counted("twinserve_requests_total", model="", endpoint="", code="400"),
+        "431": counted("twinserve_requests_total", model="", endpoint="", code="431"),
+        "malformed_http": counted("twinserve_unparsed_requests_total", reason="malformed_http"),
+        "headers_too_large": counted("twinserve_unparsed_requests_total", reason="headers_too_large"),
+    }
+    with caplog.at_level(logging.WARNING, logger="twinserve.admission"):
+        for _ in range(3):
+            service.unparsed(MalformedHttp(private="no version"))
+        service.unparsed(HeadersTooLarge())
+        service.counts.flush()
+    assert counted("twinserve_requests_total", model="", endpoint="", code="400") == before["400"] + 3
+    assert counted("twinserve_requests_total", model="", endpoint="", code="431") == before["431"] + 1
+    assert counted("twinserve_unparsed_requests_total", reason="malformed_http") == before["malformed_http"] + 3
+    assert counted("twinserve_unparsed_requests_total", reason="headers_too_large") == before["headers_too_large"] + 1
+    # The first after a quiet spell at once; what follows within the interval, in its line (test_refusals.py).
+    lines = [r.getMessage() for r in caplog.records if "could not read" in r.getMessage()]
+    assert len(lines) == 1 and "(model reason count: - malformed_http " in lines[0], lines

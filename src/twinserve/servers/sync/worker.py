@@ -263,6 +263,8 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
                     self._selector.unregister(conn.sock)
                 self._next(conn)
             else:
+                if self._served.service is not None:
+                    self._served.service.unparsed(refused.error)  # counted as the async server counts it
                 self._send(conn, raw_error_response(refused.error), close=True)
             return
         if idle and (reader.started or reader.heads):
