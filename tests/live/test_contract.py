@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.errors import error_fields, without_request_id
-from tests.serving import HTTP, Server, predict, wait_for_file
+from tests.serving import HTTP, Server, predict, sample, scrape, wait_for_file, wait_until
 from twinserve.examples.io import entity_features
 
 SETOSA = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
@@ -139,6 +140,26 @@ def test_request_id_is_echoed_or_generated(server: Server) -> None:
 
 
 # -- errors ------------------------------------------------------------------------------------------------
+def test_every_worker_counts_the_requests_its_server_could_not_parse(server: Server) -> None:
+    """The server's part of each worker process reaches the service that worker's app built (servers/served.py
+    `Served`; here `--workers 2`): uvicorn's spawned workers have it only if the Config uvicorn pickled into each kept
+    the app factory's and the protocol's one object shared. Sixteen connections reach both workers (uvicorn's
+    SO_REUSEPORT sockets: all on one but for one chance in 30,000); each broken request is counted once, by its own."""
+
+    def unparsed() -> float:
+        return sample(scrape(server), "twinserve_unparsed_requests_total", reason="malformed_http")
+
+    before = unparsed()
+    for _ in range(16):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+            conn.sendall(b"GARBAGE\r\n\r\n")
+            answer = b""
+            while chunk := conn.recv(65536):  # the server closes after its answer
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    wait_until(lambda: unparsed() == before + 16, 30, "16 more malformed_http counted")
+
+
 def test_malformed_json_is_400(server: Server) -> None:
     response = HTTP.post(
         f"{server.url}/v1/models/iris:predict",
