@@ -26,6 +26,7 @@ from twinserve.servers.served import Served
 from twinserve.servers.startup import built_or_exit, stop_server
 from twinserve.servers.sync.balance import ConnectionShares
 from twinserve.servers.sync.exits import WorkerExits
+from twinserve.servers.sync.signals import hold_across_forks, release
 from twinserve.servers.sync.worker import RequestThreadsWorker
 from twinserve.service.contract import Service
 
@@ -194,5 +195,8 @@ def run(config: Config) -> None:
         announce(config, server.port)  # the port bound: the kernel's choice for --port 0
         server.serve_forever()
         return
+    # A process exec'd by a fork of this one (gunicorn's USR2 re-exec) starts with the fork's mask: unblocked here.
+    release()
+    hold_across_forks()  # a signal sent to a worker before its handlers are in place waits for them (signals.py)
     # Announced once gunicorn has bound its socket (`when_ready`), with the port it got.
     GunicornServer(config).run()

@@ -47,6 +47,7 @@ from twinserve.servers.sync.connection import Connection, pass_order
 from twinserve.servers.sync.http import Request, environ_of, response_head
 from twinserve.servers.sync.input import BodyInput
 from twinserve.servers.sync.response import ResponseWriter
+from twinserve.servers.sync.signals import release
 from twinserve.servers.sync.threads import QUICK, LevelledThreadPool
 from twinserve.service.contract import raw_error_response
 
@@ -89,6 +90,10 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
         # The arbiter's `pre_fork` hook gave this worker a slot in the shared counts (servers/sync/server.py).
         self._balance = Balance(getattr(self.app, "connection_shares", None), getattr(self, "connection_slot", None))
         super().init_process()  # loads the app (`load_wsgi`), then calls `run`
+
+    def init_signals(self) -> None:
+        super().init_signals()
+        release()  # what the arbiter sent since the fork, held until now (servers/sync/signals.py)
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
