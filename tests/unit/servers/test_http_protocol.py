@@ -456,6 +456,25 @@ def test_a_refused_head_gets_twinserves_json_error_and_closes(raw: bytes, status
     run(test)
 
 
+def test_a_body_broken_while_its_app_reads_it_is_answered_400_and_left_to_the_app_to_count() -> None:
+    """The app of a request whose body breaks has run, and counts the request: the server does not count it again
+    as one no app saw (`Service.unparsed`), as it does a broken head."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive())["type"] == "http.request":
+            Changes.note()
+
+    async def test() -> None:
+        service = Unparsed()
+        async with connection(app, service=service) as (protocol, transport, _state):
+            protocol.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            protocol.data_received(b"zz\r\n")  # not a chunk size
+            assert responses(transport.take())[0][0] == 400 and transport.closed
+        assert service.counted == []
+
+    run(test)
+
+
 def test_a_head_trickled_past_its_byte_bound_is_431() -> None:
     async def test() -> None:
         async with connection(text_app()) as (protocol, transport, _state):

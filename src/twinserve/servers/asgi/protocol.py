@@ -429,21 +429,18 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
             if self._queue and self._queue[-1][0] is cycle:
                 self._queue.pop()  # read behind another: never run
             elif cycle is self._cycle:
-                self._answer_now(error)
+                self._answer_now(error)  # its app runs, and counts it (it reads the same error from its body)
                 return
+        # No app ever sees this one: counted here, once (`Service.unparsed`), as the sync worker counts it.
+        if self.served.service is not None:
+            self.served.service.unparsed(error)
         if self.answering():
-            self._owed = self._unparsed(error)  # after the answers to the requests read before it (RFC 9112 9.3.2)
+            self._owed = raw_error_response(error)  # after the answers to the requests read before it (RFC 9112 9.3.2)
             self._ignoring = True
             self.pause_reading()
             return
         self._answer_now(error)
 
     def _answer_now(self, error: TwinserveError) -> None:
-        self.transport.write(self._unparsed(error))
+        self.transport.write(raw_error_response(error))
         self.transport.close()
-
-    def _unparsed(self, error: TwinserveError) -> bytes:
-        """The answer to a request this server could not read, counted as one (`Service.unparsed`)."""
-        if self.served.service is not None:
-            self.served.service.unparsed(error)
-        return raw_error_response(error)
