@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -44,6 +45,7 @@ from twinserve.protocol.oip.messages import (
     response_message,
     statistics_message,
 )
+from twinserve.service import drive
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange
 from twinserve.service.lifecycle import RequestHead
@@ -229,18 +231,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _infer(
         self, exchange: Exchange, metadata: _Metadata, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
-        """Admit from the message head, decode with the V2 codec, predict, encode."""
-        runtime, instances = await self._decoded(exchange, metadata, request, context)
-        outputs = await self.predict(runtime, instances, exchange.deadline)
-        return _encoded(exchange, outputs)
+        """Admit from the message head, decode with the V2 codec, predict, encode (service/drive.py)."""
+        call = _Call(self, request, context)
+        return response_message(
+            *await drive.ainfer_message(exchange, self._head(metadata, request), call, _framed, _predict)
+        )
 
-    async def _decoded(
-        self, exchange: Exchange, metadata: _Metadata, request: pb.ModelInferRequest, context: Any
-    ) -> tuple[ModelRuntime, list[Any]]:
-        """Admitted from the message head (the gRPC deadline too), then decoded by the V2 codec."""
+    def _head(self, metadata: _Metadata, request: pb.ModelInferRequest) -> RequestHead:
+        """The message's head, for admission; a draining server refuses the message first."""
         if self.draining:
             raise ShuttingDown("the server is shutting down: send this request again")
-        head = RequestHead(
+        return RequestHead(
             "infer",
             request.model_name,
             request.model_version or None,
@@ -250,12 +251,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             headers=metadata,  # a traffic split's sticky key
             backlog=self.backlog(),
         )
-        runtime = exchange.admit(head)
-        remaining = context.time_remaining()
-        if remaining is not None:  # the gRPC deadline, capped like a timeout header
-            exchange.deadline = self.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))
-        message, data = infer_message(request)  # decoded by the V2 codec as it is: no REST body between
-        return runtime, await exchange.adecode_message(message, data)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
@@ -296,10 +291,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         exchange = self._open(context, metadata, "infer", path, request.model_name)
         try:
             exchange.authenticate(metadata, _peer(context))
-            runtime, instances = await self._decoded(exchange, metadata, request, context)
+            call = _Call(self, request, context)
+            head = self._head(metadata, request)
+            runtime, instances = await drive.adecoded_message(exchange, head, call, _framed)
             if not runtime.spec.streams:
-                outputs = await self.predict(runtime, instances, exchange.deadline)
-                yield pb.ModelStreamInferResponse(infer_response=_encoded(exchange, outputs))
+                message = await drive.aencoded_message(exchange, call, runtime, instances, _predict)
+                yield pb.ModelStreamInferResponse(infer_response=response_message(*message))
                 return
             first = True
             async for step in self.stream(runtime, instances, exchange.deadline):
@@ -317,6 +314,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             yield pb.ModelStreamInferResponse(error_message=exchange.failed(exc).message)
         finally:
             exchange.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One inference message and its call, the `source` the driver hands back to the steps below."""
+
+    servicer: InferenceServicer
+    request: pb.ModelInferRequest
+    context: aio.ServicerContext[Any, Any]
+
+
+def _framed(call: _Call, exchange: Exchange) -> drive.Framed:
+    """The admitted message as the V2 codec reads it (no REST body between), the gRPC deadline first tightening
+    the admitted one (capped like a timeout header)."""
+    remaining = call.context.time_remaining()
+    if remaining is not None:
+        exchange.deadline = exchange.service.admission.tighten(exchange.deadline, max(1, int(remaining * 1e6)))
+    return infer_message(call.request)
+
+
+def _predict(call: _Call, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Awaitable[list[Any]]:
+    """The servicer's way of waiting for the model (on the loop, or on a worker thread)."""
+    return call.servicer.predict(runtime, instances, deadline)
 
 
 def _encoded(exchange: Exchange, outputs: Any) -> pb.ModelInferResponse:

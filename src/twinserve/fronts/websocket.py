@@ -46,7 +46,8 @@ from twinserve.errors import (
     TwinserveError,
 )
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.protocol.websocket import MessageError, WebSocketCodec
+from twinserve.protocol.websocket import BinaryMessage, MessageError, WebSocketCodec
+from twinserve.service import drive
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange, decode_off_loop
 from twinserve.service.lifecycle import RequestHead
@@ -146,7 +147,8 @@ class _Socket:
         self._stalled = False
         self._reader: asyncio.Task[Any] | None = None
 
-    def _gone(self) -> bool:
+    def gone(self) -> bool:
+        """Whether no answer can be sent any more (a message's predict leaves the batcher then)."""
         return self.closed
 
     async def serve(self) -> None:
@@ -211,75 +213,39 @@ class _Socket:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _open(self, message_id: str | None, received: float) -> Exchange:
-        exchange = Exchange.open(self.service, ENDPOINT, "WS", self.path, None, message_id, model=self.runtime.name)
-        exchange.context.started = received  # decoding counts, as it does for an HTTP request
-        exchange.key_id = self.key_id  # the handshake's key: its priority level holds for every message
-        return exchange
-
-    def _admit(self, exchange: Exchange) -> ModelRuntime:
-        """A message is admitted like an HTTP request, and charged to the API key its handshake presented; the
-        runtime that computes it is its model's default now (a repository load may have replaced the handshake's,
-        and an unload drains the messages inside it)."""
-        if self.key_id is not None:
-            self.service.admission.charge(self.key_id)
-        return exchange.admit(self.head)
-
     async def _answer(self, data: str | bytes, refusal: TwinserveError | None = None) -> None:
         """Decode one message, predict, send the answer (or the error); its exchange counts it like a request."""
-        received = time.perf_counter()
+        message = _Message(self, data)
         binary = isinstance(data, bytes)
-        message_id: str | None = None
-        exchange: Exchange | None = None
         try:
             reply = b""
             error: TwinserveError | None = None
             try:
                 if refusal is not None:
-                    message_id = self.codec.message_id(data)
+                    message.id = self.codec.message_id(data)
                     raise refusal
-                # Decoded before its exchange opens: the message's id, its request id, is inside it.
-                framed = None
-                if isinstance(data, str):
-                    text = await decode_off_loop(self.codec.decode_text, data)
-                    message_id, instances, timeout_us = text.id, text.instances, None
-                else:
-                    framed = await decode_off_loop(self.codec.decode_binary, data)
-                    message_id, instances, timeout_us = framed.id, framed.request.instances, framed.request.timeout_us
-                exchange = self._open(message_id, received)
-                runtime = self._admit(exchange)
-                exchange.counted(len(instances))
-                deadline = self.service.admission.tighten(exchange.deadline, timeout_us)  # a V2 frame's own
-                outputs = await runtime.apredict(instances, deadline, self._gone)
-                if framed is None:
-                    reply = self.codec.encode_text(message_id, outputs, len(instances))
-                else:
-                    reply = self.codec.encode_binary(framed.request, outputs)
+                reply = await drive.ainfer_decoded_first(
+                    message, _Message.decode, _Message.opened, _Message.admit, _Message.predict, _Message.encode
+                )
             except MessageError as exc:  # a message the codec refused: it fails before it is admitted
-                message_id, error = exc.id, exc.error
-                exchange = exchange or self._open(message_id, received)
-                exchange.failed(error)
+                message.id, error = exc.id, exc.error
+                message.opened().failed(error)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                exchange = exchange or self._open(message_id, received)
-                error = exchange.failed(exc)
-            if exchange is None:
-                exchange = self._open(message_id, received)
+                error = message.opened().failed(exc)
+            exchange = message.opened()
             if error is not None:
                 write_error = self.codec.binary_error if binary else self.codec.text_error
-                reply = write_error(message_id, error, exchange.request_id)
+                reply = write_error(message.id, error, exchange.request_id)
             else:
                 exchange.responded(200)
             await self._send(reply, binary)
         except asyncio.CancelledError:
-            exchange = exchange or self._open(message_id, received)
-            exchange.failed(ClientDisconnected("the WebSocket closed before the answer was ready"))
+            message.opened().failed(ClientDisconnected("the WebSocket closed before the answer was ready"))
             raise
         finally:
-            if exchange is None:
-                exchange = self._open(message_id, received)
-            exchange.close()
+            message.opened().close()
 
     async def _send(self, reply: bytes, binary: bool) -> None:
         if self.closed:
@@ -304,6 +270,69 @@ class _Socket:
             )
             if self._reader is not None:
                 self._reader.cancel()
+
+
+class _Message:
+    """One message of a socket on its way through its steps (service/drive.py `ainfer_decoded_first`, whose
+    `source` it is): what the steps learn of it (its id, a binary message's V2 request) and the exchange they open,
+    which the socket fails and closes."""
+
+    __slots__ = ("data", "exchange", "framed", "id", "received", "socket")
+
+    def __init__(self, socket: _Socket, data: str | bytes) -> None:
+        self.socket = socket
+        self.data = data
+        self.received = time.perf_counter()
+        self.id: str | None = None
+        #: A binary message as decoded (framed V2); None for a text message (V1), or before it is decoded.
+        self.framed: BinaryMessage | None = None
+        self.exchange: Exchange | None = None
+
+    async def decode(self) -> list[Any]:
+        """Its instances, decoded before its exchange opens: the message's id, its request id, is inside it."""
+        codec, data = self.socket.codec, self.data
+        if isinstance(data, str):
+            text = await decode_off_loop(codec.decode_text, data)
+            self.id = text.id
+            return text.instances
+        framed = self.framed = await decode_off_loop(codec.decode_binary, data)
+        self.id = framed.id
+        return framed.request.instances
+
+    def opened(self) -> Exchange:
+        """Its exchange, opened now unless a step opened it already (a message refused unread, or by its codec)."""
+        if self.exchange is None:
+            socket = self.socket
+            exchange = Exchange.open(
+                socket.service, ENDPOINT, "WS", socket.path, None, self.id, model=socket.runtime.name
+            )
+            exchange.context.started = self.received  # decoding counts, as it does for an HTTP request
+            exchange.key_id = socket.key_id  # the handshake's key: its priority level holds for every message
+            self.exchange = exchange
+        return self.exchange
+
+    def admit(self, exchange: Exchange) -> ModelRuntime:
+        """A message is admitted like an HTTP request, and charged to the API key its handshake presented; the
+        runtime that computes it is its model's default now (a repository load may have replaced the handshake's,
+        and an unload drains the messages inside it). A V2 frame's own timeout then tightens its deadline."""
+        socket = self.socket
+        if socket.key_id is not None:
+            socket.service.admission.charge(socket.key_id)
+        runtime = exchange.admit(socket.head)
+        if self.framed is not None:
+            exchange.deadline = socket.service.admission.tighten(exchange.deadline, self.framed.request.timeout_us)
+        return runtime
+
+    def predict(self, runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Awaitable[list[Any]]:
+        """Its outputs, from the model's batcher; cancelled from the queue once the socket can take no answer."""
+        return runtime.apredict(instances, deadline, self.socket.gone)
+
+    def encode(self, exchange: Exchange, outputs: Any) -> bytes:
+        """Its answer, in the form it came in: V1 text, or a framed V2 binary message."""
+        codec = self.socket.codec
+        if self.framed is None:
+            return codec.encode_text(self.id, outputs, exchange.instances)
+        return codec.encode_binary(self.framed.request, outputs)
 
 
 def _size(data: str | bytes, limit: int) -> int:

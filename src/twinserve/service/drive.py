@@ -1,10 +1,22 @@
-"""The order of an inference request's steps, once, for every front that reads a body (fronts/asgi.py,
-fronts/wsgi.py): admit from the head (after waiting for a loading model), read the body, decode it, predict,
-encode. The front gives its own I/O: the object it reads from (`source`: Starlette's request, Flask's), how it
-reads the body, how it waits for the model; the exchange checks each step (service/lifecycle.py).
+"""The order of an inference request's steps, once, for every front: admit from the head, take the request's
+content, decode it, predict, encode. The front gives its own I/O as functions and its own request object
+(`source`), which the steps are handed back; the exchange checks each step (service/lifecycle.py).
 
-An async twin and a blocking one, the same steps. The I/O is passed as module-level functions and the front's own
-request object, so that driving a request allocates nothing of its own.
+Three shapes of the same order, by what the transport hands the server:
+
+- a body to read (fronts/asgi.py, fronts/wsgi.py: `ainfer` / `infer`, and `adecoded` / `decoded` for a stream):
+  admit (after waiting for a loading model), read the body, decode it with the endpoint's codec, predict, encode
+  the reply. An async twin and a blocking one, the same steps;
+- a message its transport has already framed (fronts/grpc.py: `ainfer_message`, and `adecoded_message` then
+  `aencoded_message` for the stream RPC, which looks at the admitted model before it predicts): admit at once (a
+  model still loading is refused, not waited for), take the message (the front may tighten the deadline by its
+  transport's own here), decode it with the V2 codec without JSON between, predict, encode it as a message;
+- a message decoded first (fronts/websocket.py: `ainfer_decoded_first`): the request id is inside the message,
+  so the message is decoded before its exchange can open, and a message the codec refuses fails before it is
+  admitted (nothing charged to the rate limit, no model entered). Then open, admit, predict, encode.
+
+The I/O is passed as module-level functions and the front's own request object, so that driving an HTTP request
+allocates nothing of its own.
 """
 
 from __future__ import annotations
@@ -17,11 +29,30 @@ from twinserve.service.exchange import Exchange
 from twinserve.service.lifecycle import BodyRule, RequestHead
 from twinserve.service.reply import Reply
 
-__all__ = ["adecoded", "ainfer", "decoded", "infer"]
+__all__ = [
+    "Encoded",
+    "Framed",
+    "adecoded",
+    "adecoded_message",
+    "aencoded_message",
+    "ainfer",
+    "ainfer_decoded_first",
+    "ainfer_message",
+    "decoded",
+    "infer",
+]
 
 S = TypeVar("S")
+R = TypeVar("R")
+
+#: A V2 request framed by its transport: (the V2 header's object, its tensors' data), as `Exchange.decode_message`
+#: reads it.
+Framed = tuple[Any, bytes]
+#: A V2 reply as a message: (the V2 reply header's object, its outputs' data), as `Exchange.encode_message` gives it.
+Encoded = tuple[dict[str, Any], list[bytes]]
 
 
+# -- a body to read --------------------------------------------------------------------------------------------
 async def adecoded(
     exchange: Exchange, head: RequestHead, source: S, body: Callable[[S, BodyRule], Awaitable[bytes]]
 ) -> tuple[ModelRuntime, list[Any]]:
@@ -62,3 +93,58 @@ def infer(
     runtime = exchange.wait_admit(head)
     instances = exchange.decode(body(source, exchange.service.body), head.header_length)
     return exchange.encode(predict(source, runtime, instances, exchange.deadline))
+
+
+# -- a message already framed ------------------------------------------------------------------------------------
+async def adecoded_message(
+    exchange: Exchange, head: RequestHead, source: S, message: Callable[[S, Exchange], Framed]
+) -> tuple[ModelRuntime, list[Any]]:
+    """The admitted model and the decoded instances of a V2 request its transport framed: admit at once, take the
+    message (`message` sees the admitted exchange: a transport's own deadline tightens the admitted one there),
+    decode it with the V2 codec (on a thread when its data is large)."""
+    runtime = exchange.admit(head)
+    header, data = message(source, exchange)
+    return runtime, await exchange.adecode_message(header, data)
+
+
+async def aencoded_message(
+    exchange: Exchange,
+    source: S,
+    runtime: ModelRuntime,
+    instances: list[Any],
+    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+) -> Encoded:
+    """The rest of `ainfer_message` once decoded: predict, encode the reply as a message."""
+    return exchange.encode_message(await predict(source, runtime, instances, exchange.deadline))
+
+
+async def ainfer_message(
+    exchange: Exchange,
+    head: RequestHead,
+    source: S,
+    message: Callable[[S, Exchange], Framed],
+    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+) -> Encoded:
+    """One inference request its transport framed, from its head to its reply message."""
+    runtime, instances = await adecoded_message(exchange, head, source, message)
+    return await aencoded_message(exchange, source, runtime, instances, predict)
+
+
+# -- a message decoded first -------------------------------------------------------------------------------------
+async def ainfer_decoded_first(
+    source: S,
+    decode: Callable[[S], Awaitable[list[Any]]],
+    open_exchange: Callable[[S], Exchange],
+    admit: Callable[[S, Exchange], ModelRuntime],
+    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    encode: Callable[[S, Exchange, Any], R],
+) -> R:
+    """One message that carries its own request id, from its bytes to its encoded answer: decoded (a refusal
+    raises before any exchange exists), its exchange opened (`open_exchange`: the front keeps it, to fail and close
+    it), admitted (`admit`: the front's head, and what else its transport charges), its instances counted,
+    predicted, encoded."""
+    instances = await decode(source)
+    exchange = open_exchange(source)
+    runtime = admit(source, exchange)
+    exchange.counted(len(instances))
+    return encode(source, exchange, await predict(source, runtime, instances, exchange.deadline))
