@@ -1,6 +1,6 @@
 """Would granian, a Rust HTTP server, serve the async architecture faster than uvicorn? (Issue 15, item 2.)
 
-The same ASGI app, built by `twinserve.servers.uvicorn.AppFactory` (the models load in its lifespan; granian, given
+The same ASGI app, built by `twinserve.servers.asgi.server.AppFactory` (the models load in its lifespan; granian, given
 an import string, gets `app` here, which reads the Config from `CONFIG_ENV`), under uvicorn as `twinserve serve
 --arch async` runs it (uvloop, httptools with twinserve's refusal before the app) and under granian (its Rust HTTP/1
 parser, the app on uvloop), the same workers, side by side in alternating rounds: wrk at `--connections` over
@@ -29,8 +29,8 @@ from starlette.types import ASGIApp
 
 from twinserve.config import Config
 from twinserve.lab.servers import ServerProcess, free_port
+from twinserve.servers.asgi.server import AppFactory
 from twinserve.servers.served import Served
-from twinserve.servers.uvicorn import AppFactory
 
 #: granian's worker processes import `app` from a string: the Config reaches them in this variable.
 CONFIG_ENV = "TWINSERVE_GRANIAN_CONFIG_JSON"

@@ -1,7 +1,7 @@
 """The real apps, built in this process exactly as the servers build them, behind one small synchronous client.
 
 sync: `twinserve.servers.sync.server.build_wsgi_app(Served(config))` (what each gunicorn worker loads), driven by
-Flask's test client. async and hybrid: `twinserve.servers.uvicorn.AppFactory(Served(config))()` (what uvicorn
+Flask's test client. async and hybrid: `twinserve.servers.asgi.server.AppFactory(Served(config))()` (what uvicorn
 calls), driven by httpx's ASGITransport on an event loop of its own thread, the way uvicorn keeps one loop for the
 app's whole life. httpx does not run the ASGI lifespan, so `_Lifespan` does: models load at
 startup (hybrid: the model-worker processes are spawned there) and close at shutdown.
@@ -180,16 +180,16 @@ class AsyncClient:
     """The ASGI app uvicorn would serve (async, or hybrid with its model-worker processes), on a loop thread."""
 
     def __init__(self, config: Config) -> None:
-        from twinserve.servers import uvicorn
+        from twinserve.servers.asgi import server
         from twinserve.servers.served import Served
 
         self.arch = config.arch
         self.config = config
         with (
-            mock.patch.object(uvicorn, "start_memory_sampler"),
-            mock.patch.object(uvicorn, "settle"),
+            mock.patch.object(server, "start_memory_sampler"),
+            mock.patch.object(server, "settle"),
         ):
-            self.app = uvicorn.AppFactory(Served(config))()
+            self.app = server.AppFactory(Served(config))()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"inprocess-{self.arch}-loop", daemon=True)
         self.thread.start()

@@ -1,5 +1,5 @@
 """Connections spread over a server's workers, not piled onto the first awake: sync's gthread workers
-(servers/sync/balance.py), async's uvicorn workers (servers/uvicorn_listeners.py)."""
+(servers/sync/balance.py), async's uvicorn workers (servers/asgi/listeners.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from tests.serving import Server, model_path, poll, read_response
+from twinserve.servers.asgi.listeners import balanced_listener
 from twinserve.servers.sync.balance import ConnectionShares
-from twinserve.servers.uvicorn_listeners import balanced_listener
 
 CONNECTIONS = 16
 

@@ -1,6 +1,6 @@
 """The runs as options to choose between: each `Option` is a run at the best level it reached within the SLO.
 
-Kept apart from the advisor (`advise`), which ranks them, so that `advise_hybrid`, which compares the best async
+Kept apart from the advisor (`advise`), which ranks them, so that `advise.hybrid`, which compares the best async
 and hybrid options, does not import the advisor that calls it.
 """
 

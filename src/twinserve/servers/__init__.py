@@ -18,8 +18,8 @@ __all__ = ["SERVERS", "announce", "serve"]
 #: `--arch` name -> the runner that serves a Config in that architecture (imported only when chosen).
 SERVERS: dict[str, str] = {
     "sync": "twinserve.servers.sync.server:run",
-    "async": "twinserve.servers.uvicorn:run",
-    "hybrid": "twinserve.servers.uvicorn:run",  # the async front; Config routes predict to model-worker processes
+    "async": "twinserve.servers.asgi.server:run",
+    "hybrid": "twinserve.servers.asgi.server:run",  # the async front; Config routes predict to model-worker processes
 }
 
 

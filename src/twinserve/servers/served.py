@@ -6,7 +6,7 @@ parts need of the service built from the Config: the service itself (its admissi
 request's head before the app (fronts/early.py) and, under gunicorn, the gRPC server that the worker's exit drains.
 Nothing of this goes through the environment, a module global or the ASGI lifespan state.
 
-One object per serving process. uvicorn (servers/uvicorn.py) holds it in its app factory and in its protocol
+One object per serving process. uvicorn (servers/asgi/server.py) holds it in its app factory and in its protocol
 factory (`http=`); with several workers it pickles its Config into each spawned process, and one pickle keeps a
 shared object shared, so in each worker the app it builds fills the `Served` its protocol reads. gunicorn
 (servers/sync/server.py) holds it in its application, which each worker gets a copy of when it is forked.

@@ -10,7 +10,7 @@ answered it in 6 ms.
 
 So each connection uvloop accepts takes up to `ACCEPT_BATCH` more from the same listening socket with it, each
 handed to the loop through `loop.connect_accepted_socket` (asyncio's documented API) with the same protocol uvicorn
-gives its own. The listening sockets are the ones `servers/uvicorn.py` binds in this process (`listen_on`); a
+gives its own. The listening sockets are the ones `servers/asgi/server.py` binds in this process (`listen_on`); a
 socket handed down by uvicorn's supervisor some other way is left to uvloop alone.
 """
 

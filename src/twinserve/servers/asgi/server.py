@@ -28,10 +28,10 @@ from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
 from twinserve.servers.asgi.accept import listen_on
+from twinserve.servers.asgi.listeners import balanced_listener
 from twinserve.servers.asgi.protocol import HttpProtocol
 from twinserve.servers.served import Served
 from twinserve.servers.startup import built_or_exit, report_failure, stop_server
-from twinserve.servers.uvicorn_listeners import balanced_listener
 from twinserve.service.contract import Service
 
 __all__ = ["AppFactory", "run"]
@@ -170,7 +170,7 @@ def run(config: Config) -> None:
     )
     # What `uvicorn.run` does, with the socket bound here first (as uvicorn binds it for several workers) so that
     # the announcement says the port bound, the kernel's choice for --port 0. Several workers each listen on a
-    # socket of their own where the kernel spreads connections over them (servers/uvicorn_listeners.py).
+    # socket of their own where the kernel spreads connections over them (servers/asgi/listeners.py).
     sock = _listener(config) if settings.workers > 1 else None
     if sock is None:
         sock = settings.bind_socket()

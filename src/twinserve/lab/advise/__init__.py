@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twinserve.lab.advise_hybrid import hybrid_trails
+from twinserve.lab.advise.hybrid import hybrid_trails
 from twinserve.lab.ceiling import machine_ceiling
 from twinserve.lab.options import Option
 from twinserve.lab.results import Level, Results, Run
