@@ -294,6 +294,38 @@ def test_hundreds_of_pipelined_requests_are_answered_in_order(arch: str, well_be
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_requests_pipelined_before_a_broken_one_are_answered_then_its_400(
+    arch: str, well_behaved: dict[str, Server]
+) -> None:
+    """RFC 9112 9.3.2: the requests read whole before a broken one are answered, in order, then the broken one gets
+    its 400 and the connection closes (nothing after it can be framed). Nothing read whole is lost, in every
+    architecture: sync answered only the first, with `Connection: close`, and dropped the rest."""
+    server = well_behaved[arch]
+    before = refused(server)
+    ids = [f"before-the-broken-{i}" for i in range(3)]
+    raw = b"".join(head("/v2/health/live", "GET", X_Request_ID=request_id) for request_id in ids)
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=5 * READ_TIMEOUT_S) as conn,
+        conn.makefile("rb") as stream,
+    ):
+        conn.sendall(raw + BROKEN["request line without a version"].raw)
+        answers = []
+        for _ in range(len(ids) + 1):
+            status = int(stream.readline().split(b" ", 2)[1])
+            fields = dict(line.decode().lower().split(": ", 1) for line in iter(stream.readline, b"\r\n"))
+            answers.append((status, fields, json.loads(stream.read(int(fields["content-length"])))))
+        assert stream.read() == b""  # then closed
+    assert [(status, fields["x-request-id"].strip(), body) for status, fields, body in answers[:-1]] == [
+        (200, request_id, {"live": True}) for request_id in ids
+    ]
+    assert all(fields.get("connection", "keep-alive").strip() != "close" for _, fields, _ in answers[:-1])
+    status, fields, body = answers[-1]
+    assert (status, error_fields(body)["code"], fields["connection"].strip()) == (400, "malformed_http", "close")
+    wait_until(lambda: refused(server) >= before + 1, 10, "the broken request counted")
+    assert refused(server) == before + 1, "counted twice"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_a_silent_connection_is_closed_at_the_read_timeout(arch: str, well_behaved: dict[str, Server]) -> None:
     with socket.create_connection(("127.0.0.1", well_behaved[arch].port), timeout=5 * READ_TIMEOUT_S) as conn:
         started = time.monotonic()

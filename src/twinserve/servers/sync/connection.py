@@ -15,7 +15,7 @@ __all__ = ["Connection", "pass_order"]
 class Connection:
     """One client connection: its socket, what its parser has read, and when the poller gives up on it."""
 
-    __slots__ = ("busy", "deadline", "level", "peer", "reader", "sock")
+    __slots__ = ("busy", "deadline", "level", "owed", "peer", "reader", "sock")
 
     def __init__(self, sock: socket.socket, peer: Any, limits: Limits) -> None:
         self.sock = sock
@@ -27,6 +27,9 @@ class Connection:
         self.level = 1
         #: A request thread holds it (its socket is the thread's until it hands it back).
         self.busy = False
+        #: The answer to a request its parser refused behind requests read whole: sent once they are answered, then
+        #: the connection closes (nothing past the error is read).
+        self.owed: bytes | None = None
 
 
 def pass_order(event: tuple[selectors.SelectorKey, int]) -> tuple[int, int]:

@@ -261,15 +261,16 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
             self.log.debug("refused a request: %s", refused)
             while reader.heads and not reader.heads[-1].complete:
                 reader.heads.pop()  # the request the error is in: never acted on
-            if reader.heads:  # requests read whole before it are answered first, in order; then the connection closes
-                for request in reader.heads:
-                    request.keep_alive = False
+            if self._served.service is not None:
+                self._served.service.unparsed(refused.error)  # no app sees it: counted here, as the async server does
+            if reader.heads:
+                # Requests read whole before it are answered first, in order, then its answer closes the connection
+                # (RFC 9112 9.3.2, as the async server does); nothing more is read: the parser stopped at the error.
+                conn.owed = raw_error_response(refused.error)
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(conn.sock)
                 self._next(conn)
             else:
-                if self._served.service is not None:
-                    self._served.service.unparsed(refused.error)  # counted as the async server counts it
                 self._send(conn, raw_error_response(refused.error), close=True)
             return
         if idle and (reader.started or reader.heads):
@@ -283,7 +284,9 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
         while heads and heads[0].answered and heads[0].complete:
             heads.popleft()  # refused from its head: its body, now in, was dropped as it came
         if not heads:
-            if not reader.started:
+            if conn.owed is not None:  # a request the parser refused, once those read before it are answered
+                self._send(conn, conn.owed, close=True)
+            elif not reader.started:
                 self._arm(conn, time.monotonic() + self._keepalive)
             return
         request = heads[0]
@@ -355,8 +358,11 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
     def _resume(self, conn: Connection) -> None:
         """Watch `conn` for its next request: one read already (pipelined) goes on at once, else it idles."""
         conn.sock.setblocking(False)
-        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
         reader = conn.reader
+        if conn.owed is not None:  # the parser stopped at a broken request: the rest read before it, then its answer
+            self._next(conn)
+            return
+        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
         if reader.heads:
             self._next(conn)
         else:
