@@ -24,7 +24,9 @@ from twinserve.core.streams import AsyncSteps, Steps
 from twinserve.errors import ClientDisconnected, TwinserveError, error_payload
 from twinserve.protocol.v1 import dumps
 from twinserve.service.exchange import Exchange
-from twinserve.service.routes import EVENT_STREAM, REQUEST_ID_HEADER
+from twinserve.service.reply import Reply
+from twinserve.service.response import header_fields
+from twinserve.service.routes import EVENT_STREAM
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -47,6 +49,9 @@ logger = logging.getLogger("twinserve.sse")
 SSE_END = b"event: end\ndata: {}\n\n"
 #: Proxies (nginx) must pass each event on at once rather than buffer the response.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: The head of every stream, written by the one response writer (service/response.py). Its content type is one of
+#: its headers: as the type of a reply, a text type would gain a charset, which sync's (Flask's) does not send.
+_HEAD = Reply(200, b"", {"Content-Type": EVENT_STREAM, **SSE_HEADERS}, content_type="")
 
 
 def sse_step(exchange: Exchange, step: list[Any], expected: int) -> bytes:
@@ -81,11 +86,7 @@ class AsgiEventStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start, exchange = self.start, self.exchange
-        headers = [
-            (b"content-type", EVENT_STREAM.encode()),
-            (REQUEST_ID_HEADER.lower().encode(), exchange.request_id.encode()),
-            *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
-        ]
+        headers = header_fields(_HEAD, exchange.request_id, streamed=True)
         watcher = asyncio.get_running_loop().create_task(client_left(receive))
         last: bytes | None = None
         try:

@@ -2,13 +2,15 @@
 the whole response as HTTP/1.1 bytes for the servers that write it themselves. IO-free (h11's idea: bytes out,
 no socket).
 
-Its users: the async front's reply (fronts/asgi_reply.py, as ASGI's two messages), the refusal before the app
-(fronts/early.py, which must be the app's answer byte for byte: it is, by construction), and the HTTP servers'
-answer to a head they could not parse (`raw_error_response`). The sync front's answers are Flask's (werkzeug
-writes their head); servers/sync/answers.py writes a refusal before the app as werkzeug would.
+Its users: the async front's reply (fronts/asgi_reply.py, as ASGI's two messages) and the head of its event
+streams (fronts/sse.py), the refusal before the app (fronts/early.py, which must be the app's answer byte for byte:
+it is, by construction), and the HTTP servers' answer to a head they could not parse (`raw_error_response`). The
+sync front's answers are Flask's (werkzeug writes their head); servers/sync/answers.py writes a refusal before the
+app as werkzeug would.
 
 The order: the request id, the reply's own headers, then `content-length` (not on a 1xx, 204 or 304: RFC 9110
-section 8.6) and `content-type` unless the reply set them; names in lower case.
+section 8.6, nor on a body streamed in parts, which the server frames) and `content-type` unless the reply set them;
+names in lower case.
 """
 
 from __future__ import annotations
@@ -34,15 +36,16 @@ def _content_type(media_type: str) -> tuple[bytes, bytes]:
     return _CONTENT_TYPE, media_type.encode("latin-1")
 
 
-def header_fields(reply: Reply, request_id: str) -> list[tuple[bytes, bytes]]:
-    """`reply`'s header fields, to the request `request_id`, in the one order (see the module doc)."""
+def header_fields(reply: Reply, request_id: str, streamed: bool = False) -> list[tuple[bytes, bytes]]:
+    """`reply`'s header fields, to the request `request_id`, in the one order (see the module doc); `streamed`: its
+    body follows in parts (`reply.body` is empty), of a length known to no one yet."""
     headers = [(_REQUEST_ID, request_id.encode("latin-1"))]
     named: Collection[bytes] = ()  # what the reply sets itself
     if reply.headers:
         headers += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()]
         named = {name for name, _ in headers}
     status = reply.status
-    if not (status < 200 or status in (204, 304)) and _CONTENT_LENGTH not in named:
+    if not (streamed or status < 200 or status in (204, 304)) and _CONTENT_LENGTH not in named:
         headers.append((_CONTENT_LENGTH, str(len(reply.body)).encode("latin-1")))
     if reply.content_type and _CONTENT_TYPE not in named:
         headers.append(_content_type(reply.content_type))
