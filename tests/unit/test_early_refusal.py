@@ -14,9 +14,10 @@ from twinserve.config import Config
 from twinserve.core.admission import Admission, QueueBound
 from twinserve.core.batch_queue import BatchQueue, Pending
 from twinserve.errors import ModelNotFound, QueueFull
-from twinserve.fronts.early import EarlyRefusal, _response
+from twinserve.fronts.early import EarlyRefusal, Refusal, _response
 from twinserve.service.contract import Service
 from twinserve.service.hosts import host_policy
+from twinserve.service.lifecycle import Decided
 
 SERVER_HEADERS = [(b"date", b"Wed, 02 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
 BODY_HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"20")]
@@ -88,8 +89,21 @@ def _early(queued: int, **settings: Any) -> tuple[EarlyRefusal, _Service]:
     return EarlyRefusal(cast(Service, service)), service
 
 
+def _answer(
+    early: EarlyRefusal,
+    url: bytes,
+    headers: list[tuple[bytes, bytes]],
+    defaults: list[tuple[bytes, bytes]] = SERVER_HEADERS,
+    keep_alive: bool = True,
+    method: bytes = b"POST",
+) -> bytes | None:
+    """What the async server writes for the request (its `verdict`, then its `answer`), else None: the app's."""
+    verdict = early.verdict(method, url, headers)
+    return early.answer(verdict, defaults, keep_alive) if isinstance(verdict, Refusal) else None
+
+
 def _refuse(early: EarlyRefusal, url: bytes = b"/v1/models/m:predict", *extra: tuple[bytes, bytes]) -> bytes | None:
-    return early.refuse(b"POST", url, [*BODY_HEADERS, *extra], SERVER_HEADERS, True)
+    return _answer(early, url, [*BODY_HEADERS, *extra])
 
 
 def test_a_full_queue_is_refused_with_the_apps_503() -> None:
@@ -121,9 +135,9 @@ def test_an_answer_made_from_the_last_ones_bytes_is_the_one_rendered_anew(url: b
     answers = []
     for defaults, extra in [(today, []), (today, []), (tomorrow, []), (tomorrow, [(b"x-request-id", b"mine")])]:
         headers = [*BODY_HEADERS, *extra]
-        answer = early.refuse(b"POST", url, headers, defaults, keep_alive)
-        refusal = early.refusal(b"POST", url, headers)
-        assert answer is not None and refusal is not None
+        answer = _answer(early, url, headers, defaults, keep_alive)
+        refusal = early.verdict(b"POST", url, headers)
+        assert answer is not None and isinstance(refusal, Refusal)
         request_id = json.loads(answer.split(b"\r\n\r\n")[1]).get("request_id") if b"/v2/" not in url else None
         shown = answer.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
         assert request_id in (None, shown)
@@ -144,21 +158,25 @@ def test_a_model_with_a_traffic_split_is_routed_by_the_app_unless_the_version_is
 
 def test_a_connection_that_closes_says_so_and_v2_has_its_own_body() -> None:
     early, _ = _early(queued=2)
-    answer = early.refuse(b"POST", b"/v2/models/m/versions/1/infer?x=1", BODY_HEADERS, [], False)
+    answer = _answer(early, b"/v2/models/m/versions/1/infer?x=1", BODY_HEADERS, [], False)
     assert answer is not None and b"\r\nconnection: close\r\n" in answer
     assert set(json.loads(answer.split(b"\r\n\r\n")[1])) == {"error"}
 
 
-def test_what_the_queue_still_takes_goes_to_the_app() -> None:
+def test_what_the_queue_still_takes_goes_to_the_app_with_what_was_decided() -> None:
+    """Let in from its head under a crowd, a request carries its level and model to the app, which takes them as
+    made (`Exchange.admit`): decided once. Without a crowd nothing is decided here: the app decides."""
     early, service = _early(queued=2)
-    assert _refuse(early, b"/v1/models/m:predict", (b"x-priority", b"1")) is None  # priority 1 may fill all 4
+    decided = early.verdict(b"POST", b"/v1/models/m:predict", [*BODY_HEADERS, (b"x-priority", b"1")])
+    assert decided == Decided(1, service.runtime_, None)  # type: ignore[arg-type]  # priority 1 may fill all 4
+    assert not service.counted
     early, service = _early(queued=1)
-    assert _refuse(early) is None and not service.counted
+    assert early.verdict(b"POST", b"/v1/models/m:predict", BODY_HEADERS) is None and not service.counted
 
 
 def test_requests_the_app_answers_otherwise_are_left_to_it() -> None:
     early, service = _early(queued=4)
-    assert early.refuse(b"GET", b"/v1/models/m:predict", BODY_HEADERS, [], True) is None
+    assert early.verdict(b"GET", b"/v1/models/m:predict", BODY_HEADERS) is None
     assert _refuse(early, b"/v1/models/m:stream") is None  # streams are not batched
     assert _refuse(early, b"/v1/models/other:predict") is None  # 404
     assert _refuse(early, b"/v1/models/m/ws") is None
@@ -166,9 +184,9 @@ def test_requests_the_app_answers_otherwise_are_left_to_it() -> None:
     assert _refuse(early, b"/v1/models/m:predict", (b"transfer-encoding", b"chunked")) is None
     assert _refuse(early, b"/v1/models/m:predict", (b"expect", b"100-continue")) is None
     too_large = [(b"host", b"127.0.0.1"), (b"content-length", b"1001")]
-    assert early.refuse(b"POST", b"/v1/models/m:predict", too_large, [], True) is None  # 413
+    assert early.verdict(b"POST", b"/v1/models/m:predict", too_large) is None  # 413
     foreign = [(b"host", b"evil.example"), (b"content-length", b"2")]
-    assert early.refuse(b"POST", b"/v1/models/m:predict", foreign, [], True) is None  # the allowed hosts' 400
+    assert early.verdict(b"POST", b"/v1/models/m:predict", foreign) is None  # the allowed hosts' 400
     service.runtime_.ready = False
     assert _refuse(early) is None
     assert not service.counted
@@ -181,16 +199,18 @@ def test_with_api_keys_or_cors_on_nothing_is_refused_before_the_app() -> None:
         assert not EarlyRefusal(cast(Service, service)).active
 
 
-def test_the_sync_backlog_refuses_from_the_environ() -> None:
+def test_the_sync_backlog_refuses_from_the_head() -> None:
     early, service = _early(queued=0)
-    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/v1/models/m:predict", "CONTENT_LENGTH": "5"}
-    assert early.refuse_environ(environ, backlog=1) is None
-    refusal = early.refuse_environ({**environ, "HTTP_X_REQUEST_ID": "id-1"}, backlog=3)  # past priority 2's 2
-    assert refusal is not None
+    url, head = b"/v1/models/m:predict", [(b"content-length", b"5")]
+    assert early.verdict(b"POST", url, head, backlog=2) is None  # priority 2 may have 2 waiting: no crowd
+    let_in = early.verdict(b"POST", url, [*head, (b"x-priority", b"1")], backlog=3)  # priority 1 may have 4
+    assert let_in == Decided(1, service.runtime_, None)  # type: ignore[arg-type]
+    refusal = early.verdict(b"POST", url, [*head, (b"x-request-id", b"id-1")], backlog=3)  # past priority 2's 2
+    assert isinstance(refusal, Refusal)
     reply, request_id = refusal.reply()
     assert reply.status == 503 and request_id == "id-1" and reply.headers == {"Retry-After": "1"}
     assert service.counted == [("m", None, "predict", 2, 503, "queue_full")]  # shed before the model's version
-    assert early.refuse_environ({**environ, "HTTP_TRANSFER_ENCODING": "chunked"}, backlog=3) is None
+    assert early.verdict(b"POST", url, [*head, (b"transfer-encoding", b"chunked")], backlog=3) is None
 
 
 def test_crowded_means_the_lowest_level_may_be_refused() -> None:

@@ -43,7 +43,7 @@ from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
 from twinserve.service.drive import adecoded, ainfer
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import BodyRule, RequestHead
+from twinserve.service.lifecycle import DECIDED, BodyRule, Decided, RequestHead
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 
 __all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
@@ -83,6 +83,13 @@ async def _read_body(request: Request, rule: BodyRule) -> bytes:
 
 def _length(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
+
+
+def _decided(scope: Scope) -> Decided | None:
+    """What the HTTP server decided from the request's head before the app (servers/asgi/crowd.py, under a
+    crowd): the exchange takes it as made. None under any other server, and whenever nothing was decided."""
+    extensions = scope.get("extensions")
+    return extensions.get(DECIDED) if extensions else None
 
 
 def _head(scope: Scope) -> dict[str, str]:
@@ -249,6 +256,7 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             headers.get(_PRIORITY),
             headers.get(_HEADER_LENGTH) if endpoint == "infer" else None,  # V2's binary data
             headers,  # a traffic split's sticky key (its name looked up in lower case)
+            decided=_decided(request.scope),
         )
 
     def infer(request: Request, exchange: Exchange) -> Awaitable[Reply]:

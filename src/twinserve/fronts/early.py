@@ -3,13 +3,17 @@ the request's head, without an ASGI task, a request context, a body read or a de
 
 Under a flood most requests are refused; through the ASGI app each refusal costs a task, uvicorn's cycle, an
 exchange and the front's Python, about as much as a small served request. twinserve's own HTTP protocol
-(servers/asgi/) asks `EarlyRefusal.refuse` once a request's head is parsed, and when it answers, writes the
-answer and discards the body; the app never sees the request. The server makes the object over the service it built
-the app on and hands it to its own parts (servers/served.py): that protocol, and twinserve's sync worker
-(servers/sync/worker.py), whose poller asks `refusal` while requests wait for a thread, and whose request threads
-ask `refuse_environ` with their backlog before Flask runs. Every predict
-request asks, so the first test is a few counter reads (`crowded`): while no model's queue holds its lowest level's
-share, nothing more is looked at.
+(servers/asgi/) asks `EarlyRefusal.verdict` once a request's head is parsed, and when it refuses, writes the
+`answer` and discards the body; the app never sees the request. The server makes the object over the service it
+built the app on and hands it to its own parts (servers/served.py): that protocol, and twinserve's sync worker
+(servers/sync/worker.py), whose poller asks while requests wait for a thread. Every predict request asks, so the
+first test is a few counter reads (`crowded`): while no model's queue holds its lowest level's share, nothing more
+is looked at, and the app decides.
+
+What is decided here is decided once: a request let in from its head carries its `Decided` (service/lifecycle.py)
+to the app, in the ASGI scope's extensions or the WSGI environ, and the app's exchange takes it as made instead of
+asking the same questions again (the sync poller's decision may be a thread's wait old by the time the app runs:
+a batch queue that filled meanwhile refuses at `BatchQueue.put`, which decides under its lock either way).
 
 The answer's bytes are rendered once per error and kept: each refusal puts its request id and the server's `date`
 into them. The same decision, asked about a request just answered (`hold`), tells the async fronts' HTTP server to
@@ -38,7 +42,6 @@ other request goes to the app unchanged, which decides as before:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -48,7 +51,7 @@ from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.service.compression import GZIP_MIN_BYTES, compress_reply
 from twinserve.service.contract import Service, request_id_from
-from twinserve.service.lifecycle import RequestHead, admit_head
+from twinserve.service.lifecycle import Decided, RequestHead, admit_head
 from twinserve.service.reply import Reply, error_reply
 from twinserve.service.response import http1_response
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
@@ -91,29 +94,18 @@ class EarlyRefusal:
         self._answers: dict[tuple[Any, ...], bytes] = {}
         self._defaults: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
 
-    def refuse(
-        self,
-        method: bytes,
-        url: bytes,
-        headers: list[tuple[bytes, bytes]],
-        default_headers: list[tuple[bytes, bytes]],
-        keep_alive: bool,
-    ) -> bytes | None:
-        """The whole response (status line to body) when the request is refused, else None: the app takes it.
-
-        For an HTTP server that parses bytes (servers/asgi/): `headers` are the request's, names
-        lower-cased; `default_headers` the server's own (`date`, `server`), written first as the server writes
-        them on every response; without `keep_alive` the answer says `connection: close`, as the server's would."""
-        refusal = self.refusal(method, url, headers)
-        if refusal is None:
-            return None
-        answer = self._answer(refusal, default_headers, keep_alive)
+    def answer(self, refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
+        """The whole response (status line to body) of a `refusal`, for an HTTP server that parses bytes
+        (servers/asgi/): `default_headers` are the server's own (`date`, `server`), written first as the server
+        writes them on every response; without `keep_alive` the answer says `connection: close`, as the server's
+        would."""
+        answer = self._rendered(refusal, default_headers, keep_alive)
         if answer is None:
             reply, request_id = refusal.reply()
             answer = _response(reply, request_id, default_headers, keep_alive)
         return answer
 
-    def _answer(self, refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes | None:
+    def _rendered(self, refusal: Refusal, default_headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes | None:
         """`_response`'s bytes from the ones rendered for the same error (the request id and the server's headers
         put in); None where they may differ in more than those: a client's request id of another length than
         twinserve's own (the body's length changes), details, a body that could be gzipped."""
@@ -138,17 +130,18 @@ class EarlyRefusal:
         status_line = answer.index(b"\r\n") + 2
         return answer[:status_line] + rendered + answer[status_line:].replace(_ID_BYTES, request_id.encode())
 
-    def refusal(
+    def verdict(
         self,
         method: bytes,
         url: bytes,
         headers: list[tuple[bytes, bytes]],
         backlog: int | None = None,
         spent: float = 0.0,
-    ) -> Refusal | None:
-        """The refusal of a request from its parsed head (`headers` with lower-cased names), else None; `backlog`:
-        the requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere), `spent`:
-        the seconds the poller held it already."""
+    ) -> Refusal | Decided | None:
+        """The decision on a request from its parsed head (`headers` with lower-cased names): its `Refusal`, its
+        `Decided` (let in: the app takes it as made), or None (not decided here: the app decides); `backlog`: the
+        requests waiting for a request thread ahead of it (the sync front's poller, None elsewhere), `spent`: the
+        seconds the poller held it already."""
         if method != b"POST" or not url.startswith(_PREFIXES) or not (spent or self.crowded(backlog)):
             return None  # the common case, decided on bytes and a few counters
         fields = {name: value for name, value in headers if name in _READ}
@@ -164,25 +157,6 @@ class EarlyRefusal:
         refused or held before the app. A probe, a scrape or a model's metadata never waits behind a crowd."""
         return method == b"POST" and url.startswith(_PREFIXES)
 
-    def refuse_environ(self, environ: Mapping[str, Any], backlog: int | None) -> Refusal | None:
-        """The refusal of a WSGI request from its environ alone, else None (for a WSGI server's worker,
-        servers/sync/worker.py); `backlog`: the requests waiting for a request thread behind it."""
-        if environ.get("REQUEST_METHOD") != "POST":
-            return None
-        path: str = environ.get("PATH_INFO", "")
-        if not path.startswith(_TEXT_PREFIXES):
-            return None
-        if not self.crowded(backlog):
-            return None
-        if "HTTP_TRANSFER_ENCODING" in environ or "HTTP_EXPECT" in environ:
-            return None
-        if not self._small(environ.get("CONTENT_LENGTH")):
-            return None
-        head = Head(
-            path, environ.get("HTTP_X_PRIORITY"), environ.get(_REQUEST_ID_ENVIRON), environ.get("HTTP_ACCEPT_ENCODING")
-        )
-        return self.decide(head, environ.get("HTTP_HOST"), backlog)
-
     def crowded(self, backlog: int | None = None) -> bool:
         """Whether any model's queue may refuse a request now (`ModelRuntime.crowded`), or the sync request threads'
         `backlog` is past what the lowest level may have waiting: what every predict request pays when nothing is
@@ -196,11 +170,14 @@ class EarlyRefusal:
         """Whether a body of `length` (a Content-Length, None: no body) may be discarded: not past the limit."""
         return length is None or (length.isdigit() and int(length) <= self._max_body)
 
-    def decide(self, head: Head, host: str | None, backlog: int | None = None, spent: float = 0.0) -> Refusal | None:
+    def decide(
+        self, head: Head, host: str | None, backlog: int | None = None, spent: float = 0.0
+    ) -> Refusal | Decided | None:
         """The app's decision from the head, the app's own (service/lifecycle.py `admit_head`, which
-        `Exchange.admit` calls too): the request's level from `X-Priority`, the sync backlog (`backlog`, None for
-        none), the model, its default level; then its batch queue. None unless that decision is 503 `queue_full`:
-        anything else is the app's."""
+        `Exchange.admit` calls where nothing was decided here): the request's level from `X-Priority`, the sync
+        backlog (`backlog`, None for none), the model, its default level; then its batch queue. A `Refusal` where
+        that decision is 503 `queue_full`, a `Decided` where the request passes it; None where anything else
+        decides (a 400, a 404, a model not ready): the app's, as always."""
         if self._hosts is not None and not self._hosts.allows_host(host):
             return None  # the app refuses a foreign Host first (400)
         route = self._route(head.path)
@@ -214,7 +191,7 @@ class EarlyRefusal:
         level = _Level()
         try:
             request = RequestHead(endpoint, model, asked_version, priority=head.priority, backlog=backlog)
-            runtime, _ = admit_head(service, request, None, level, spent)  # no key: keys on refuse nothing here
+            runtime, shadow = admit_head(service, request, None, level, spent)  # no key: keys on decide nothing here
             if not runtime.ready:
                 return None
             model, version = runtime.name, runtime.spec.version
@@ -224,7 +201,7 @@ class EarlyRefusal:
         except TwinserveError:
             return None  # a 400, 404 or 503 of another kind: the app's to answer, as always
         if error is None:
-            return None
+            return Decided(level.priority, runtime, shadow)
         if model not in service.runtimes:
             return None  # shed before the model was known, and it is unknown: the app counts it without a label
         service.refused_early(model, version, endpoint, level.priority, error.status, error.code)

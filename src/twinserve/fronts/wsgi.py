@@ -32,7 +32,7 @@ from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
 from twinserve.service.cors import merge_vary
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import BodyRule, RequestHead
+from twinserve.service.lifecycle import DECIDED, BodyRule, RequestHead
 from twinserve.service.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]
@@ -115,6 +115,7 @@ def create_wsgi_app(service: Service) -> Flask:
             headers.get(HEADER_LENGTH) if endpoint == "infer" else None,  # V2's binary data
             headers,  # a traffic split's sticky key
             request.environ.get(BACKLOG_ENVIRON),
+            request.environ.get(DECIDED),  # the server's poller decided it from its head (servers/sync/admission.py)
         )
 
     def infer(model: str, version: str | None = None) -> Response:

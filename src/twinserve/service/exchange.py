@@ -8,8 +8,10 @@ order, whatever the transport:
    `authenticate` when the path needs a key, from the client's address (the auth-failure lockout);
 2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
    front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
-   type, the declared size, readiness, then the deadline; a request for a model that is loading (or, under
-   `--max-loaded-models`, not loaded) first waits for it, up to that deadline (`wait_admit`, `aadmit`);
+   type, the declared size, readiness, then the deadline (the level, the model and its batch queue's say stand as
+   the HTTP server decided them from the head under a crowd, `RequestHead.decided`: a request is admitted once);
+   a request for a model that is loading (or, under `--max-loaded-models`, not loaded) first waits for it, up to
+   that deadline (`wait_admit`, `aadmit`);
 3. **decode** the body, its content codings undone (service/compression.py), with the endpoint's codec (V1
    instances or V2 tensors, whose own `timeout` tightens the deadline), and **encode** the outputs into the reply;
 4. **reply** or **fail**: one mapping from exception to status, code and body, shaped by the path's protocol
@@ -229,7 +231,12 @@ class Exchange:
         if self.stage not in _MAY_ADMIT:
             raise IllegalTransition(self.stage, _ADMITTED)
         service = self.service
-        runtime, shadow = admit_head(service, head, self.key_id, self.context)
+        decided = head.decided
+        if decided is None:
+            runtime, shadow = admit_head(service, head, self.key_id, self.context)
+        else:  # the server decided from this head before the app (lifecycle.Decided): taken as made
+            runtime, shadow = decided.runtime, decided.shadow
+            self.context.priority = decided.priority
         if head.backlog is not None:
             self._threaded = True
         self.model = runtime.name
@@ -245,7 +252,7 @@ class Exchange:
         endpoint, priority = head.endpoint, self.context.priority
         self._lenient = service.admit(runtime, endpoint, head.content_type, head.content_length)
         self._codings = request_codings(head.content_encoding)  # 415 for a coding twinserve cannot undo
-        if endpoint != "stream":  # streams are stepped one by one, not batched
+        if endpoint != "stream" and decided is None:  # streams are stepped one by one, not batched
             runtime.refuse_early(priority)
         if self.deadline is None:  # else it waited for its model: the deadline it waited under stands
             self.deadline = service.admission.deadline(head.timeout, runtime.config.timeout_ms)

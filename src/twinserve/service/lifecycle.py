@@ -15,6 +15,8 @@ exchange already closed. The fronts (fronts/) drive it, each with its own I/O; t
 request (per socket, for WebSocket messages) from their own header representation, and admission reads nothing
 else. `admit_head` is the part of admission that reads the head alone (the request's level, the sync backlog,
 the model the head names): the exchange's `admit` and the refusal before the app (fronts/early.py) both call it.
+Where the server has decided from the head already (under a crowd, before the app), it hands the app its `Decided`
+(`RequestHead.decided`, published as `DECIDED`) and the exchange takes it as made: a request is admitted once.
 `BodyRule` is the one set of decisions about a body's bytes (too large, cut short, too late) that the fronts apply
 to what they read.
 """
@@ -34,8 +36,10 @@ if TYPE_CHECKING:
     from twinserve.core.runtime import ModelRuntime
 
 __all__ = [
+    "DECIDED",
     "MOVES",
     "BodyRule",
+    "Decided",
     "HeadRouter",
     "IllegalTransition",
     "Leveled",
@@ -78,13 +82,31 @@ class IllegalTransition(RuntimeError):
         self.stage, self.to = stage, to
 
 
+#: Where a server publishes its `Decided` to the app: the ASGI scope's `extensions` key, the WSGI environ's key.
+DECIDED = "twinserve.decided"
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What admission decided from a request's head before the app saw it (fronts/early.py, asked by the HTTP
+    server under a crowd): the request's level, and the model (and shadow) its route named, whose batch queue took
+    it then. The exchange that is handed it does not decide again (`Exchange.admit`): the sync poller's decision
+    may be a thread's wait old by then, and deciding twice gave a request two verdicts on one head. What the
+    server does not decide (the rate limit, the media type, the declared size, readiness) the exchange still does."""
+
+    priority: int
+    runtime: ModelRuntime
+    shadow: ModelRuntime | None = None
+
+
 @dataclass(slots=True)
 class RequestHead:
     """What admission reads from a request's head, built once by its front from the front's own headers (ASGI's
     dict, Flask's `request`, gRPC's metadata, a WebSocket's handshake): the endpoint and the model (version) the
     path names, the body's declared type, length and codings, the `X-Request-Timeout-Ms` and `X-Priority`
     headers, V2's `Inference-Header-Content-Length`, the headers a traffic split draws its sticky key from, and
-    the sync front's backlog (the requests waiting for a thread behind it; None elsewhere)."""
+    the sync front's backlog (the requests waiting for a thread behind it; None elsewhere), and the server's
+    `Decided`, where it decided before the app."""
 
     endpoint: str
     model: str
@@ -97,6 +119,7 @@ class RequestHead:
     header_length: str | None = None
     headers: Headers | None = None
     backlog: int | None = None
+    decided: Decided | None = None
 
 
 class HeadRouter(Protocol):

@@ -10,18 +10,20 @@ import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
 from twinserve.config import load_config
-from twinserve.errors import TwinserveError
+from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
+from twinserve.fronts.early import Head, Refusal
 from twinserve.servers.asgi.protocol import HIGH_WATER, HttpProtocol
 from twinserve.servers.holding import TICK_S
 from twinserve.servers.served import Served
+from twinserve.service.lifecycle import DECIDED, Decided
 
 READ_TIMEOUT_S = 0.3
 GET = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n"
@@ -550,17 +552,22 @@ def test_past_limit_concurrency_the_answer_is_503() -> None:
 
 
 class _Refusing:
-    """A stand-in for fronts/early.py `EarlyRefusal`: refuses POST /full from its head."""
+    """A stand-in for fronts/early.py `EarlyRefusal`: refuses POST /full from its head, lets POST /let-in in with
+    what it decided (`decided`), leaves the rest to the app."""
 
     active = True
 
     def __init__(self) -> None:
         self.asked = 0
+        self.decided = Decided(2, cast(Any, object()))
 
-    def refuse(self, method: bytes, url: bytes, headers: Any, defaults: Any, keep_alive: bool) -> bytes | None:
+    def verdict(self, method: bytes, url: bytes, headers: Any) -> Refusal | Decided | None:
         self.asked += 1
-        if url != b"/full":
-            return None
+        if url == b"/let-in":
+            return self.decided
+        return Refusal(QueueFull("full"), Head("/full", None, None, None)) if url == b"/full" else None
+
+    def answer(self, refusal: Refusal, defaults: Any, keep_alive: bool) -> bytes:
         return b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nfull"
 
     def hold(self, method: bytes, url: bytes, headers: Any) -> tuple[Any, int, float] | None:
@@ -587,6 +594,28 @@ def test_a_request_refused_from_its_head_has_its_body_discarded_and_the_connecti
 
     run(test)
     assert seen == ["/v2/health/live"]
+
+
+def test_a_request_let_in_from_its_head_carries_what_was_decided_to_the_app() -> None:
+    """What the server decided from a head under a crowd reaches the app in the scope's extensions (`DECIDED`), for
+    the app's exchange to take as made; a request it did not decide carries nothing (not the last one's)."""
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["extensions"].get(DECIDED))
+        await text_app()(scope, receive, send)
+
+    async def test() -> None:
+        early = _Refusing()
+        async with connection(app, early=early) as (protocol, transport, state):
+            protocol.data_received(b"POST /let-in HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+            await settle(state)
+            protocol.data_received(GET)
+            await settle(state)
+            assert [status for status, _, _ in responses(transport.take())] == [200, 200]
+            assert seen == [early.decided, None]
+
+    run(test)
 
 
 def test_a_refused_body_not_in_by_the_read_timeout_closes_the_connection() -> None:

@@ -25,7 +25,7 @@ from twinserve.errors import (
 from twinserve.service.contract import Service
 from twinserve.service.cors import merge_vary
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import MOVES, IllegalTransition, RequestHead, Stage, admit_head
+from twinserve.service.lifecycle import MOVES, Decided, IllegalTransition, RequestHead, Stage, admit_head
 
 MODEL = "lifecycle-echo"
 PATH = f"/v1/models/{MODEL}:predict"
@@ -155,6 +155,26 @@ def test_admission_reads_the_head_alone(service: Service) -> None:
     with pytest.raises(UnsupportedMediaType):
         coded.admit(_head(content_encoding="br"))  # a coding twinserve cannot undo
     coded.close()
+
+
+def test_what_the_server_decided_from_the_head_is_not_decided_again(service: Service) -> None:
+    """A head the HTTP server let in under a crowd (fronts/early.py) carries its `Decided`: the exchange takes its
+    level and model as made (the head's own `X-Priority` and route are not asked again), and still decides what
+    the server did not (here: the declared size)."""
+    runtime = service.runtimes[MODEL]
+    decided = _open(service)
+    assert decided.admit(_head(priority="1", decided=Decided(3, runtime))) is runtime
+    assert decided.context.priority == 3 and _stage(decided) is Stage.ADMITTED
+    decided.close()
+
+    elsewhere = _open(service)  # a route the exchange would refuse (404) if it asked again
+    assert elsewhere.admit(RequestHead("predict", "no-such-model", decided=Decided(2, runtime))) is runtime
+    elsewhere.close()
+
+    too_large = _open(service)
+    with pytest.raises(PayloadTooLarge):
+        too_large.admit(_head(content_length=1001, decided=Decided(2, runtime)))
+    too_large.close()
 
 
 def test_the_body_rule_judges_what_a_front_read(service: Service) -> None:

@@ -6,7 +6,8 @@ A predict request for a model whose queue is full is refused from its head where
 503 is written at once, the body is read and discarded as it arrives, and the connection stays open for the next
 request (RFC 9112 section 9.3: a server that answers before the whole request has arrived either reads the rest or
 closes; closing with unread bytes in the socket would reset the connection and could lose the answer). No ASGI task
-is made and the app never runs.
+is made and the app never runs. A request let in from its head instead carries that decision to the app (`decided`,
+published in the scope by the protocol): the app does not decide it again.
 
 A kept-alive connection answered (served or refused) while its last request's model could not take another at its
 level is not read again until that model's queue takes the level, or the level's wait has passed
@@ -22,8 +23,9 @@ import httptools
 from uvicorn.server import ServerState
 
 from twinserve.config import Config
-from twinserve.fronts.early import EarlyRefusal
+from twinserve.fronts.early import EarlyRefusal, Refusal
 from twinserve.servers.holding import ReadHolds
+from twinserve.service.lifecycle import Decided
 
 __all__ = ["Crowd", "Reading"]
 
@@ -69,7 +71,7 @@ class Crowd:
     """One connection's early refusals and holds (see the module). `ReadHolds` holds the crowd, not the connection:
     the connection lets go of it when lost (`close`), so the two are no reference cycle."""
 
-    __slots__ = ("_early", "_holds", "_keep_alive", "conn", "discarding", "held", "hold_check")
+    __slots__ = ("_early", "_holds", "_keep_alive", "conn", "decided", "discarding", "held", "hold_check")
 
     def __init__(self, conn: Reading, early: EarlyRefusal, holds: ReadHolds | None) -> None:
         self.conn: Reading | None = conn
@@ -77,6 +79,8 @@ class Crowd:
         self._holds = holds
         #: Whether the request being parsed was refused early: its body is discarded, the app never sees it.
         self.discarding = False
+        #: The request just parsed, let in from its head: what was decided, for the app to take as made.
+        self.decided: Decided | None = None
         #: Whether the connection stays open after that refusal.
         self._keep_alive = True
         #: Whether the request just refused may leave the connection held, once the bytes of its read are parsed.
@@ -92,21 +96,22 @@ class Crowd:
         return cls(conn, early, _holds(conn.loop, config) if config.max_queue_wait_ms else None)
 
     def refused_early(self) -> bool:
-        """Answer the request whose head was just parsed with the app's 503, if `EarlyRefusal` says so. Only on
-        a connection with nothing else in progress (a pipelined request's answer must wait for the one before
-        it), whose client reads its answers (else the server's own backpressure applies), and not an upgrade."""
+        """Answer the request whose head was just parsed with the app's 503, if `EarlyRefusal` says so, else keep
+        what it decided (`decided`). Only on a connection with nothing else in progress (a pipelined request's
+        answer must wait for the one before it), whose client reads its answers (else the server's own
+        backpressure applies), and not an upgrade."""
         conn = self.conn
         assert conn is not None
+        self.decided = None
         parser = conn.parser
         if conn.answering() or conn.write_paused or parser.should_upgrade():
             return False
-        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive() and not conn.last_answer
-        answer = self._early.refuse(
-            parser.get_method(), conn.url, conn.headers, conn.server_state.default_headers, keep_alive
-        )
-        if answer is None:
+        verdict = self._early.verdict(parser.get_method(), conn.url, conn.headers)
+        if not isinstance(verdict, Refusal):
+            self.decided = verdict
             return False
-        conn.transport.write(answer)
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive() and not conn.last_answer
+        conn.transport.write(self._early.answer(verdict, conn.server_state.default_headers, keep_alive))
         self.discarding, self._keep_alive = True, keep_alive
         # The body it discards gets --read-timeout-s too, as the front gives it.
         conn.set_deadline(conn.loop.time() + conn.read_timeout)

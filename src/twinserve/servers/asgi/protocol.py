@@ -42,6 +42,7 @@ from twinserve.servers.asgi.cycle import Cycle
 from twinserve.servers.http1 import HeadReader, Limits, ParseError
 from twinserve.servers.served import Served
 from twinserve.service.contract import raw_error_response
+from twinserve.service.lifecycle import DECIDED
 
 __all__ = ["HIGH_WATER", "HttpProtocol"]
 
@@ -228,7 +229,8 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
         if parser.should_upgrade() and self._is_websocket():
             self._websocket = True
             return
-        if self.crowd is not None and self.crowd.refused_early():
+        crowd = self.crowd
+        if crowd is not None and crowd.refused_early():
             return
         version = parser.get_http_version()
         method = parser.get_method()
@@ -247,6 +249,9 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
             version != "1.0" and parser.should_keep_alive() and not self.last_answer,
             _EXPECT_CONTINUE in headers,
         )
+        extensions: dict[str, object] = {DISCONNECT_EXTENSION: {"disconnected": cycle.gone, "body": cycle.arrived_body}}
+        if crowd is not None and crowd.decided is not None:  # let in from its head: the app does not decide again
+            extensions[DECIDED] = crowd.decided
         scope = {
             "type": "http",
             "asgi": _ASGI,
@@ -261,7 +266,7 @@ class HttpProtocol(HeadReader, asyncio.Protocol):
             "query_string": query,
             "headers": headers,
             "state": self.app_state.copy(),
-            "extensions": {DISCONNECT_EXTENSION: {"disconnected": cycle.gone, "body": cycle.arrived_body}},
+            "extensions": extensions,
         }
         app = self.app
         limit = self._limit

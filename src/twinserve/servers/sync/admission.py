@@ -18,8 +18,12 @@ request it has read whole (servers/sync/http.py):
   in a loop; with `--max-queue-wait-ms 0` nothing is held, and the backlog's count bound refuses here.
 
 A request let in here (handed over, or released) has waited its turn: the thread that takes it does not refuse it
-for the backlog behind it, which only the requests behind it will wait for. Where the app must see every request
-first (API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds.
+for the backlog behind it, which only the requests behind it will wait for. What the poller decided is decided
+once: the request carries its `Decided` (service/lifecycle.py) to the app, which takes it as made; a request whose
+body is still on its way is decided from its head, once, not again as each piece of its body arrives, nor when it
+is whole. A held request is decided again only at the end of its wait, with that wait counted. Where the app must
+see every request first (API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds, and
+the app decides.
 """
 
 from __future__ import annotations
@@ -75,11 +79,11 @@ class PollerAdmission:
             self._submit(conn, request)  # the common case, a few counter reads: under every bound
             return
         holding = bool(self._admission.backlog.max_wait)
-        backlog = None if holding else self._pool.counted()
-        refusal = self._early.refusal(request.method.encode(), request.target, request.headers, backlog)
-        if refusal is not None:
-            self._answer(conn, request, refusal)
-            return
+        if request.decided is None:  # else decided from its head while its body came (`refusal_from_head`)
+            refusal = self._decide(request, None if holding else self._pool.counted())
+            if refusal is not None:
+                self._answer(conn, request, refusal)
+                return
         level = request.level
         inference = EarlyRefusal.inference(request.method.encode(), request.target)
         if holding and inference and level != QUICK:
@@ -95,11 +99,20 @@ class PollerAdmission:
 
     def refusal_from_head(self, request: Request) -> Refusal | None:
         """While crowded, the refusal of a request whose body is still on its way (fronts/early.py decides from
-        the head alone): answered at once, it never waits for a body it would not act on."""
-        if not self.crowded():
+        the head alone): answered at once, it never waits for a body it would not act on. Let in, it is not asked
+        about again (`Request.decided`)."""
+        if request.decided is not None or not self.crowded():
             return None
-        backlog = None if self._admission.backlog.max_wait else self._pool.counted()
-        return self._early.refusal(request.method.encode(), request.target, request.headers, backlog)
+        return self._decide(request, None if self._admission.backlog.max_wait else self._pool.counted())
+
+    def _decide(self, request: Request, backlog: int | None, spent: float = 0.0) -> Refusal | None:
+        """The request's refusal from its head, else None, its `Decided` (if any: else the app decides) kept for
+        the app."""
+        verdict = self._early.verdict(request.method.encode(), request.target, request.headers, backlog, spent)
+        if isinstance(verdict, Refusal):
+            return verdict
+        request.decided = verdict
+        return None
 
     def _has_room(self, level: int) -> bool:
         """Whether a request at `level` handed over now is within a thread's worth of the next to be taken up."""
@@ -138,7 +151,7 @@ class PollerAdmission:
         held = self._held
         wait = self._admission.backlog.wait_for(level)
         ahead = self._pool.ahead_of(level) + held.ahead_of(level)
-        refusal = self._early.refusal(request.method.encode(), request.target, request.headers, ahead, wait)
+        refusal = self._decide(request, ahead, wait)
         if refusal is not None:
             self._answer(conn, request, refusal)
         elif not self._has_room(level) or held.holds_up_to(level - 1):

@@ -13,7 +13,8 @@ connection back. So a client that trickles its body holds a socket, not a thread
 priority level waiting next (servers/sync/threads.py `LevelledThreadPool`); a request learns how many wait
 behind it when a thread takes it up (the backlog the queue bound weighs, fronts/wsgi.py); and while requests wait
 for a thread, a predict request its model's queue or the backlog refuses is answered by the poller from its head
-(fronts/early.py), byte for byte the answer a thread gives, without costing a thread.
+(fronts/early.py), byte for byte the answer a thread gives, without costing a thread; one it lets in carries that
+decision to the app, which does not decide it again.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from twinserve.servers.sync.response import ResponseWriter
 from twinserve.servers.sync.signals import release
 from twinserve.servers.sync.threads import QUICK, LevelledThreadPool
 from twinserve.service.contract import raw_error_response
+from twinserve.service.lifecycle import DECIDED
 
 __all__ = ["RequestThreadsWorker"]
 
@@ -470,20 +472,16 @@ class RequestThreadsWorker(Worker):  # type: ignore[misc]
             environ = environ_of(request, self._address, conn.peer, self._multiprocess)
             environ["wsgi.input"] = BodyInput(request)
             environ[BACKLOG_ENVIRON] = backlog
-            refusal = self._early.refuse_environ(environ, backlog) if self._early is not None else None
-            if refusal is not None:  # Flask never sees it
-                status, headers, body = front_answer(refusal)
-                writer.start_response(status, headers)
-                writer.write(body)
-            else:
-                result = self.wsgi(environ, writer.start_response)
-                try:
-                    for chunk in result:
-                        writer.write(chunk)
-                finally:
-                    close = getattr(result, "close", None)
-                    if close is not None:
-                        close()
+            if request.decided is not None:  # the poller decided it from its head: the app takes it as made
+                environ[DECIDED] = request.decided
+            result = self.wsgi(environ, writer.start_response)
+            try:
+                for chunk in result:
+                    writer.write(chunk)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
             writer.finish()
         except OSError:
             raise
