@@ -26,7 +26,7 @@ from twinserve.core.bridge import run_coroutine
 from twinserve.core.hooks import model_code
 from twinserve.model import Hook, check_step
 
-__all__ = ["AsyncGeneratorSteps", "AsyncSteps", "GeneratorSteps", "Steps", "ThreadedSteps"]
+__all__ = ["AsyncGeneratorSteps", "AsyncSteps", "GeneratorSteps", "Steps", "ThreadedSteps", "step_or_none"]
 
 
 class Steps(Protocol):
@@ -44,6 +44,14 @@ class AsyncSteps(Protocol):
     def __aiter__(self) -> AsyncSteps: ...
     async def __anext__(self) -> list[Any]: ...
     async def aclose(self) -> None: ...
+
+
+async def step_or_none(steps: AsyncSteps) -> list[Any] | None:
+    """The next step, or None at the end: `next(steps, None)` for the event loop."""
+    try:
+        return await steps.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 _END = object()  # StopIteration cannot travel through futures or coroutines

@@ -30,18 +30,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from twinserve.core.admission import PRIORITY_HEADER, TIMEOUT_HEADER
+from twinserve.core.streams import AsyncSteps
 from twinserve.errors import ClientDisconnected, TwinserveError, UpgradeRequired
 from twinserve.fronts.asgi_lifespan import AsgiLifespan
 from twinserve.fronts.asgi_middleware import CorsMiddleware, TrustedHostsMiddleware
 from twinserve.fronts.asgi_reply import AsgiReply
 from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
-from twinserve.fronts.sse import AsgiEventStream, StreamStart, step_or_none
+from twinserve.fronts.sse import AsgiEventStream
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.protocol.v2 import HEADER_LENGTH
 from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
-from twinserve.service.drive import adecoded, ainfer
+from twinserve.service.drive import StreamStart, ainfer, astreamed
 from twinserve.service.exchange import Exchange
 from twinserve.service.lifecycle import DECIDED, BodyRule, Decided, RequestHead
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
@@ -112,7 +113,7 @@ _HEAD = "twinserve.head"
 #: What a handler answers: a complete reply, or a stream (fronts/sse.py), each sent by calling it as ASGI.
 Answer = Callable[[Scope, Receive, Send], Awaitable[None]]
 Handler = Callable[[Request], Awaitable[Answer]]
-Endpoint = Callable[[Request, Exchange], Awaitable[Reply | StreamStart]]
+Endpoint = Callable[[Request, Exchange], Awaitable[Reply | StreamStart[AsyncSteps]]]
 
 
 WebSocketEndpoint = Callable[[WebSocket], Awaitable[None]]
@@ -264,16 +265,10 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         the endpoint's own (no coroutine of its own around it: one frame fewer each time the request resumes)."""
         return ainfer(exchange, request_head(request, exchange), request, _read_body, predict_unless_gone)
 
-    async def stream(request: Request, exchange: Exchange) -> StreamStart:
-        runtime, instances = await adecoded(exchange, request_head(request, exchange), request, _read_body)
-        steps = await runtime.astream(instances, exchange.deadline)
-        try:
-            # Errors up to the first step are answered like :predict's, with their status and JSON body.
-            first = await unless_disconnected(request, step_or_none(steps))
-        except BaseException:
-            await steps.aclose()
-            raise
-        return StreamStart(runtime, steps, first, len(instances))
+    def stream(request: Request, exchange: Exchange) -> Awaitable[StreamStart[AsyncSteps]]:
+        """`:stream`, up to its first step, which is waited for only while the client is there (service/drive.py);
+        the rest is `AsgiEventStream`'s."""
+        return astreamed(exchange, request_head(request, exchange), request, _read_body, unless_disconnected)
 
     def plain(handler: Callable[[], Reply]) -> Endpoint:
         async def endpoint(request: Request, exchange: Exchange) -> Reply:
@@ -375,7 +370,6 @@ def _handled(service: Service, name: str, endpoint: Endpoint, shape: ErrorShape 
             exchange.authenticate(headers, _client(request.scope))
             answer = await endpoint(request, exchange)
             if isinstance(answer, StreamStart):
-                service.first_chunk(exchange.context, answer.runtime.name)
                 return AsgiEventStream(exchange, answer)  # it closes the exchange
             reply = exchange.reply(answer)
         except Exception as exc:

@@ -293,21 +293,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             exchange.authenticate(metadata, _peer(context))
             call = _Call(self, request, context)
             head = self._head(metadata, request)
-            runtime, instances = await drive.adecoded_message(exchange, head, call, _framed)
-            if not runtime.spec.streams:
-                message = await drive.aencoded_message(exchange, call, runtime, instances, _predict)
+            # One message, or one per step of a streaming model: their order and encoding are the driver's.
+            async for message in drive.ainfer_messages(exchange, head, call, _framed, _predict, _stream):
                 yield pb.ModelStreamInferResponse(infer_response=response_message(*message))
-                return
-            first = True
-            async for step in self.stream(runtime, instances, exchange.deadline):
-                if first:
-                    self.service.first_chunk(exchange.context, runtime.name)
-                    first = False
-                # ModelInfer collects a stream: each instance's output is the list of its chunks. A step is then a
-                # slice of that output, one chunk per instance, with the tensors ModelMetadata describes.
-                chunks = [[chunk] for chunk in step]
-                yield pb.ModelStreamInferResponse(infer_response=_encoded(exchange, chunks))
-            exchange.succeeded()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -339,9 +327,11 @@ def _predict(call: _Call, runtime: ModelRuntime, instances: list[Any], deadline:
     return call.servicer.predict(runtime, instances, deadline)
 
 
-def _encoded(exchange: Exchange, outputs: Any) -> pb.ModelInferResponse:
-    """The reply as the V2 codec gives it, as its protobuf message: no JSON between (protocol/oip/messages.py)."""
-    return response_message(*exchange.encode_message(outputs))
+def _stream(
+    call: _Call, runtime: ModelRuntime, instances: list[Any], deadline: float | None
+) -> AsyncIterator[list[Any]]:
+    """The servicer's way of stepping a streaming model (on the loop, or each step on a worker thread)."""
+    return call.servicer.stream(runtime, instances, deadline)
 
 
 async def astream(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> AsyncIterator[list[Any]]:

@@ -1,9 +1,10 @@
 """Server-Sent Events: how `:stream` frames a streaming model's steps, and the response of one stream per front.
 
 Each step is `data: {"predictions": [chunk per instance]}`, then `event: end` (or `event: error` with the JSON
-error body, when the stream fails after its first step was sent). Errors before the first step are answered
-like `:predict`'s, with their status and JSON body, by the front. A stream's exchange stays open until its last
-event: each response here closes it, exactly once, after closing the model's generator.
+error body, when the stream fails after its first step was sent). Everything up to the first step is the driver's
+(service/drive.py `astreamed` / `streamed`: errors answered like `:predict`'s, the time to first chunk noted); the
+responses here write the steps from the first on. A stream's exchange stays open until its last event: each
+response here closes it, exactly once, after closing the model's generator.
 
 A client that stops reading would hold its stream, and in hybrid the model worker computing it, for as long as its
 connection lasts: the event loop's writes wait for the socket to drain. So each event must be taken within
@@ -19,10 +20,10 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from twinserve.core.runtime import ModelRuntime
-from twinserve.core.streams import AsyncSteps, Steps
+from twinserve.core.streams import AsyncSteps, Steps, step_or_none
 from twinserve.errors import ClientDisconnected, TwinserveError, error_payload
 from twinserve.protocol.v1 import dumps
+from twinserve.service.drive import StreamStart
 from twinserve.service.exchange import Exchange
 from twinserve.service.reply import Reply
 from twinserve.service.response import header_fields
@@ -35,12 +36,10 @@ __all__ = [
     "SSE_END",
     "SSE_HEADERS",
     "AsgiEventStream",
-    "StreamStart",
     "WsgiEventStream",
     "client_left",
     "sse_error",
     "sse_step",
-    "step_or_none",
 ]
 
 logger = logging.getLogger("twinserve.sse")
@@ -63,25 +62,11 @@ def sse_error(error: TwinserveError, request_id: str) -> bytes:
     return b"event: error\ndata: " + dumps(error_payload(error, request_id)) + b"\n\n"
 
 
-class StreamStart:
-    """What a `:stream` endpoint hands its front: a stream whose first step is ready (None: it had none)."""
-
-    def __init__(self, runtime: ModelRuntime, steps: AsyncSteps, first: list[Any] | None, expected: int) -> None:
-        self.runtime, self.steps, self.first, self.expected = runtime, steps, first, expected
-
-
-async def step_or_none(steps: AsyncSteps) -> list[Any] | None:
-    try:
-        return await steps.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
 class AsgiEventStream:
     """The ASGI response of one stream: SSE events as the steps come, while the client is there; closes the
     generator, then the exchange (which counts the request once), at the end."""
 
-    def __init__(self, exchange: Exchange, start: StreamStart) -> None:
+    def __init__(self, exchange: Exchange, start: StreamStart[AsyncSteps]) -> None:
         self.exchange, self.start = exchange, start
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -150,9 +135,9 @@ class WsgiEventStream:
     """The response body of one stream: SSE events written as the steps come; `close()` (always called by the
     WSGI server, even if the body was never iterated) closes the generator, then the exchange, once."""
 
-    def __init__(self, exchange: Exchange, steps: Steps, first: list[Any] | None, expected: int) -> None:
-        self.exchange, self.steps = exchange, steps
-        self.first, self.expected = first, expected
+    def __init__(self, exchange: Exchange, start: StreamStart[Steps]) -> None:
+        self.exchange, self.steps = exchange, start.steps
+        self.first, self.expected = start.first, start.expected
         self.closed = False
 
     def __iter__(self) -> Iterator[bytes]:

@@ -124,18 +124,11 @@ def create_wsgi_app(service: Service) -> Flask:
         return _respond(drive.infer(exchange, request_head(exchange, model, version), request, _read_body, _predict))
 
     def stream(model: str) -> Response:
+        """`:stream`: up to its first step in the driver (service/drive.py), the rest written by `WsgiEventStream`."""
         exchange = _exchange()
-        runtime, instances = drive.decoded(exchange, request_head(exchange, model), request, _read_body)
-        steps = runtime.stream(instances, exchange.deadline)
-        try:
-            # Errors up to the first step are answered like :predict's, with their status and JSON body.
-            first = next(steps, None)
-        except BaseException:
-            steps.close()
-            raise
-        service.first_chunk(exchange.context, runtime.name)
+        start = drive.streamed(exchange, request_head(exchange, model), request, _read_body)
         g.streaming = True  # the exchange closes when the stream ends, not when the response starts
-        body = WsgiEventStream(exchange, steps, first, exchange.instances)
+        body = WsgiEventStream(exchange, start)
         return Response(body, status=200, content_type=EVENT_STREAM, headers=SSE_HEADERS)
 
     def websocket(model: str) -> Response:

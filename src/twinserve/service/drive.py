@@ -4,16 +4,28 @@ content, decode it, predict, encode. The front gives its own I/O as functions an
 
 Three shapes of the same order, by what the transport hands the server:
 
-- a body to read (fronts/asgi.py, fronts/wsgi.py: `ainfer` / `infer`, and `adecoded` / `decoded` for a stream):
-  admit (after waiting for a loading model), read the body, decode it with the endpoint's codec, predict, encode
-  the reply. An async twin and a blocking one, the same steps;
-- a message its transport has already framed (fronts/grpc.py: `ainfer_message`, and `adecoded_message` then
-  `aencoded_message` for the stream RPC, which looks at the admitted model before it predicts): admit at once (a
-  model still loading is refused, not waited for), take the message (the front may tighten the deadline by its
-  transport's own here), decode it with the V2 codec without JSON between, predict, encode it as a message;
+- a body to read (fronts/asgi.py, fronts/wsgi.py: `ainfer` / `infer`): admit (after waiting for a loading
+  model), read the body, decode it with the endpoint's codec, predict, encode the reply. An async twin and a
+  blocking one, the same steps;
+- a message its transport has already framed (fronts/grpc.py: `ainfer_message`, and `ainfer_messages` for the
+  stream RPC): admit at once (a model still loading is refused, not waited for), take the message (the front may
+  tighten the deadline by its transport's own here), decode it with the V2 codec without JSON between, predict,
+  encode it as a message;
 - a message decoded first (fronts/websocket.py: `ainfer_decoded_first`): the request id is inside the message,
   so the message is decoded before its exchange can open, and a message the codec refuses fails before it is
   admitted (nothing charged to the rate limit, no model entered). Then open, admit, predict, encode.
+
+A streaming model (`spec.streams`) takes the same steps up to predict, then its steps instead of one prediction:
+
+- over a body to read (`:stream`: `astreamed` / `streamed`): admit, read, decode, open the model's steps, take
+  the first (the async front waits for it only while its client is there, through the function it gives). Errors
+  up to the first step are answered like `:predict`'s, with their status and JSON body, and the steps are closed
+  here when taking the first one fails. The first step is noted (`Exchange.first_step`: the time to first chunk)
+  and the stream handed back as a `StreamStart`, whose remaining steps the front's event-stream writer
+  (fronts/sse.py) writes as they come, then closes, with the exchange;
+- as framed messages (gRPC's stream RPC: `ainfer_messages`): one encoded message for a model that does not
+  stream, one per step for one that does (each step a slice of `ModelInfer`'s output: one chunk per instance),
+  the first step noted as it comes, the exchange answered at the end. The front only sends them, or the failure.
 
 The I/O is passed as module-level functions and the front's own request object, so that driving an HTTP request
 allocates nothing of its own.
@@ -21,10 +33,12 @@ allocates nothing of its own.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from twinserve.core.runtime import ModelRuntime
+from twinserve.core.streams import AsyncSteps, Steps, step_or_none
 from twinserve.service.exchange import Exchange
 from twinserve.service.lifecycle import BodyRule, RequestHead
 from twinserve.service.reply import Reply
@@ -32,24 +46,47 @@ from twinserve.service.reply import Reply
 __all__ = [
     "Encoded",
     "Framed",
+    "Step",
+    "StreamStart",
     "adecoded",
     "adecoded_message",
     "aencoded_message",
     "ainfer",
     "ainfer_decoded_first",
     "ainfer_message",
+    "ainfer_messages",
+    "astreamed",
     "decoded",
     "infer",
+    "streamed",
 ]
 
 S = TypeVar("S")
 R = TypeVar("R")
+#: A stream's steps: `AsyncSteps` on the event loop, `Steps` in a request thread.
+T = TypeVar("T", AsyncSteps, Steps)
 
 #: A V2 request framed by its transport: (the V2 header's object, its tensors' data), as `Exchange.decode_message`
 #: reads it.
 Framed = tuple[Any, bytes]
 #: A V2 reply as a message: (the V2 reply header's object, its outputs' data), as `Exchange.encode_message` gives it.
 Encoded = tuple[dict[str, Any], list[bytes]]
+#: A step, or None at the stream's end.
+Step = list[Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart(Generic[T]):
+    """A `:stream` request whose first step is ready, as its front's event-stream writer takes it."""
+
+    #: The admitted model.
+    runtime: ModelRuntime
+    #: Its steps after the first: the writer steps them, then closes them (and the exchange).
+    steps: T
+    #: The first step (None: the stream had none).
+    first: Step
+    #: How many instances each step answers (one chunk each).
+    expected: int
 
 
 # -- a body to read --------------------------------------------------------------------------------------------
@@ -95,6 +132,42 @@ def infer(
     return exchange.encode(predict(source, runtime, instances, exchange.deadline))
 
 
+async def astreamed(
+    exchange: Exchange,
+    head: RequestHead,
+    source: S,
+    body: Callable[[S, BodyRule], Awaitable[bytes]],
+    wait: Callable[[S, Coroutine[Any, Any, Step]], Awaitable[Step]],
+) -> StreamStart[AsyncSteps]:
+    """A `:stream` request on the event loop, up to its first step: admit, read, decode, open the model's steps and
+    take the first, awaited through `wait` (the async front's: unless the client leaves first)."""
+    runtime, instances = await adecoded(exchange, head, source, body)
+    steps = await runtime.astream(instances, exchange.deadline)
+    try:
+        first = await wait(source, step_or_none(steps))
+    except BaseException:  # a cancelled wait too (the server stopping): the model's generator must not stay open
+        await steps.aclose()
+        raise
+    exchange.first_step()
+    return StreamStart(runtime, steps, first, len(instances))
+
+
+def streamed(
+    exchange: Exchange, head: RequestHead, source: S, body: Callable[[S, BodyRule], bytes]
+) -> StreamStart[Steps]:
+    """`astreamed`, blocking (the sync front's request thread: its client's leaving shows only as a failed
+    write, once the steps are being written)."""
+    runtime, instances = decoded(exchange, head, source, body)
+    steps = runtime.stream(instances, exchange.deadline)
+    try:
+        first = next(steps, None)
+    except BaseException:
+        steps.close()
+        raise
+    exchange.first_step()
+    return StreamStart(runtime, steps, first, len(instances))
+
+
 # -- a message already framed ------------------------------------------------------------------------------------
 async def adecoded_message(
     exchange: Exchange, head: RequestHead, source: S, message: Callable[[S, Exchange], Framed]
@@ -128,6 +201,29 @@ async def ainfer_message(
     """One inference request its transport framed, from its head to its reply message."""
     runtime, instances = await adecoded_message(exchange, head, source, message)
     return await aencoded_message(exchange, source, runtime, instances, predict)
+
+
+async def ainfer_messages(
+    exchange: Exchange,
+    head: RequestHead,
+    source: S,
+    message: Callable[[S, Exchange], Framed],
+    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    stream: Callable[[S, ModelRuntime, list[Any], float | None], AsyncIterator[list[Any]]],
+) -> AsyncIterator[Encoded]:
+    """The messages answering one request of a stream RPC: `ainfer_message`'s one for a model that does not
+    stream; one per step for one that does (`stream` steps it, and closes its steps however it ends), the first
+    step noted as it comes, the exchange answered once the steps end. A failure raises, for the front to send."""
+    runtime, instances = await adecoded_message(exchange, head, source, message)
+    if not runtime.spec.streams:
+        yield await aencoded_message(exchange, source, runtime, instances, predict)
+        return
+    async for step in stream(source, runtime, instances, exchange.deadline):
+        exchange.first_step()  # noted once: the later steps' calls do nothing
+        # ModelInfer collects a stream: each instance's output is the list of its chunks. A step is then a slice of
+        # that output, one chunk per instance, with the tensors ModelMetadata describes.
+        yield exchange.encode_message([[chunk] for chunk in step])
+    exchange.succeeded()
 
 
 # -- a message decoded first -------------------------------------------------------------------------------------

@@ -20,10 +20,11 @@ order, whatever the transport:
 5. **close**: the request is logged, counted and traced, and leaves the in-flight gauge, once, whatever happened.
    An exchange closed before it was answered was left by its client: 499.
 
-A front only moves bytes and blocks or awaits; a stream's exchange stays open until its last event. The steps
-are the exchange's `Stage`s (service/lifecycle.py): each step is one move, checked against the moves its stage
-allows, so a front cannot decode before it admits, admit twice, or touch an exchange already closed. Admission
-reads one `RequestHead`, built by the front once per request from its own headers.
+A front only moves bytes and blocks or awaits; a stream's exchange stays open until its last event, and its first
+step is noted here once (`first_step`, the time to first chunk), not by a stage: the stream is answered only when
+it ends. The steps are the exchange's `Stage`s (service/lifecycle.py): each step is one move, checked against the
+moves its stage allows, so a front cannot decode before it admits, admit twice, or touch an exchange already
+closed. Admission reads one `RequestHead`, built by the front once per request from its own headers.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class Exchange:
         "_instances",
         "_lenient",
         "_shadow",
+        "_stepped",
         "_threaded",
         "context",
         "deadline",
@@ -174,6 +176,8 @@ class Exchange:
         self._columnar = False
         #: Whether a request thread took it from a backlog (the sync front): its time feeds the backlog's estimate.
         self._threaded = False
+        #: Whether a stream's first step was noted (`first_step`): its time to first step is observed once.
+        self._stepped = False
         #: Where it is in its life (service/lifecycle.py); it moves only as `MOVES` allows.
         self.stage = Stage.OPEN
         # Health probes and scrapes are not work: counted, a scrape would read itself, and an HPA scaling on the
@@ -426,6 +430,15 @@ class Exchange:
     def fail(self, exc: BaseException) -> Reply:
         """The error reply for `exc`: its status, code and body, the same in every front."""
         return error_reply(self.failed(exc), self.request_id, self.shape)
+
+    def first_step(self) -> None:
+        """Note that a stream's first step is ready: its time to first step (`Service.first_chunk`, by the admitted
+        model) is observed now, once, however often a driver says so (service/drive.py). No move: the stream is
+        answered when it ends (`succeeded`), or failed."""
+        if self._stepped:
+            return
+        self._stepped = True
+        self.service.first_chunk(self.context, self._runtime().name)
 
     def succeeded(self) -> None:
         """Record a 200 answered piecemeal (a stream that reached its end): -> ANSWERED."""

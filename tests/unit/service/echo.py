@@ -1,4 +1,5 @@
-"""A real `Service` over one loaded Echo model, for the IO-free tests of the service (no socket, no app)."""
+"""A real `Service` over one loaded model (Echo, unless told another of tests/models.py), for the IO-free tests of
+the service (no socket, no app)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from twinserve.service.contract import Service
 
 
 @contextmanager
-def echo_service(name: str, **settings: Any) -> Iterator[Service]:
-    """The service of a sync server of the Echo model under `name`, with `settings` in its Config."""
-    config = Config(arch="sync", models=[model_path("Echo")], **settings)
-    runtime = ModelRuntime(model_path("Echo"), config, name=name)
+def echo_service(name: str, model: str = "Echo", **settings: Any) -> Iterator[Service]:
+    """The service of a sync server of `model` (Echo) under `name`, with `settings` in its Config."""
+    config = Config(arch="sync", models=[model_path(model)], **settings)
+    runtime = ModelRuntime(model_path(model), config, name=name)
     runtime.load()
     try:
         yield Service({name: runtime}, config)

@@ -1,19 +1,20 @@
 """The one order of an inference request's steps (service/drive.py), driven as a front drives it, with the I/O a
-front would give: a body that has arrived, and the model's predict waited for on a thread or in place. Over a real
-`Service` and a loaded model; no socket, no app."""
+front would give: a body that has arrived, and the model's predict waited for on a thread or in place, or its
+steps handed as they come. Over a real `Service` and a loaded model; no socket, no app."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.unit.service.echo import echo_service
 from twinserve.core.runtime import ModelRuntime
-from twinserve.errors import PayloadTooLarge
+from twinserve.errors import ClientDisconnected, PayloadTooLarge
 from twinserve.service import drive
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange
@@ -169,3 +170,179 @@ def test_a_message_decoded_first_opens_its_exchange_only_once_decoded(service: S
     with pytest.raises(PayloadTooLarge):
         _decoded_first(refused)
     assert (refused.steps, refused.exchange) == (["decode"], None)  # refused before it was admitted, or opened
+
+
+# -- a streaming model -------------------------------------------------------------------------------------------
+STREAM = "drive-stream"
+
+
+@pytest.fixture(scope="module")
+def streaming() -> Iterator[Service]:
+    """A streaming model (its first step the instances in upper case, then it raises)."""
+    with echo_service(STREAM, model="LeakyStream") as service:
+        yield service
+
+
+class _Steps:
+    """A model's steps as a driver is handed them, in both shapes: the step at `fail_at` raises; closing is
+    counted, and so is what was taken."""
+
+    def __init__(self, steps: list[list[Any]], fail_at: int | None = None) -> None:
+        self._steps, self._fail_at = steps, fail_at
+        self.taken = self.closed = 0
+
+    def __iter__(self) -> _Steps:
+        return self
+
+    def __next__(self) -> list[Any]:
+        if self.taken == self._fail_at:
+            raise RuntimeError(f"step {self.taken} failed")
+        if self.taken == len(self._steps):
+            raise StopIteration
+        self.taken += 1
+        return self._steps[self.taken - 1]
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def __aiter__(self) -> _Steps:
+        return self
+
+    async def __anext__(self) -> list[Any]:
+        try:
+            return next(self)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+def _handing(monkeypatch: pytest.MonkeyPatch, service: Service, steps: _Steps) -> None:
+    """The streaming model's runtime hands `steps`, in either shape, whatever it is asked."""
+    runtime = service.runtimes[STREAM]
+
+    async def astream(instances: list[Any], deadline: float | None = None) -> _Steps:
+        return steps
+
+    monkeypatch.setattr(runtime, "stream", lambda instances, deadline=None: steps)
+    monkeypatch.setattr(runtime, "astream", astream)
+
+
+def _stream_exchange(service: Service) -> Exchange:
+    return Exchange.open(service, "stream", "POST", f"/v1/models/{STREAM}:stream", {}, None, model=STREAM)
+
+
+STREAM_BODY = orjson.dumps({"instances": ["x", "y"]})
+STREAM_HEAD = RequestHead("stream", STREAM, content_type="application/json", content_length=len(STREAM_BODY))
+
+
+def _first_chunks() -> float:
+    """How many times the streaming model's time to first chunk was observed."""
+    return REGISTRY.get_sample_value("twinserve_time_to_first_chunk_seconds_count", {"model": STREAM}) or 0.0
+
+
+async def _waited(source: list[str], step: Coroutine[Any, Any, drive.Step]) -> drive.Step:
+    """The async front's wait on the first step (there: unless the client leaves), recording that it waited."""
+    source.append("waited")
+    return await step
+
+
+def test_a_stream_is_driven_to_its_first_step_which_is_noted_once(
+    streaming: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _first_chunks()
+    blocking = _stream_exchange(streaming)
+    start = drive.streamed(blocking, STREAM_HEAD, STREAM_BODY, _arrived)  # the model's own generator
+    assert (start.runtime.name, start.first, start.expected) == (STREAM, ["X", "Y"], 2)
+    assert blocking.stage is Stage.DECODED  # answered by its writer, once the steps end
+    assert _first_chunks() == before + 1
+    blocking.first_step()  # said again (a writer, a later step): still observed once
+    assert _first_chunks() == before + 1
+    start.steps.close()
+    blocking.close()
+
+    steps = _Steps([["a", "b"], ["c", "d"]])
+    _handing(monkeypatch, streaming, steps)
+    awaited, source = _stream_exchange(streaming), ["body"]
+    astart = asyncio.run(drive.astreamed(awaited, STREAM_HEAD, source, _source_body, _waited))
+    assert (astart.first, astart.expected, astart.steps is steps) == (["a", "b"], 2, True)
+    assert (steps.taken, steps.closed, source) == (1, 0, ["body", "waited"])  # the rest is the writer's to step
+    assert _first_chunks() == before + 2
+    awaited.close()
+
+
+async def _source_body(source: list[str], rule: BodyRule) -> bytes:
+    return rule.whole(STREAM_BODY)
+
+
+def test_the_steps_are_closed_when_taking_the_first_one_fails(
+    streaming: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _first_chunks()
+    steps = _Steps([["a", "b"]], fail_at=0)
+    _handing(monkeypatch, streaming, steps)
+    blocking = _stream_exchange(streaming)
+    with pytest.raises(RuntimeError, match="step 0 failed") as caught:
+        drive.streamed(blocking, STREAM_HEAD, STREAM_BODY, _arrived)
+    assert steps.closed == 1
+    assert blocking.fail(caught.value).status == 500  # answered like :predict's error, by the front
+    blocking.close()
+
+    awaited = _stream_exchange(streaming)
+    with pytest.raises(RuntimeError, match="step 0 failed"):
+        asyncio.run(drive.astreamed(awaited, STREAM_HEAD, ["body"], _source_body, _waited))
+    assert steps.closed == 2
+    awaited.close()
+
+    async def left(source: list[str], step: Coroutine[Any, Any, drive.Step]) -> drive.Step:
+        step.close()  # never awaited: its client left first
+        raise ClientDisconnected("gone")
+
+    unanswered = _stream_exchange(streaming)
+    with pytest.raises(ClientDisconnected):
+        asyncio.run(drive.astreamed(unanswered, STREAM_HEAD, ["body"], _source_body, left))
+    assert (steps.closed, steps.taken) == (3, 0)
+    unanswered.close()
+    assert _first_chunks() == before  # no first step: nothing observed
+
+
+async def _messages(messages: AsyncIterator[drive.Encoded]) -> list[drive.Encoded]:
+    return [message async for message in messages]
+
+
+def _not_streamed(seen: list[Stage], runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> Any:
+    raise AssertionError("a model that does not stream is predicted, not stepped")
+
+
+def test_a_stream_rpc_answers_one_message_or_one_per_step(streaming: Service, service: Service) -> None:
+    single = _infer_exchange(service)
+    head = RequestHead("infer", MODEL)
+    one = asyncio.run(_messages(drive.ainfer_messages(single, head, [], _framed, _apredict_seen, _not_streamed)))
+    assert [[(o["name"], o["data"]) for o in header["outputs"]] for header, _ in one] == [[("output", ['"x"', '"y"'])]]
+    assert single.stage is Stage.ANSWERED
+    single.close()
+
+    async def stepped(
+        seen: list[Stage], runtime: ModelRuntime, instances: list[Any], deadline: float | None
+    ) -> AsyncIterator[list[Any]]:
+        seen.append(exchange.stage)
+        for step in (["a", "b"], ["c", "d"], ["e", "f"]):
+            yield step
+
+    before = _first_chunks()
+    exchange = _stream_rpc_exchange(streaming)
+    seen: list[Stage] = []
+    head = RequestHead("infer", STREAM)
+    steps = asyncio.run(_messages(drive.ainfer_messages(exchange, head, seen, _framed, _apredict_seen, stepped)))
+    # Each step a slice of ModelInfer's output: one chunk per instance.
+    assert [[(o["shape"], o["data"]) for o in header["outputs"]] for header, _ in steps] == [
+        [([2, 1], data)] for data in (["a", "b"], ["c", "d"], ["e", "f"])
+    ]
+    assert seen == [Stage.ADMITTED, Stage.DECODED]  # taken, then stepped once decoded
+    assert (exchange.stage, exchange.status, _first_chunks()) == (Stage.ANSWERED, 200, before + 1)
+    exchange.close()
+
+
+def _stream_rpc_exchange(service: Service) -> Exchange:
+    return Exchange.open(service, "infer", "GRPC", f"/v2/models/{STREAM}/infer", {}, None, model=STREAM)
