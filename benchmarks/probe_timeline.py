@@ -26,7 +26,7 @@ from twinserve.lab.servers import announced_url
 
 PERIOD_S = 0.1
 #: The model: the built-in iris example, whose load first sleeps as long as asked.
-SLOW_MODEL = '''
+SLOW_MODEL = """
 import os, time
 from twinserve.examples.tabular import Classifier
 
@@ -34,7 +34,7 @@ class SlowIris(Classifier):
     def load(self) -> None:
         time.sleep(float(os.environ["SLOW_LOAD_S"]))
         super().load()
-'''
+"""
 
 
 def _state(client: httpx.Client, url: str | None) -> str:
