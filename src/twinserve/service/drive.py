@@ -20,9 +20,9 @@ A streaming model (`spec.streams`) takes the same steps up to predict, then its 
 - over a body to read (`:stream`: `astreamed` / `streamed`): admit, read, decode, open the model's steps, take
   the first (the async front waits for it only while its client is there, through the function it gives). Errors
   up to the first step are answered like `:predict`'s, with their status and JSON body, and the steps are closed
-  here when taking the first one fails. The first step is noted (`Exchange.first_step`: the time to first chunk)
-  and the stream handed back as a `StreamStart`, whose remaining steps the front's event-stream writer
-  (fronts/sse.py) writes as they come, then closes, with the exchange;
+  here when taking the first one fails. The first step, if any, is noted (`Exchange.first_step`: the time to
+  first chunk) and the stream handed back as a `StreamStart`, whose remaining steps the front's event-stream
+  writer (fronts/sse.py) writes as they come, then closes, with the exchange;
 - as framed messages (gRPC's stream RPC: `ainfer_messages`): one encoded message for a model that does not
   stream, one per step for one that does (each step a slice of `ModelInfer`'s output: one chunk per instance),
   the first step noted as it comes, the exchange answered at the end. The front only sends them, or the failure.
@@ -148,7 +148,8 @@ async def astreamed(
     except BaseException:  # a cancelled wait too (the server stopping): the model's generator must not stay open
         await steps.aclose()
         raise
-    exchange.first_step()
+    if first is not None:  # a stream with no step has no time to its first (as over gRPC)
+        exchange.first_step()
     return StreamStart(runtime, steps, first, len(instances))
 
 
@@ -164,7 +165,8 @@ def streamed(
     except BaseException:
         steps.close()
         raise
-    exchange.first_step()
+    if first is not None:  # a stream with no step has no time to its first (as over gRPC)
+        exchange.first_step()
     return StreamStart(runtime, steps, first, len(instances))
 
 

@@ -271,6 +271,12 @@ def test_a_stream_is_driven_to_its_first_step_which_is_noted_once(
     assert _first_chunks() == before + 2
     awaited.close()
 
+    _handing(monkeypatch, streaming, _Steps([]))
+    empty = _stream_exchange(streaming)
+    assert asyncio.run(drive.astreamed(empty, STREAM_HEAD, ["body"], _source_body, _waited)).first is None
+    assert _first_chunks() == before + 2  # no step: no time to a first one (as over gRPC)
+    empty.close()
+
 
 async def _source_body(source: list[str], rule: BodyRule) -> bytes:
     return rule.whole(STREAM_BODY)
