@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -69,7 +70,7 @@ M = TypeVar("M")
 #: How a front's predict waits: (runtime, instances, deadline) -> outputs.
 Predict = Callable[[ModelRuntime, list[Any], float | None], Awaitable[list[Any]]]
 #: How a front steps a streaming model: (runtime, instances, deadline) -> its steps.
-Stream = Callable[[ModelRuntime, list[Any], float | None], AsyncIterator[list[Any]]]
+Stream = Callable[[ModelRuntime, list[Any], float | None], AsyncGenerator[list[Any], None]]
 
 #: HTTP status -> gRPC status. 429 (a rate limit, a key's own limit, a locked-out address) is RESOURCE_EXHAUSTED:
 #: the client asked for more than its share and should back off; 503 (queue full, loading, draining, a worker
@@ -280,12 +281,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await context.abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED, f"no message on this stream for {idle:g} s (--read-timeout-s)"
                 )
-            async for response in self._streamed(request, context):
-                yield response
+            async with aclosing(self._streamed(request, context)) as responses:  # see `_streamed`
+                async for response in responses:
+                    yield response
 
     async def _streamed(
         self, request: pb.ModelInferRequest, context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
         path = f"/v2/models/{request.model_name}/infer"
         metadata = _Metadata(context)
         exchange = self._open(context, metadata, "infer", path, request.model_name)
@@ -293,9 +295,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             exchange.authenticate(metadata, _peer(context))
             call = _Call(self, request, context)
             head = self._head(metadata, request)
-            # One message, or one per step of a streaming model: their order and encoding are the driver's.
-            async for message in drive.ainfer_messages(exchange, head, call, _framed, _predict, _stream):
-                yield pb.ModelStreamInferResponse(infer_response=response_message(*message))
+            # One message, or one per step of a streaming model: their order and encoding are the driver's. Each
+            # generator closes the one it iterates (`aclosing`): an RPC cancelled while a response is being sent
+            # leaves them at a `yield`, and the model's steps would close only as asyncio finalised each in turn.
+            messages = drive.ainfer_messages(exchange, head, call, _framed, _predict, _stream)
+            async with aclosing(messages):
+                async for message in messages:
+                    yield pb.ModelStreamInferResponse(infer_response=response_message(*message))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -329,12 +335,14 @@ def _predict(call: _Call, runtime: ModelRuntime, instances: list[Any], deadline:
 
 def _stream(
     call: _Call, runtime: ModelRuntime, instances: list[Any], deadline: float | None
-) -> AsyncIterator[list[Any]]:
+) -> AsyncGenerator[list[Any], None]:
     """The servicer's way of stepping a streaming model (on the loop, or each step on a worker thread)."""
     return call.servicer.stream(runtime, instances, deadline)
 
 
-async def astream(runtime: ModelRuntime, instances: list[Any], deadline: float | None) -> AsyncIterator[list[Any]]:
+async def astream(
+    runtime: ModelRuntime, instances: list[Any], deadline: float | None
+) -> AsyncGenerator[list[Any], None]:
     """A streaming model's steps on the event loop (async, hybrid)."""
     steps = await runtime.astream(instances, deadline)
     try:
@@ -346,7 +354,7 @@ async def astream(runtime: ModelRuntime, instances: list[Any], deadline: float |
 
 async def stream_on_threads(
     runtime: ModelRuntime, instances: list[Any], deadline: float | None
-) -> AsyncIterator[list[Any]]:
+) -> AsyncGenerator[list[Any], None]:
     """A streaming model's steps from its blocking generator, each stepped on a worker thread (sync)."""
     steps = await asyncio.to_thread(runtime.stream, instances, deadline)
     try:

@@ -33,7 +33,8 @@ allocates nothing of its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -211,8 +212,8 @@ async def ainfer_messages(
     source: S,
     message: Callable[[S, Exchange], Framed],
     predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
-    stream: Callable[[S, ModelRuntime, list[Any], float | None], AsyncIterator[list[Any]]],
-) -> AsyncIterator[Encoded]:
+    stream: Callable[[S, ModelRuntime, list[Any], float | None], AsyncGenerator[list[Any], None]],
+) -> AsyncGenerator[Encoded, None]:
     """The messages answering one request of a stream RPC: `ainfer_message`'s one for a model that does not
     stream; one per step for one that does (`stream` steps it, and closes its steps however it ends), the first
     step noted as it comes, the exchange answered once the steps end. A failure raises, for the front to send."""
@@ -220,11 +221,14 @@ async def ainfer_messages(
     if not runtime.spec.streams:
         yield await aencoded_message(exchange, source, runtime, instances, predict)
         return
-    async for step in stream(source, runtime, instances, exchange.deadline):
-        exchange.first_step()  # noted once: the later steps' calls do nothing
-        # ModelInfer collects a stream: each instance's output is the list of its chunks. A step is then a slice of
-        # that output, one chunk per instance, with the tensors ModelMetadata describes.
-        yield exchange.encode_message([[chunk] for chunk in step])
+    # Closed here however this generator ends: left at a `yield` (its RPC cancelled while a message was being
+    # sent), the model's steps would close only once asyncio finalised the generators in turn.
+    async with aclosing(stream(source, runtime, instances, exchange.deadline)) as steps:
+        async for step in steps:
+            exchange.first_step()  # noted once: the later steps' calls do nothing
+            # ModelInfer collects a stream: each instance's output is the list of its chunks. A step is then a
+            # slice of that output, one chunk per instance, with the tensors ModelMetadata describes.
+            yield exchange.encode_message([[chunk] for chunk in step])
     exchange.succeeded()
 
 

@@ -5,7 +5,7 @@ steps handed as they come. Over a real `Service` and a loaded model; no socket, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import orjson
@@ -331,7 +331,7 @@ def test_a_stream_rpc_answers_one_message_or_one_per_step(streaming: Service, se
 
     async def stepped(
         seen: list[Stage], runtime: ModelRuntime, instances: list[Any], deadline: float | None
-    ) -> AsyncIterator[list[Any]]:
+    ) -> AsyncGenerator[list[Any], None]:
         seen.append(exchange.stage)
         for step in (["a", "b"], ["c", "d"], ["e", "f"]):
             yield step
@@ -348,6 +348,32 @@ def test_a_stream_rpc_answers_one_message_or_one_per_step(streaming: Service, se
     assert seen == [Stage.ADMITTED, Stage.DECODED]  # taken, then stepped once decoded
     assert (exchange.stage, exchange.status, _first_chunks()) == (Stage.ANSWERED, 200, before + 1)
     exchange.close()
+
+
+def test_a_stream_rpc_left_after_its_first_message_closes_the_models_steps_at_once(streaming: Service) -> None:
+    """The RPC's generator closed at a `yield` (its client cancelled while a message was being sent) closes the
+    steps it iterates then, not when the garbage collector finalises them."""
+    closed: list[str] = []
+
+    async def endless(
+        seen: list[Stage], runtime: ModelRuntime, instances: list[Any], deadline: float | None
+    ) -> AsyncGenerator[list[Any], None]:
+        try:
+            while True:
+                yield ["a", "b"]
+        finally:
+            closed.append("steps")
+
+    async def first_then_leave() -> None:
+        exchange = _stream_rpc_exchange(streaming)
+        head = RequestHead("infer", STREAM)
+        messages = drive.ainfer_messages(exchange, head, [], _framed, _apredict_seen, endless)
+        await anext(messages)
+        await messages.aclose()
+        assert closed == ["steps"]  # now: asyncio would finalise the steps' generator only in a later task
+        exchange.close()
+
+    asyncio.run(first_then_leave())
 
 
 def _stream_rpc_exchange(service: Service) -> Exchange:
