@@ -59,10 +59,8 @@ from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, error_shape
 __all__ = ["EarlyRefusal", "Head", "Refusal"]
 
 _ENDPOINTS = frozenset({"predict", "infer"})
-_TEXT_PREFIXES = ("/v1/models/", "/v2/models/")
-_PREFIXES = tuple(prefix.encode() for prefix in _TEXT_PREFIXES)
+_PREFIXES = (b"/v1/models/", b"/v2/models/")
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode("latin-1")
-_REQUEST_ID_ENVIRON = "HTTP_" + REQUEST_ID_HEADER.upper().replace("-", "_")
 #: How many paths' routes, and answers' bytes, `EarlyRefusal` keeps (distinct paths are the client's choice).
 _ROUTES_KEPT = 512
 _ANSWERS_KEPT = 64
