@@ -11,9 +11,10 @@ first test is a few counter reads (`crowded`): while no model's queue holds its 
 is looked at, and the app decides.
 
 What is decided here is decided once: a request let in from its head carries its `Decided` (service/lifecycle.py)
-to the app, in the ASGI scope's extensions or the WSGI environ, and the app's exchange takes it as made instead of
-asking the same questions again (the sync poller's decision may be a thread's wait old by the time the app runs:
-a batch queue that filled meanwhile refuses at `BatchQueue.put`, which decides under its lock either way).
+to the app, in the ASGI scope's extensions or the WSGI environ, and the app's exchange takes its level and model
+as made instead of asking the same questions again (the sync poller's decision may be a thread's wait old by the
+time the app runs). The batch queue is the one thing asked again, before the body is read: it decides at
+`BatchQueue.put`, under its lock, and what the server saw of it is a preview that may be old by then.
 
 The answer's bytes are rendered once per error and kept: each refusal puts its request id and the server's `date`
 into them. The same decision, asked about a request just answered (`hold`), tells the async fronts' HTTP server to

@@ -90,9 +90,10 @@ DECIDED = "twinserve.decided"
 class Decided:
     """What admission decided from a request's head before the app saw it (fronts/early.py, asked by the HTTP
     server under a crowd): the request's level, and the model (and shadow) its route named, whose batch queue took
-    it then. The exchange that is handed it does not decide again (`Exchange.admit`): the sync poller's decision
-    may be a thread's wait old by then, and deciding twice gave a request two verdicts on one head. What the
-    server does not decide (the rate limit, the media type, the declared size, readiness) the exchange still does."""
+    it then. The exchange that is handed it does not decide them again (`Exchange.admit`): the sync poller's
+    decision may be a thread's wait old by then, and deciding twice gave a request two verdicts on one head. What
+    the server does not decide (the rate limit, the media type, the declared size, readiness) the exchange still
+    does, and the batch queue, which decides at `put`, is asked again before the body is read."""
 
     priority: int
     runtime: ModelRuntime
