@@ -75,6 +75,14 @@ Encoded = tuple[dict[str, Any], list[bytes]]
 #: A step, or None at the stream's end.
 Step = list[Any] | None
 
+# The front's I/O, each a function of the front's own request object (`source`, S): reading its body, predicting
+# (on the event loop, or blocking in a request thread), taking its framed message.
+ABody = Callable[[S, BodyRule], Awaitable[bytes]]
+Body = Callable[[S, BodyRule], bytes]
+APredict = Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]]
+Predict = Callable[[S, ModelRuntime, list[Any], float | None], Any]
+Message = Callable[[S, Exchange], Framed]
+
 
 @dataclass(frozen=True, slots=True)
 class StreamStart(Generic[T]):
@@ -91,9 +99,7 @@ class StreamStart(Generic[T]):
 
 
 # -- a body to read --------------------------------------------------------------------------------------------
-async def adecoded(
-    exchange: Exchange, head: RequestHead, source: S, body: Callable[[S, BodyRule], Awaitable[bytes]]
-) -> tuple[ModelRuntime, list[Any]]:
+async def adecoded(exchange: Exchange, head: RequestHead, source: S, body: ABody[S]) -> tuple[ModelRuntime, list[Any]]:
     """The admitted model and the decoded instances: admit (waiting for a loading model), read, decode."""
     runtime = await exchange.aadmit(head)
     return runtime, await exchange.adecode(await body(source, exchange.service.body), head.header_length)
@@ -103,8 +109,8 @@ async def ainfer(
     exchange: Exchange,
     head: RequestHead,
     source: S,
-    body: Callable[[S, BodyRule], Awaitable[bytes]],
-    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    body: ABody[S],
+    predict: APredict[S],
 ) -> Reply:
     """One inference request on the event loop, from its head to its reply."""
     runtime = await exchange.aadmit(head)
@@ -112,9 +118,7 @@ async def ainfer(
     return exchange.encode(await predict(source, runtime, instances, exchange.deadline))
 
 
-def decoded(
-    exchange: Exchange, head: RequestHead, source: S, body: Callable[[S, BodyRule], bytes]
-) -> tuple[ModelRuntime, list[Any]]:
+def decoded(exchange: Exchange, head: RequestHead, source: S, body: Body[S]) -> tuple[ModelRuntime, list[Any]]:
     """`adecoded`, blocking (the sync front's request thread)."""
     runtime = exchange.wait_admit(head)
     return runtime, exchange.decode(body(source, exchange.service.body), head.header_length)
@@ -124,8 +128,8 @@ def infer(
     exchange: Exchange,
     head: RequestHead,
     source: S,
-    body: Callable[[S, BodyRule], bytes],
-    predict: Callable[[S, ModelRuntime, list[Any], float | None], Any],
+    body: Body[S],
+    predict: Predict[S],
 ) -> Reply:
     """`ainfer`, blocking (the sync front's request thread)."""
     runtime = exchange.wait_admit(head)
@@ -137,7 +141,7 @@ async def astreamed(
     exchange: Exchange,
     head: RequestHead,
     source: S,
-    body: Callable[[S, BodyRule], Awaitable[bytes]],
+    body: ABody[S],
     wait: Callable[[S, Coroutine[Any, Any, Step]], Awaitable[Step]],
 ) -> StreamStart[AsyncSteps]:
     """A `:stream` request on the event loop, up to its first step: admit, read, decode, open the model's steps and
@@ -154,9 +158,7 @@ async def astreamed(
     return StreamStart(runtime, steps, first, len(instances))
 
 
-def streamed(
-    exchange: Exchange, head: RequestHead, source: S, body: Callable[[S, BodyRule], bytes]
-) -> StreamStart[Steps]:
+def streamed(exchange: Exchange, head: RequestHead, source: S, body: Body[S]) -> StreamStart[Steps]:
     """`astreamed`, blocking (the sync front's request thread: its client's leaving shows only as a failed
     write, once the steps are being written)."""
     runtime, instances = decoded(exchange, head, source, body)
@@ -173,7 +175,7 @@ def streamed(
 
 # -- a message already framed ------------------------------------------------------------------------------------
 async def adecoded_message(
-    exchange: Exchange, head: RequestHead, source: S, message: Callable[[S, Exchange], Framed]
+    exchange: Exchange, head: RequestHead, source: S, message: Message[S]
 ) -> tuple[ModelRuntime, list[Any]]:
     """The admitted model and the decoded instances of a V2 request its transport framed: admit at once, take the
     message (`message` sees the admitted exchange: a transport's own deadline tightens the admitted one there),
@@ -188,7 +190,7 @@ async def aencoded_message(
     source: S,
     runtime: ModelRuntime,
     instances: list[Any],
-    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    predict: APredict[S],
 ) -> Encoded:
     """The rest of `ainfer_message` once decoded: predict, encode the reply as a message."""
     return exchange.encode_message(await predict(source, runtime, instances, exchange.deadline))
@@ -198,8 +200,8 @@ async def ainfer_message(
     exchange: Exchange,
     head: RequestHead,
     source: S,
-    message: Callable[[S, Exchange], Framed],
-    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    message: Message[S],
+    predict: APredict[S],
 ) -> Encoded:
     """One inference request its transport framed, from its head to its reply message."""
     runtime, instances = await adecoded_message(exchange, head, source, message)
@@ -210,8 +212,8 @@ async def ainfer_messages(
     exchange: Exchange,
     head: RequestHead,
     source: S,
-    message: Callable[[S, Exchange], Framed],
-    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    message: Message[S],
+    predict: APredict[S],
     stream: Callable[[S, ModelRuntime, list[Any], float | None], AsyncGenerator[list[Any], None]],
 ) -> AsyncGenerator[Encoded, None]:
     """The messages answering one request of a stream RPC: `ainfer_message`'s one for a model that does not
@@ -238,7 +240,7 @@ async def ainfer_decoded_first(
     decode: Callable[[S], Awaitable[list[Any]]],
     open_exchange: Callable[[S], Exchange],
     admit: Callable[[S, Exchange], ModelRuntime],
-    predict: Callable[[S, ModelRuntime, list[Any], float | None], Awaitable[Any]],
+    predict: APredict[S],
     encode: Callable[[S, Exchange, Any], R],
 ) -> R:
     """One message that carries its own request id, from its bytes to its encoded answer: decoded (a refusal
