@@ -1,10 +1,10 @@
 """What an HTTP server decided from a request's head before the app (fronts/early.py, asked under a crowd) reaches
 the front's exchange, which takes it as made: a request is admitted once (service/lifecycle.py `Decided`).
 
-Each front is handed a `Decided` where its server puts one: the WSGI environ (servers/sync/worker.py) or the ASGI
-scope's extensions (servers/asgi/protocol.py). It names the model loaded here while the path names one that does
-not exist: the request goes on to that model's codec (422 for a body without instances: no model runs here, so the
-one loaded for threads serves both fronts), so the route was not looked up again. Without it, the path's model is
+In every architecture, its front is handed a `Decided` where its server puts one: sync's WSGI environ
+(servers/sync/worker.py), async's and hybrid's ASGI scope extensions (servers/asgi/protocol.py). It names the model
+loaded here while the path names one that does not exist: the request goes on to that model's codec (422 for a
+body without instances: no model runs here), so the route was not looked up again. Without it, the path's model is
 looked up: 404.
 """
 
@@ -29,10 +29,12 @@ PATH = "/v1/models/not-looked-up:predict"
 BODY = orjson.dumps({"inputs_are_not_instances": ["a"]})
 
 
-@pytest.fixture(scope="module")
-def service() -> Iterator[Service]:
-    with echo_service(MODEL) as service:
-        yield service
+@pytest.fixture(scope="module", params=["sync", "async", "hybrid"])
+def arch(request: pytest.FixtureRequest) -> Iterator[tuple[str, Service]]:
+    """Each architecture's service, over the front its server builds: Flask for sync, the ASGI app for async and
+    hybrid (hybrid's model workers are not started: nothing here reaches a prediction)."""
+    with echo_service(MODEL, arch=request.param) as service:
+        yield request.param, service
 
 
 def _sync(service: Service, decided: Decided | None) -> tuple[int, Any]:
@@ -59,8 +61,9 @@ def _async(service: Service, decided: Decided | None) -> tuple[int, Any]:
     return answer.status_code, answer.json()
 
 
-@pytest.mark.parametrize("front", [_sync, _async], ids=["wsgi", "asgi"])
-def test_a_front_hands_the_servers_decision_to_its_exchange(front: Any, service: Service) -> None:
+def test_a_front_hands_the_servers_decision_to_its_exchange(arch: tuple[str, Service]) -> None:
+    name, service = arch
+    front = _sync if name == "sync" else _async
     decided = Decided(2, service.runtimes[MODEL])
     status, body = front(service, decided)
     assert status == 422 and "instances" in body["error"]

@@ -14,9 +14,9 @@ from twinserve.service.contract import Service
 
 
 @contextmanager
-def echo_service(name: str, model: str = "Echo", **settings: Any) -> Iterator[Service]:
-    """The service of a sync server of `model` (Echo) under `name`, with `settings` in its Config."""
-    config = Config(arch="sync", models=[model_path(model)], **settings)
+def echo_service(name: str, model: str = "Echo", arch: str = "sync", **settings: Any) -> Iterator[Service]:
+    """The service of an `arch` (sync) server of `model` (Echo) under `name`, with `settings` in its Config."""
+    config = Config(arch=arch, models=[model_path(model)], **settings)
     runtime = ModelRuntime(model_path(model), config, name=name)
     runtime.load()
     try:
