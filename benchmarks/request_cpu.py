@@ -8,9 +8,9 @@ processes, divided by the requests answered: the front, the codec, the batcher, 
 To compare two checkouts (before/after a change), name each one's `src/` with `--src`; each runs in its own
 subprocess, alternating, and the medians and their ratio are printed.
 
-Each request's scope carries what twinserve's own HTTP server publishes (its `twinserve.disconnect` extension: the
-body taken whole, the client's departure polled), so the path measured is the one `twinserve serve` takes;
-`--no-extension` measures the path under another ASGI server (a watcher task per request, the body streamed).
+Each request's scope carries the `twinserve.disconnect` extension that twinserve's own HTTP protocol published
+until it ran on uvicorn's (the body taken whole, the client's departure polled), so that an older checkout is
+measured on the path its `twinserve serve` took; newer checkouts ignore it. `--no-extension` leaves it out.
 
 CPU time on a shared 2-core machine varies by 15% or more from run to run, which hides a 5% change.
 `--instructions` counts instructions instead (valgrind's callgrind, about 60x slower): each checkout runs at
@@ -52,7 +52,6 @@ async def _measure(
     from twinserve.config import load_config
     from twinserve.core.runtime import load_runtimes
     from twinserve.fronts.asgi import create_asgi_app
-    from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
     from twinserve.service.contract import Service
 
     if access_log:  # serve's pipeline, one JSON line per request, written where no one reads it
@@ -104,7 +103,7 @@ async def _measure(
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
         }
-        if extension:  # as servers/httptools.py publishes it: the body arrived whole, the client stays
+        if extension:  # as an older checkout's own HTTP protocol published it (see the module)
 
             def take_body() -> bytes | None:
                 nonlocal sent
@@ -113,7 +112,7 @@ async def _measure(
                 sent = True
                 return body
 
-            scope["extensions"] = {DISCONNECT_EXTENSION: {"disconnected": lambda: False, "body": take_body}}
+            scope["extensions"] = {"twinserve.disconnect": {"disconnected": lambda: False, "body": take_body}}
         await app(scope, receive, send)
         return status
 

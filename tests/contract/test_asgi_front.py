@@ -11,7 +11,7 @@ import pytest
 from starlette.requests import Request
 
 from twinserve.errors import ClientDisconnected, MethodNotAllowed, NotFound
-from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, predict_unless_gone
+from twinserve.fronts.disconnect import predict_unless_gone
 from twinserve.fronts.dispatch import Dispatcher
 from twinserve.service.routes import ROUTES, Route
 
@@ -90,18 +90,7 @@ def _request(extensions: dict[str, Any] | None) -> Request:
     return Request(scope, receive)
 
 
-def test_the_front_polls_the_servers_disconnect_extension() -> None:
-    runtime = _Runtime()
-
-    def disconnected() -> bool:
-        return False
-
-    request = _request({DISCONNECT_EXTENSION: {"disconnected": disconnected}})
-    assert asyncio.run(predict_unless_gone(request, runtime, [1], None)) == ["computed"]  # type: ignore[arg-type]
-    assert runtime.gone == [disconnected]
-
-
-def test_without_the_extension_a_watcher_task_sees_the_client_leave() -> None:
+def test_a_watcher_task_sees_the_client_leave_and_the_queued_request_is_not_computed() -> None:
     runtime = _Runtime()
     with pytest.raises(ClientDisconnected):
         asyncio.run(predict_unless_gone(_request({}), runtime, [1], None))  # type: ignore[arg-type]

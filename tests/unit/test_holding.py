@@ -1,19 +1,17 @@
-"""Connections held unread (servers/holding.py): `Holding`'s order, levels and deadlines, and `ReadHolds` letting
-an event loop's paused connections go as their model's queue takes requests again; the order in which the sync
-worker's poller handles a pass's events (servers/sync/worker.py `pass_order`). The servers holding real
+"""Requests held by the sync worker's poller (servers/sync/holding.py): `Holding`'s order, levels and deadlines; the
+order in which the poller handles a pass's events (servers/sync/worker.py `pass_order`). The servers holding real
 connections are tests/live/hardening/test_early_refusal.py's."""
 
 from __future__ import annotations
 
-import asyncio
 import selectors
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from twinserve.servers.holding import TICK_S, Holding, ReadHolds
 from twinserve.servers.http1 import Limits
 from twinserve.servers.sync.connection import Connection, pass_order
+from twinserve.servers.sync.holding import Holding
 
 LIMITS = Limits(max_request_line=8190, max_header_count=100, max_header_bytes=8190, max_body_bytes=1 << 20)
 
@@ -121,50 +119,3 @@ class _Queue:
 
     def room(self) -> int:
         return self.room_
-
-
-@dataclass(eq=False)
-class _Conn:
-    name: str
-    released: list[str] = field(default_factory=list)
-
-    def release_hold(self) -> None:
-        self.released.append(self.name)
-
-
-async def _ticks(n: int = 3) -> None:
-    await asyncio.sleep(TICK_S * n + 0.01)
-
-
-def test_read_holds_let_go_the_highest_level_first_no_more_than_the_queue_takes() -> None:
-    async def scenario() -> None:
-        holds = ReadHolds(asyncio.get_running_loop(), levels=2)
-        queue, released = _Queue(), list[str]()
-        conns = {name: _Conn(name, released) for name in ("low-1", "low-2", "high")}
-        for name, level in (("low-1", 2), ("low-2", 2), ("high", 1)):
-            holds.hold(conns[name], queue, level, wait_s=60.0)
-        await _ticks()
-        assert released == [] and len(holds) == 3  # the queue is full: every one stays paused
-        queue.room_, queue.admitted = 2, 1
-        await _ticks()
-        assert released == ["high"]  # room for 2, but level 2 is still refused
-        queue.admitted = 2
-        await _ticks()
-        assert released == ["high", "low-1", "low-2"] and len(holds) == 0
-
-    asyncio.run(scenario())
-
-
-def test_read_holds_let_go_at_the_deadline_and_forget_a_closed_connection() -> None:
-    async def scenario() -> None:
-        holds = ReadHolds(asyncio.get_running_loop(), levels=1)
-        queue, released = _Queue(), list[str]()
-        soon, later, closed = _Conn("soon", released), _Conn("later", released), _Conn("closed", released)
-        holds.hold(soon, queue, 1, wait_s=0.0)
-        holds.hold(later, queue, 1, wait_s=60.0)
-        holds.hold(closed, queue, 1, wait_s=0.0)
-        assert holds.forget(closed) and not holds.forget(closed)
-        await _ticks()
-        assert released == ["soon"] and len(holds) == 1  # at its wait, though the queue is still full
-
-    asyncio.run(scenario())

@@ -276,24 +276,6 @@ class ModelRuntime:
         queue = batcher.queue
         return queue.bound.admits(queue.queued_instances, 1, priority, queue.expected_wait(1, priority))
 
-    def room(self) -> int:
-        """How many requests held unread for this model (servers/holding.py) to let go at once, while `admits`
-        says yes: the batch queue's free count, and at least a batch (past the count, its wait bound decides on
-        each request once it is read)."""
-        batcher = self._async_batcher or self._thread_batcher
-        if batcher is None:
-            return 0
-        queue = batcher.queue
-        return max(queue.bound.limit - queue.queued_instances, queue.max_batch_size)
-
-    def hold_for(self, priority: int = 1) -> float:
-        """Seconds a request at `priority` may wait unread for the batch queue (its level's share of
-        `--max-queue-wait-ms`, servers/holding.py) when the queue would refuse it now; 0.0 otherwise."""
-        batcher = self._async_batcher or self._thread_batcher
-        if batcher is None or self.admits(priority):
-            return 0.0
-        return batcher.queue.bound.wait_for(priority)
-
     def _queue_refusal(self, priority: int) -> QueueFull | None:
         batcher = self._async_batcher or self._thread_batcher
         if batcher is None or self.cache is not None:

@@ -9,9 +9,8 @@ FastAPI is not used: its per-request dependency and validation machinery duplica
 in one pass, and its router was routed around on the hot path. `/docs` and `/openapi.json` come from the shared
 route table, built from each model's own schemas.
 
-A request whose client leaves while it waits is never computed: the server tells (`DISCONNECT_EXTENSION`, which
-twinserve's own HTTP protocol publishes) or, under another ASGI server, a watcher task awaiting
-`http.disconnect` does.
+A request whose client leaves while it waits is never computed: a watcher task awaiting `http.disconnect` cancels
+its wait.
 
 `:stream` answers with Server-Sent Events written straight to ASGI (`AsgiEventStream`): one step is computed at a
 time, only while the client is there; when uvicorn reports `http.disconnect` the step in progress is cancelled
@@ -35,7 +34,7 @@ from twinserve.errors import ClientDisconnected, TwinserveError, UpgradeRequired
 from twinserve.fronts.asgi_lifespan import AsgiLifespan
 from twinserve.fronts.asgi_middleware import CorsMiddleware, TrustedHostsMiddleware
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.disconnect import DISCONNECT_EXTENSION, arrived_body, predict_unless_gone, unless_disconnected
+from twinserve.fronts.disconnect import predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.sse import AsgiEventStream
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
@@ -44,10 +43,10 @@ from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
 from twinserve.service.drive import StreamStart, ainfer, astreamed
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import DECIDED, BodyRule, Decided, RequestHead
+from twinserve.service.lifecycle import BodyRule, RequestHead
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 
-__all__ = ["DISCONNECT_EXTENSION", "create_asgi_app"]
+__all__ = ["create_asgi_app"]
 
 logger = logging.getLogger("twinserve.asgi")
 
@@ -59,14 +58,8 @@ async def _read_body(request: Request, rule: BodyRule) -> bytes:
     uvicorn bounds no read: a body that has not arrived whole within `--read-timeout-s` gets 408 and its
     connection closed, instead of holding the request open forever (slowloris). The bound is on the whole body,
     not on each pause, so a byte every few seconds does not keep it open either; the sync architecture's
-    gunicorn workers apply the same deadline. A body that had all arrived when the app first ran (most) is taken
-    whole from the server (`arrived_body`): there is nothing left to wait for.
+    gunicorn workers apply the same deadline.
     """
-    arrived = arrived_body(request)
-    if arrived is not None:  # whole, with no length to check against: only the rule's limit, compared here
-        if len(arrived) > rule.max_bytes:  # (the hot path: no call for one comparison)
-            raise rule.too_large()
-        return arrived
     chunks: list[bytes] = []
     size = 0
     try:
@@ -84,13 +77,6 @@ async def _read_body(request: Request, rule: BodyRule) -> bytes:
 
 def _length(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
-
-
-def _decided(scope: Scope) -> Decided | None:
-    """What the HTTP server decided from the request's head before the app (servers/asgi/crowd.py, under a
-    crowd): the exchange takes it as made. None under any other server, and whenever nothing was decided."""
-    extensions = scope.get("extensions")
-    return extensions.get(DECIDED) if extensions else None
 
 
 def _head(scope: Scope) -> dict[str, str]:
@@ -257,7 +243,6 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
             headers.get(_PRIORITY),
             headers.get(_HEADER_LENGTH) if endpoint == "infer" else None,  # V2's binary data
             headers,  # a traffic split's sticky key (its name looked up in lower case)
-            decided=_decided(request.scope),
         )
 
     def infer(request: Request, exchange: Exchange) -> Awaitable[Reply]:

@@ -1,15 +1,11 @@
-"""Whether a request's client has gone, as the async front learns it: a queued request whose client left is never
-computed.
-
-twinserve's HTTP protocol (servers/asgi/) publishes each request's state in the ASGI scope
-(`DISCONNECT_EXTENSION`), polled when a batch is formed; under a server without it (Ray Serve, test transports) a
-watcher task per request awaits `http.disconnect` and cancels the request's wait.
+"""A queued request whose client leaves is never computed: a watcher task per request awaits `http.disconnect`
+(the ASGI server's word that the client left) and cancels the request's wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -18,40 +14,9 @@ from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected
 from twinserve.fronts.sse import client_left
 
-__all__ = ["DISCONNECT_EXTENSION", "arrived_body", "disconnect_flag", "predict_unless_gone", "unless_disconnected"]
+__all__ = ["predict_unless_gone", "unless_disconnected"]
 
 T = TypeVar("T")
-
-#: The ASGI scope extension in which a server tells whether a request's client has gone:
-#: `scope["extensions"][DISCONNECT_EXTENSION] = {"disconnected": <a callable returning bool, no argument>,
-#: "body": <a callable returning the whole body if it has all arrived and none of it was read, else None>}`.
-#: twinserve's HTTP protocol (servers/asgi/) publishes it; without it a watcher task is the fallback.
-DISCONNECT_EXTENSION = "twinserve.disconnect"
-
-
-def disconnect_flag(request: Request) -> Callable[[], bool] | None:
-    """The server's own answer to "has this request's client gone?" (`DISCONNECT_EXTENSION`), read without a
-    task; None under a server that does not publish it.
-
-    Polling it when a batch is formed is ~10% cheaper per request (measured) than a watcher task awaiting
-    `http.disconnect`, and enough to keep a departed client's request from being computed.
-    """
-    published = _published(request)
-    return None if published is None else published["disconnected"]
-
-
-def arrived_body(request: Request) -> bytes | None:
-    """The request's whole body, if the server publishes it (`DISCONNECT_EXTENSION`) and it has all arrived
-    unread; None otherwise (read it through `receive`)."""
-    published = _published(request)
-    take = None if published is None else published.get("body")
-    return None if take is None else take()
-
-
-def _published(request: Request) -> dict[str, Any] | None:
-    """What the server publishes of the request (`DISCONNECT_EXTENSION`), if it does."""
-    extensions = request.scope.get("extensions")
-    return extensions.get(DISCONNECT_EXTENSION) if extensions else None
 
 
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
@@ -84,7 +49,4 @@ async def predict_unless_gone(
     request: Request, runtime: ModelRuntime, instances: list[Any], deadline: float | None
 ) -> Any:
     """The outputs for `instances`, unless the client leaves first (then they are never computed)."""
-    gone = disconnect_flag(request)
-    if gone is not None:
-        return await runtime.apredict(instances, deadline, gone)
     return await unless_disconnected(request, runtime.apredict(instances, deadline))

@@ -1,44 +1,11 @@
-"""Refusal before the app: a predict request for a model whose queue is full, answered by the HTTP server from
-the request's head, without an ASGI task, a request context, a body read or a decode.
+"""Refusal before the app, for twinserve's sync worker (servers/sync/): a predict request for a model whose queue is
+full, answered by the worker's poller from the request's head, byte for byte the app's answer, without a thread.
 
-Under a flood most requests are refused; through the ASGI app each refusal costs a task, uvicorn's cycle, an
-exchange and the front's Python, about as much as a small served request. twinserve's own HTTP protocol
-(servers/asgi/) asks `EarlyRefusal.verdict` once a request's head is parsed, and when it refuses, writes the
-`answer` and discards the body; the app never sees the request. The server makes the object over the service it
-built the app on and hands it to its own parts (servers/served.py): that protocol, and twinserve's sync worker
-(servers/sync/worker.py), whose poller asks while requests wait for a thread. Every predict request asks, so the
-first test is a few counter reads (`crowded`): while no model's queue holds its lowest level's share, nothing more
-is looked at, and the app decides.
-
-What is decided here is decided once: a request let in from its head carries its `Decided` (service/lifecycle.py)
-to the app, in the ASGI scope's extensions or the WSGI environ, and the app's exchange takes its level and model
-as made instead of asking the same questions again (the sync poller's decision may be a thread's wait old by the
-time the app runs). The batch queue is the one thing asked again, before the body is read: it decides at
-`BatchQueue.put`, under its lock, and what the server saw of it is a preview that may be old by then.
-
-The answer's bytes are rendered once per error and kept: each refusal puts its request id and the server's `date`
-into them. The same decision, asked about a request just answered (`hold`), tells the async fronts' HTTP server to
-stop reading its connection while that request's model is full (servers/holding.py).
-
-The decision is the app's own, on the same objects: the route table's match (V1 `:predict`, V2 `/infer`, their
-versioned forms), the same runtime lookup, the request's priority by the same rule (`X-Priority`, else the model's
-default), and `ModelRuntime.refuse_early`, the check the exchange makes before it reads the body, over the same
-`QueueBound` and the batch queue's counters (read without a lock, as the exchange reads them). The answer is the
-app's answer, byte for byte apart from the request id and the `date`: `error_reply` renders the body and the
-headers are written in the order the app's response writes them.
-
-Refused early only where that answer is the one the app would give, and the body may be discarded cheaply; every
-other request goes to the app unchanged, which decides as before:
-- API keys on (the path needs a key): an unauthenticated client must meet 401 first and learn nothing of the
-  load; checking a key here would copy the lockout and per-key rules, so with keys on nothing is refused early.
-- CORS on: the app adds its headers to every answer. A `Host` the allowed hosts refuse is the app's (400).
-- A body sent chunked, larger than `--max-body-bytes`, or behind `Expect: 100-continue` (the app answers those
-  its own way: 413, or a body it never asked for), and an invalid `X-Priority` (400).
-- A V2 request's `parameters.priority` is in its body, unknown before the body: the head's `X-Priority` (or the
-  model's default) decides here, and the body's level may still be refused by the batch queue afterwards.
-- An unversioned request for a model with a traffic split or shadow (repository/traffic.py): the version that
-  would answer is drawn per request, so only the app routes it.
-- The rate limit is not charged for a request refused early (as the sync backlog's refusal takes no token).
+`EarlyRefusal.verdict` decides with the app's own objects (the route table, the runtime, the priority rule,
+`ModelRuntime.refuse_early`); a request it lets in carries its `Decided` (service/lifecycle.py) to the app in the
+WSGI environ, and the exchange takes it as made. It refuses only where its answer is the one the app would give:
+never with API keys or CORS on, nor for a chunked, oversized or `Expect: 100-continue` body, a bad `X-Priority`, or
+a model whose version is drawn per request (a traffic split); the app answers those.
 """
 
 from __future__ import annotations
@@ -47,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import QueueFull, TwinserveError
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.service.compression import GZIP_MIN_BYTES, compress_reply
@@ -205,33 +171,6 @@ class EarlyRefusal:
             return None  # shed before the model was known, and it is unknown: the app counts it without a label
         service.refused_early(model, version, endpoint, level.priority, error.status, error.code)
         return Refusal(error, head)
-
-    def hold(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> tuple[ModelRuntime, int, float] | None:
-        """For a connection just answered, by its last request (`headers` with lower-cased names): that request's
-        model, level, and how long the connection's next request may wait unread, if the model's queue would refuse
-        it now (servers/holding.py); else None. A model with a traffic split is not held (its version is drawn per
-        request)."""
-        if method != b"POST" or not url.startswith(_PREFIXES) or not self.crowded():
-            return None
-        route = self._route(_path(url))
-        if route is None:
-            return None
-        _, model, version = route
-        service = self.service
-        if version is None and model in service.registry.traffic:
-            return None
-        value = next((value for name, value in headers if name == b"x-priority"), None)
-        try:
-            runtime = service.runtime(model, version)
-            level = service.admission.priority(
-                None if value is None else value.decode("latin-1"), default=runtime.config.default_priority
-            )
-        except TwinserveError:
-            return None
-        wait = runtime.hold_for(level) if runtime.ready else 0.0
-        return (runtime, level, wait) if wait > 0 else None
 
     def _route(self, path: str) -> tuple[str, str, str | None] | None:
         """The inference route `path` asks for with POST (endpoint, model, version or None), else None."""

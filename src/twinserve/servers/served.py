@@ -1,15 +1,10 @@
-"""What a server hands to what it builds in one of its processes, and gets back from it: `Served`.
+"""What a server's own parts share with the app built in the same process: `Served`.
 
-A server creates one with the Config it serves and hands it to the app it builds, and to its own parts that need the
-service (twinserve's HTTP protocol under uvicorn, its worker under gunicorn). Building the app fills in what those
-parts need of the service built from the Config: the service itself (its admission), the refusal made from a
-request's head before the app (fronts/early.py) and, under gunicorn, the gRPC server that the worker's exit drains.
-Nothing of this goes through the environment, a module global or the ASGI lifespan state.
-
-One object per serving process. uvicorn (servers/asgi/server.py) holds it in its app factory and in its protocol
-factory (`http=`); with several workers it pickles its Config into each spawned process, and one pickle keeps a
-shared object shared, so in each worker the app it builds fills the `Served` its protocol reads. gunicorn
-(servers/sync/server.py) holds it in its application, which each worker gets a copy of when it is forked.
+A server makes one from the Config it serves and hands it to its app factory and to its parts: uvicorn's protocol
+(servers/asgi/protocol.py counts what its parser refuses on the service) and twinserve's gunicorn worker (the
+refusal before the app, the gRPC server its exit drains). Building the app fills it in. uvicorn pickles its Config,
+with the app factory and the protocol factory, into each worker process in one pickle, so each worker's protocol
+reads what that worker's app filled in; gunicorn's workers get a forked copy.
 """
 
 from __future__ import annotations

@@ -27,9 +27,8 @@ from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
-from twinserve.servers.asgi.accept import listen_on
 from twinserve.servers.asgi.listeners import balanced_listener
-from twinserve.servers.asgi.protocol import HttpProtocol
+from twinserve.servers.asgi.protocol import BoundedHttpToolsProtocol
 from twinserve.servers.served import Served
 from twinserve.servers.startup import built_or_exit, report_failure, stop_server
 from twinserve.service.contract import Service
@@ -143,9 +142,9 @@ def run(config: Config) -> None:
     # uvicorn re-raises the SIGTERM it caught once shutdown is done; a graceful stop should exit 0, as gunicorn's does.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     # The app factory and the protocol hold the same `Served`: uvicorn's worker processes get both in one pickle of
-    # its Config, so each worker's protocol sees what that worker's app filled in (servers/served.py).
+    # its Config, so each worker's protocol counts what it refuses on the service that worker's app built.
     served = Served(config)
-    protocol = functools.partial(HttpProtocol, served=served)
+    protocol = functools.partial(BoundedHttpToolsProtocol, served=served)
     settings = uvicorn.Config(
         AppFactory(served),
         factory=True,
@@ -153,7 +152,7 @@ def run(config: Config) -> None:
         port=config.port,
         workers=config.effective_workers,
         loop="uvloop",
-        # twinserve's own HTTP/1.1 protocol (servers/asgi/); uvicorn calls what it is given with its keyword arguments.
+        # uvicorn's httptools protocol with a head deadline and limits (servers/asgi/protocol.py).
         http=cast(type[asyncio.Protocol], protocol),
         lifespan="on",
         log_config=None,  # uvicorn's loggers propagate to the pipeline configure_logging set up
@@ -174,8 +173,6 @@ def run(config: Config) -> None:
     sock = _listener(config) if settings.workers > 1 else None
     if sock is None:
         sock = settings.bind_socket()
-        if settings.workers == 1:  # served in this process: it accepts a burst at once (servers/asgi/accept.py)
-            listen_on(sock)
     announce(config, sock.getsockname()[1])
     server = uvicorn.Server(settings)
     try:

@@ -8,7 +8,7 @@ request it has read whole (servers/sync/http.py):
 - it refuses the request there if its model's queue refuses it (fronts/early.py): the app's answer, from the poller;
 - it holds the request if a thread's worth of requests at its priority level or a higher one wait for the threads
   already, or one at its level or a higher one is held: it waits in the poller, costing no CPU, one first-come
-  queue per level (servers/holding.py). The threads take the highest level waiting next
+  queue per level (servers/sync/holding.py). The threads take the highest level waiting next
   (servers/sync/threads.py), so a request at a higher level than all that wait goes to them at once; the rest
   of the order is decided here: a held request is released, the highest level first, then the longest held, as
   soon as the threads' queue has room for its level. Held for its level's share of `--max-queue-wait-ms` and still
@@ -34,7 +34,7 @@ from typing import Any
 
 from twinserve.core.admission import Admission
 from twinserve.fronts.early import EarlyRefusal, Refusal
-from twinserve.servers.holding import Holding
+from twinserve.servers.sync.holding import Holding
 from twinserve.servers.sync.http import Request
 from twinserve.servers.sync.threads import QUICK, LevelledThreadPool
 

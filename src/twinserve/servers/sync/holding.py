@@ -1,29 +1,15 @@
-"""Connections held unread while what they wait for is full: a crowd waits in TCP, costing no CPU, instead of
-being refused and sending again at once (a closed-loop client refused comes straight back).
-
-`Holding` is the per-level FIFO both fronts use. The sync worker's poller holds a request it has read whole
-(servers/sync/admission.py). The async fronts' HTTP server cannot look at unread bytes, so
-`ReadHolds` holds a kept-alive connection right after an answer, by its last request: when that request's model
-could not take another at its level now, the connection's reading is paused (uvicorn's flow control) before its
-next request is read. A closed-loop client's next request is nearly always for the same model at the same level;
-a request for another model waits at most its level's share of `--max-queue-wait-ms`, as it would have in the
-queue. Each model's held connections are let go, the highest level first, as its batch queue takes requests
-again (a look every `TICK_S` while any is held), and at that wait when it does not: their requests are then read
-and admitted, or refused from their head (fronts/early.py) if the queue is still full.
+"""Requests the sync worker's poller holds while its request threads are all busy (servers/sync/admission.py): a
+crowd waits in the poller, costing no thread, instead of being refused and sending again at once (a closed-loop
+client refused comes straight back). One FIFO per priority level, the highest let go first.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["TICK_S", "Holding", "ReadHolds"]
-
-#: How often `ReadHolds` looks at the queues of held connections' models while any are held.
-TICK_S = 0.002
+__all__ = ["Holding"]
 
 
 class Holding:
@@ -116,60 +102,3 @@ class Holding:
             queue.clear()
         self._count = 0
         return out
-
-
-class Held(Protocol):
-    """What `ReadHolds` holds: a connection whose reading it paused."""
-
-    def release_hold(self) -> None:
-        """Read again (the connection's next request, if the client sent it, is read next)."""
-
-
-class Queue(Protocol):
-    """What a held connection waits for: its last request's model (core/runtime.py `ModelRuntime`)."""
-
-    def admits(self, priority: int = 1) -> bool: ...
-
-    def room(self) -> int: ...
-
-
-class ReadHolds:
-    """One event loop's held connections, per model: let go as the model's queue takes requests again (at most
-    `room()` at a time, the highest level first), or at their deadline."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, levels: int) -> None:
-        self.loop = loop
-        self._levels = levels
-        self._held: dict[Queue, Holding] = {}
-        self._timer: asyncio.TimerHandle | None = None
-
-    def __len__(self) -> int:
-        return sum(len(holding) for holding in self._held.values())
-
-    def hold(self, conn: Held, queue: Queue, level: int, wait_s: float) -> None:
-        """Hold `conn` (its reading already paused) until `queue` admits `level` again, `wait_s` at the longest."""
-        holding = self._held.get(queue)
-        if holding is None:
-            holding = self._held[queue] = Holding(self._levels)
-        holding.add(conn, level, time.monotonic() + wait_s)
-        if self._timer is None:
-            self._timer = self.loop.call_later(TICK_S, self._tick)
-
-    def forget(self, conn: Held) -> bool:
-        """Take `conn` out (its connection closing); whether it was held."""
-        return any(holding.remove(conn) for holding in self._held.values())
-
-    def _tick(self) -> None:
-        self._timer = None
-        now = time.monotonic()
-        for queue, holding in list(self._held.items()):
-            for conn, _ in holding.expired(now):
-                conn.release_hold()
-            room = queue.room()  # a request let go counts in the queue only once read: no more than it takes now
-            while room > 0 and (conn := holding.release(queue.admits)) is not None:
-                conn.release_hold()
-                room -= 1
-            if not holding:
-                del self._held[queue]
-        if self._held:
-            self._timer = self.loop.call_later(TICK_S, self._tick)
