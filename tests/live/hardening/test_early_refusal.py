@@ -218,7 +218,7 @@ def test_the_early_answer_is_the_apps_answer_byte_for_byte(gated: Server, tmp_pa
                     data += chunk
             lines = [line for line in data.split(b"\r\n") if not line.lower().startswith(b"date: ")]
             answers.append(b"\r\n".join(lines))
-        # sync: the first and the third refused early, the second (chunked) by the app; async and hybrid: each by the app
+        # sync: the first and the third refused early, the second (chunked) by the app; async, hybrid: all by the app
         assert _early(server) == before + _made_early(server, 2)
         assert answers[0] == answers[1] == answers[2]
         assert answers[0].startswith(b"HTTP/1.1 503 ") and b"connection: close" in answers[0].lower()
