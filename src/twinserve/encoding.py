@@ -16,7 +16,12 @@ __all__ = ["dumps", "json_default"]
 
 
 def json_default(obj: Any) -> Any:
-    """orjson's `default`: the JSON value of a pydantic model, a numpy scalar or a set."""
+    """orjson's `default`: the JSON value of a pydantic model, a numpy scalar or array, or a set.
+
+    orjson writes a C-contiguous array of its dtypes itself; a strided view (`proba[:, 0]`) comes here and is made
+    contiguous (orjson then writes it), and an array of any other dtype becomes lists."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist() if obj.flags.c_contiguous else np.ascontiguousarray(obj)
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if isinstance(obj, np.generic):
@@ -42,6 +47,4 @@ def dumps(payload: Any) -> bytes:
 
 
 def _any_default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return json_default(obj)
+    return obj.tolist() if isinstance(obj, np.ndarray) else json_default(obj)

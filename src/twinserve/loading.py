@@ -1,22 +1,10 @@
 """Load model files without running code hidden in them.
 
-Unpickling runs whatever the file says (scikit-learn's own documentation warns of it), and `joblib` files are
-pickles. These helpers load each kind of model file with a format that cannot carry code, and fail with a
-twinserve error that says what to do otherwise:
-
-- `load_sklearn(path, trusted=[...])`: a scikit-learn model saved with `skops.io.dump`; only the types skops
-  trusts by default and those listed in `trusted` are rebuilt; the others are named in the error.
-- `load_onnx(path)`: an ONNX model, as an onnxruntime `InferenceSession` on the CPU.
-- `load_torch_weights(path)`: a state dict from `.safetensors` (safetensors), or from a `torch.save` file read
-  with `weights_only=True` (tensors and plain containers only).
-- `load_pickle(path, config)`: a pickle or joblib file, refused unless the server runs with `--trust-pickle`,
-  and then loaded with a warning.
-
-skops, onnxruntime and safetensors come with the `safe` extra (`pip install 'twinserve[safe]'`).
-Call them from a model's `load()`::
-
-    def load(self) -> None:
-        self.clf = twinserve.load_sklearn("model.skops", trusted=["sklearn.tree._tree.Tree"])
+Unpickling runs whatever the file says, and `joblib` files are pickles. These helpers load each kind of model
+file with a format that cannot carry code (`load_sklearn` via skops with an explicit `trusted` list, `load_onnx`,
+`load_torch_weights` via safetensors or `weights_only=True`), and `load_pickle` refuses unless `--trust-pickle`.
+They fail with a twinserve error that says what to do otherwise. Call them from a model's `load()`; skops,
+onnxruntime and safetensors come with the `safe` extra.
 """
 
 from __future__ import annotations
@@ -74,8 +62,8 @@ def _import_skops() -> Any:
 
     skops.io lists scikit-learn's estimators at import (`sklearn.utils.all_estimators`), which walks every
     sklearn package, `sklearn.externals.array_api_compat.torch` among them, and that one imports torch when it is
-    installed: measured 2026-12-05, about 2 s and 130 MiB of private memory in every process that loads a skops
-    file, for nothing the model uses. The walk skips a package that raises ImportError, so torch is refused while
+    installed: seconds and much private memory in every process that loads a skops file, for nothing the model
+    uses. The walk skips a package that raises ImportError, so torch is refused while
     skops.io imports, in this thread only (another thread may import torch meanwhile). A model that already
     imported torch keeps it: nothing is saved then.
     """

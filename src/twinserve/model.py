@@ -11,43 +11,12 @@ A model is any class with a batch-first `predict`; subclassing `Model` is option
         def predict(self, batch: list[Features]) -> list[Label]:   # or `async def`
             return [...]                              # exactly one output per input
 
-When `predict` raises for a batch of several requests, twinserve re-runs halves of it to answer the requests
-that do not fail (`twinserve.core.isolation`); a model whose `predict` must not see an instance twice sets the
-class attribute `isolate_failures = False`.
-
-Optional hooks: `preprocess(instance)` (per instance, `def` or `async def`, for I/O such as fetching
-features) and `examples()` (a few valid instances). A model that has both a blocking and a coroutine version
-of a hook names the coroutine one with an `a` prefix (`apreprocess`, `apredict`); the async front prefers
-those, the sync front prefers the plain ones.
-
-Instance types come from the annotations: the parameter of `preprocess` if there is one, else the element
-type of `predict`'s `batch`. Pydantic models and plain JSON types both work; unannotated means "any JSON".
-
-Over the Open Inference Protocol (V2) a model takes and returns named tensors. twinserve derives them from the
-instance and output types (see `twinserve.protocol.tensors`), or a model declares them::
-
-    class Embedder(twinserve.Model):
-        inputs = [Tensor("text", "BYTES", [-1])]            # the first dimension is the batch: row i = instance i
-        outputs = [Tensor("embedding", "FP32", [-1, 384])]
-
-and may convert itself with `from_tensors(arrays) -> instances` and `to_tensors(outputs) -> arrays` (plain
-`def`s, run in the server process before `preprocess` and after `predict`).
-
-A *streaming model* makes `predict` (or `apredict`) a generator (or an async generator). Each step it yields is
-a list with one chunk per instance of the batch, in order; the model may stop whenever it likes::
-
-    class Words(twinserve.Model):
-        def predict(self, batch: list[str]) -> Iterator[list[str]]:
-            words = [prompt.split() for prompt in batch]
-            try:
-                for i in range(max(map(len, words))):
-                    yield [w[i] if i < len(w) else "" for w in words]    # one chunk per instance
-            finally:
-                release_resources()    # runs when the client goes away too: the generator is closed
-
-`POST /v1/models/{name}:stream` sends each step as it is made (Server-Sent Events); one request's instances are
-one generator call (streams are never batched across requests), and no step is computed after the client has
-gone. `:predict` on a streaming model collects the steps: each instance's prediction is the list of its chunks.
+Instance types come from the annotations (`preprocess`'s parameter, else `predict`'s batch element; none means
+any JSON). Optional hooks: `preprocess(instance)`, `examples()`, and for V2 tensors `inputs` / `outputs` with
+`from_tensors` / `to_tensors` (else derived, see `twinserve.protocol.tensors`); an `a`-prefixed twin of a hook is
+the coroutine one, which the async front prefers. A `predict` that is a generator makes a streaming model: each
+step yields one chunk per instance, sent as it is made on `:stream` and collected on `:predict`. A model whose
+`predict` must not see an instance twice sets `isolate_failures = False` (see `twinserve.core.isolation`).
 """
 
 from __future__ import annotations

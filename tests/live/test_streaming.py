@@ -177,6 +177,31 @@ def test_a_client_that_never_reads_is_cut_off(server: Server, model: str, tmp_pa
             assert [name for name, _ in events(response)] == ["message", "message", "end"]
 
 
+def test_a_hybrid_stream_whose_client_stops_reading_lets_its_model_worker_go(tmp_path: Path) -> None:
+    """Hybrid's one model worker is not held for a client that stops reading: the steps are read ahead into a
+    bounded buffer (core/executors.py `STREAM_BUFFER`), and once it is full the stream is closed and the worker
+    serves the next request, though the stalled client is still connected and its write deadline (10 minutes
+    here) is far off."""
+    endless = 100_000
+    body = json.dumps({"instances": [drip(tmp_path, tag="x" * 65_536, steps=endless)]}).encode()
+    head = "POST /v1/models/drip:stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    with (
+        Server(MODELS, "hybrid", "--model-workers", "1", "--read-timeout-s", "600") as server,
+        socket.socket() as sock,
+    ):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # never read
+        marker = closed(tmp_path)
+        assert marker.startswith("stopped early after ") and int(marker.split()[3]) < endless, marker
+        beside = tmp_path / "beside"
+        beside.mkdir()
+        with open_stream(server, "drip", [drip(beside, steps=2)]) as response:  # the one worker, free again
+            assert [name for name, _ in events(response)] == ["message", "message", "end"]
+        answer = predict(server, "echo", [1, 2])
+        assert answer.status_code == 200 and answer.json() == {"predictions": [1, 2]}
+
+
 @pytest.mark.parametrize("model", STREAMING)
 def test_error_mid_stream_is_an_error_event(server: Server, model: str, tmp_path: Path) -> None:
     with open_stream(server, model, [drip(tmp_path, steps=5, fail_at=2)]) as response:

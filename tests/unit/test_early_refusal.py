@@ -1,25 +1,22 @@
-"""`EarlyRefusal` (fronts/early.py), the decision alone: over a real `Admission` and a stand-in service whose
-model's queue is full or not. The real servers' refusals are tests/live/hardening/test_early_refusal.py's."""
+"""`EarlyRefusal` (fronts/early.py), the sync poller's decision alone: over a real `Admission` and a stand-in service
+whose model's queue is full or not. The real servers' refusals are tests/live/hardening/test_early_refusal.py's."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import pytest
-
 from twinserve.config import Config
 from twinserve.core.admission import Admission, QueueBound
 from twinserve.core.batch_queue import BatchQueue, Pending
-from twinserve.errors import ModelNotFound, QueueFull
-from twinserve.fronts.early import EarlyRefusal, Refusal, _response
+from twinserve.errors import ModelNotFound, PayloadTooLarge, QueueFull
+from twinserve.fronts.early import EarlyRefusal, Refusal
+from twinserve.servers.sync.answers import front_answer
+from twinserve.service.admission import Admitted
 from twinserve.service.contract import Service
 from twinserve.service.hosts import host_policy
-from twinserve.service.lifecycle import Decided
 
-SERVER_HEADERS = [(b"date", b"Wed, 02 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
 BODY_HEADERS = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"20")]
 
 
@@ -45,6 +42,11 @@ class _Runtime:
 
     def early_refusal(self, priority: int = 1) -> QueueFull | None:
         return self.bound.refusal(self.queued, 1, f"the queue holds {self.queued} instances", priority)
+
+    def refuse_early(self, priority: int = 1) -> None:
+        error = self.early_refusal(priority)
+        if error is not None:
+            raise error
 
 
 @dataclass
@@ -82,6 +84,9 @@ class _Service:
     def refused_early(self, *counted: Any) -> None:
         self.counted.append(counted)
 
+    def too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge("too large")
+
 
 def _early(queued: int, **settings: Any) -> tuple[EarlyRefusal, _Service]:
     config = Config(priority_levels=2, default_priority=2, max_queue=4, **settings)
@@ -89,64 +94,30 @@ def _early(queued: int, **settings: Any) -> tuple[EarlyRefusal, _Service]:
     return EarlyRefusal(cast(Service, service)), service
 
 
-def _answer(
-    early: EarlyRefusal,
-    url: bytes,
-    headers: list[tuple[bytes, bytes]],
-    defaults: list[tuple[bytes, bytes]] = SERVER_HEADERS,
-    keep_alive: bool = True,
-    method: bytes = b"POST",
-) -> bytes | None:
-    """What the async server writes for the request (its `verdict`, then its `answer`), else None: the app's."""
-    verdict = early.verdict(method, url, headers)
-    return early.answer(verdict, defaults, keep_alive) if isinstance(verdict, Refusal) else None
-
-
-def _refuse(early: EarlyRefusal, url: bytes = b"/v1/models/m:predict", *extra: tuple[bytes, bytes]) -> bytes | None:
-    return _answer(early, url, [*BODY_HEADERS, *extra])
+def _refuse(
+    early: EarlyRefusal, url: bytes = b"/v1/models/m:predict", *extra: tuple[bytes, bytes]
+) -> tuple[str, list[tuple[str, str]], bytes] | None:
+    """What the sync worker's poller writes for the request (its `verdict`, then the front's answer), else None:
+    the app's to answer."""
+    verdict = early.verdict(b"POST", url, [*BODY_HEADERS, *extra])
+    return front_answer(verdict) if isinstance(verdict, Refusal) else None
 
 
 def test_a_full_queue_is_refused_with_the_apps_503() -> None:
     early, service = _early(queued=2)  # priority 2 (the default) may fill 2 of 4
     answer = _refuse(early, b"/v1/models/m:predict", (b"x-request-id", b"abc"))
     assert answer is not None
-    head, body = answer.split(b"\r\n\r\n")
-    assert head.split(b"\r\n") == [
-        b"HTTP/1.1 503 Service Unavailable",
-        *(name + b": " + value for name, value in SERVER_HEADERS),
-        b"x-request-id: abc",
-        b"retry-after: 1",
-        f"content-length: {len(body)}".encode(),
-        b"content-type: application/json",
+    status, headers, body = answer
+    assert status == "503 SERVICE UNAVAILABLE"
+    assert headers == [
+        ("Retry-After", "1"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("X-Request-ID", "abc"),
     ]
     error = json.loads(body)
     assert error["code"] == QueueFull.code and error["request_id"] == "abc"
     assert service.counted == [("m", "1", "predict", 2, 503, "queue_full")]
-
-
-@pytest.mark.parametrize("url", [b"/v1/models/m:predict", b"/v2/models/m/infer", b"/v1/models/m/versions/1:predict"])
-@pytest.mark.parametrize("keep_alive", [True, False])
-def test_an_answer_made_from_the_last_ones_bytes_is_the_one_rendered_anew(url: bytes, keep_alive: bool) -> None:
-    """A flood's answers differ only in the request id and the server's `date`: `refuse` puts those into the bytes
-    it rendered for the same error, and the result is what rendering the refusal anew gives (`_response`)."""
-    early, _ = _early(queued=2)
-    today = [(b"date", b"Thu, 03 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
-    tomorrow = [(b"date", b"Fri, 04 Dec 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
-    answers = []
-    for defaults, extra in [(today, []), (today, []), (tomorrow, []), (tomorrow, [(b"x-request-id", b"mine")])]:
-        headers = [*BODY_HEADERS, *extra]
-        answer = _answer(early, url, headers, defaults, keep_alive)
-        refusal = early.verdict(b"POST", url, headers)
-        assert answer is not None and isinstance(refusal, Refusal)
-        request_id = json.loads(answer.split(b"\r\n\r\n")[1]).get("request_id") if b"/v2/" not in url else None
-        shown = answer.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
-        assert request_id in (None, shown)
-        head = dataclasses.replace(refusal.head, request_id=shown)  # the id `refuse` made, rendered anew
-        reply, request_id = dataclasses.replace(refusal, head=head).reply()
-        assert answer == _response(reply, request_id, defaults, keep_alive)
-        answers.append((shown, answer))
-    assert len({shown for shown, _ in answers}) == 4 and answers[3][0] == "mine"
-    assert b"Fri, 04 Dec" in answers[2][1] and b"Thu, 03 Dec" in answers[1][1]
 
 
 def test_a_model_with_a_traffic_split_is_routed_by_the_app_unless_the_version_is_named() -> None:
@@ -156,11 +127,10 @@ def test_a_model_with_a_traffic_split_is_routed_by_the_app_unless_the_version_is
     assert _refuse(early, b"/v1/models/m/versions/1:predict") is not None  # a named version is not split
 
 
-def test_a_connection_that_closes_says_so_and_v2_has_its_own_body() -> None:
+def test_v2_has_its_own_error_body() -> None:
     early, _ = _early(queued=2)
-    answer = _answer(early, b"/v2/models/m/versions/1/infer?x=1", BODY_HEADERS, [], False)
-    assert answer is not None and b"\r\nconnection: close\r\n" in answer
-    assert set(json.loads(answer.split(b"\r\n\r\n")[1])) == {"error"}
+    answer = _refuse(early, b"/v2/models/m/versions/1/infer?x=1")
+    assert answer is not None and set(json.loads(answer[2])) == {"error"}
 
 
 def test_what_the_queue_still_takes_goes_to_the_app_with_what_was_decided() -> None:
@@ -168,7 +138,7 @@ def test_what_the_queue_still_takes_goes_to_the_app_with_what_was_decided() -> N
     made (`Exchange.admit`): decided once. Without a crowd nothing is decided here: the app decides."""
     early, service = _early(queued=2)
     decided = early.verdict(b"POST", b"/v1/models/m:predict", [*BODY_HEADERS, (b"x-priority", b"1")])
-    assert decided == Decided(1, service.runtime_, None)  # type: ignore[arg-type]  # priority 1 may fill all 4
+    assert decided == Admitted(1, service.runtime_)  # type: ignore[arg-type]  # priority 1 may fill all 4
     assert not service.counted
     early, service = _early(queued=1)
     assert early.verdict(b"POST", b"/v1/models/m:predict", BODY_HEADERS) is None and not service.counted
@@ -204,12 +174,12 @@ def test_the_sync_backlog_refuses_from_the_head() -> None:
     url, head = b"/v1/models/m:predict", [(b"content-length", b"5")]
     assert early.verdict(b"POST", url, head, backlog=2) is None  # priority 2 may have 2 waiting: no crowd
     let_in = early.verdict(b"POST", url, [*head, (b"x-priority", b"1")], backlog=3)  # priority 1 may have 4
-    assert let_in == Decided(1, service.runtime_, None)  # type: ignore[arg-type]
+    assert let_in == Admitted(1, service.runtime_)  # type: ignore[arg-type]
     refusal = early.verdict(b"POST", url, [*head, (b"x-request-id", b"id-1")], backlog=3)  # past priority 2's 2
     assert isinstance(refusal, Refusal)
     reply, request_id = refusal.reply()
     assert reply.status == 503 and request_id == "id-1" and reply.headers == {"Retry-After": "1"}
-    assert service.counted == [("m", None, "predict", 2, 503, "queue_full")]  # shed before the model's version
+    assert service.counted == [("m", "1", "predict", 2, 503, "queue_full")]
     assert early.verdict(b"POST", url, [*head, (b"transfer-encoding", b"chunked")], backlog=3) is None
 
 

@@ -1,19 +1,12 @@
 """Admission control, in one place: queue bounds, rate limits and deadlines.
 
-`Admission` holds every rule a request meets before it is computed; the fronts ask it through the exchange
-(`service/exchange.py`), the batcher and the model-worker pool ask its `QueueBound`. The rules are pure
-decisions over state and a clock reading passed in (`QueueBound.check`, `Rate.take`), so they are unit-tested
-directly; the state lives in slots that are per process or shared by every process of the server.
+`Admission` holds every rule a request meets before it is computed. The rules are pure decisions over state and a
+clock reading passed in, so they are unit-tested directly; their state lives per process or in slots shared by
+every process of the server (`core/shared.py`), which makes rate limits exact across worker processes.
 
-- **Queue bounds** (`--max-queue`, 503 `queue_full` with Retry-After): the instances waiting in a model's batch
-  queue, the requests waiting for a request thread (the sync front's backlog), the streams waiting for a model
-  worker. Priority lanes and per-model bounds are further `QueueBound`s.
-- **Rate limits** (429 `rate_limited` with Retry-After): a token bucket for the whole server (`--rate-limit`,
-  `--rate-burst`) and one per API key (`--rate-limit-per-key`). They are exact across the server's worker
-  processes: the buckets live in shared slots (`core/shared.py`) that the starting process made. Without them
-  (a server embedded some other way) each process takes an even share of the rate.
-- **Deadlines** (504 `deadline_exceeded`): the configured default or the client's `X-Request-Timeout-Ms`, capped
-  by `--max-timeout-ms`, tightened by a V2 request's own `timeout` parameter.
+- Queue bounds (`--max-queue`): 503 `queue_full` with Retry-After.
+- Rate limits (`--rate-limit`, `--rate-burst`, `--rate-limit-per-key`): 429 `rate_limited` with Retry-After.
+- Deadlines (default, `X-Request-Timeout-Ms`, capped by `--max-timeout-ms`): 504 `deadline_exceeded`.
 """
 
 from __future__ import annotations
@@ -286,9 +279,9 @@ class Admission:
 
         The wait is measured where it is made. While requests wait, every thread is busy, so the time between two
         take-ups is what one request ahead adds to the wait of those behind it: the app's time, and gunicorn's
-        parse and write and the wait for the GIL, over the threads. (The app's time per request over the threads,
-        used before, left those out: it read 0.5-1 s of wait where the crowd waited 1.2 s.) An interval that
-        began with nothing waiting includes idle time, and is not counted."""
+        parse and write and the wait for the GIL, over the threads (the app's time alone would leave those out
+        and read the wait too short). An interval that began with nothing waiting includes idle time, and is not
+        counted."""
         last, self._taken_with_backlog = self._taken_with_backlog, (now if behind else None)
         if last is None:
             return

@@ -1,21 +1,11 @@
 """The batching policy over one model's queue: what to flush, when, and what to admit. Pure: a clock reading in,
 a decision out; it never sleeps, locks or touches a future, so its decisions are unit-tested directly.
 
-A batch is flushed when it is full (`max_batch_size` instances), when its oldest request has waited `max_delay`
-seconds, and only while fewer than `max_in_flight` batches are computing; with `max_delay=0` requests go out as
-soon as a slot is free and batches form by themselves while the model is busy. A request's instances stay
-together, in order. Expired and cancelled requests are taken out before compute: each request as it is taken
-into a batch, and the whole queue when a queued deadline is due or `SWEEP_S` has passed since the last look, so
-that the requests of clients gone free their place in the bound soon, without a look at every queued request on
-every `take` (a queue a crowd keeps full holds hundreds, and `take` runs on every arrival).
-
-Priorities (Triton's convention: 1 is the highest): each level has its own lane, batches are filled from the
-highest lane first (first come, first served within a lane), and each level has its own share of the queue
-bound (`QueueBound`), so under overload the lowest level is refused first and the highest keeps its latency.
-
-Deadline-aware admission: the queue keeps a moving average of how long a batch takes, and refuses at once
-(504 `deadline_unmeetable`) a request that would still be waiting when its deadline passes, counting only the
-work queued ahead of it (its own level and higher), rather than letting it wait to expire.
+A batch is flushed when full (`max_batch_size`), when its oldest request has waited `max_delay`, and only while
+fewer than `max_in_flight` batches compute. Expired and cancelled requests are swept out before compute, lazily
+(`SWEEP_S`), so `take` need not look at every queued request on every arrival. Each priority level (1 is the
+highest, as in Triton) has its own lane and share of the bound, so overload refuses the lowest level first. A
+request that would still be waiting when its deadline passes is refused at once (504 `deadline_unmeetable`).
 """
 
 from __future__ import annotations

@@ -76,10 +76,9 @@ class BatchStats:
 
 
 #: Answers handed back to their requests in one turn of the event loop. Each answer is a step of its request's
-#: task (encode, write, log) that runs on the loop's next turn; a full batch's at once made a turn of 10-15 ms under
-#: a crowd, during which no connection is read: a high-priority request arriving then waited for all of them
-#: before its bytes were even parsed (issue #16's (d)). Its own answer comes first: a batch is filled from the
-#: highest level down.
+#: task (encode, write, log) on the loop's next turn; a whole batch's at once makes a long turn during which no
+#: connection is read, so a high-priority request arriving then would wait for all of them before being parsed.
+#: A batch is filled from the highest level down, so its answers come first.
 ANSWER_CHUNK = 8
 
 

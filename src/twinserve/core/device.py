@@ -1,19 +1,12 @@
 """Where a model computes (`--device cpu | cuda | cuda:N | auto`), and the CUDA streams its batches run on.
 
-Three parts, each small enough to test without a GPU:
+- `resolve_device(setting)`: the device string a model sees as `self.device`; a device that cannot be had fails
+  at start-up (`MissingExtra` without torch, `ConfigError` without the GPU).
+- `Placement`: gives each thread that runs predict its own stream, so one batch's host-to-device copy overlaps
+  another's compute; `CpuBackend` makes every step a pass-through, so the same code path runs on a CPU.
+- `to_device(array, device)`: what a model calls to hand a batch to the device (pinned, non-blocking on CUDA).
 
-- `resolve_device(setting)`: the device string a model sees as `self.device`. `auto` is CUDA when torch is installed
-  and sees a GPU, else `cpu`; `cuda` without torch is a `MissingExtra`, `cuda` without a GPU (or `cuda:N` past the
-  GPUs visible) a `ConfigError`, both at start-up. Whether CUDA is there is asked through a `CudaProbe`.
-- `Placement`: per model runtime (or per model-worker process), it gives each thread that runs predict its own
-  stream and runs a batch inside it (`computing()`), so that while one thread's batch computes, another's
-  host-to-device copy can go on at the same time on the same GPU. What a stream is comes from a `DeviceBackend`:
-  `CpuBackend` makes every step a pass-through (the same code path runs on a CPU), `CudaBackend` uses torch.
-- `to_device(array, device)`: what a model calls to hand a batch to the device; inside a batch on CUDA the host
-  tensor is pinned and copied without blocking on the batch's stream, elsewhere it is `torch.as_tensor(...).to()`.
-
-torch is imported only when a CUDA device is asked for (or `auto` finds torch installed): `core/` stays importable,
-and `--device cpu` costs nothing, without the `torch` extra.
+torch is imported only when a CUDA device is asked for, so `core/` stays importable without the `torch` extra.
 """
 
 from __future__ import annotations

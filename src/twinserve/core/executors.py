@@ -8,6 +8,7 @@ holds the rest back so that batches keep growing while the model is busy). For s
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import Executor as PoolExecutor
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from twinserve.core.device import Placement
 from twinserve.core.hooks import call_async, call_blocking, model_code
 from twinserve.core.streams import AsyncGeneratorSteps, AsyncSteps, GeneratorSteps, Steps, ThreadedSteps
 from twinserve.core.workers import ProcessPool, WorkerStream
+from twinserve.errors import ClientDisconnected
 from twinserve.model import Hook, ModelSpec
 
 __all__ = ["EXECUTORS", "Executor", "InlineExecutor", "ModelHandle", "ProcessExecutor", "ThreadExecutor"]
@@ -169,29 +171,75 @@ class ProcessExecutor:
 _STREAM_START_THREADS = 8
 
 
+#: Steps of a model-worker stream read ahead of its client: past them, a client that takes no more loses its stream.
+STREAM_BUFFER = 64
+#: The end of a stream's steps in its buffer.
+_END = object()
+
+
 class _AsyncWorkerSteps:
-    """A `WorkerStream` stepped from the event loop: it waits for a worker on one pool, steps on another."""
+    """A `WorkerStream` stepped from the event loop: it waits for a worker on one pool, steps on another.
+
+    The steps are read from the worker as it makes them, into a buffer of `STREAM_BUFFER` steps, so the worker is
+    held only while the model computes. A client that stops reading fills the buffer: its stream is closed there
+    and the worker goes back to the pool, instead of waiting on that client until its write deadline."""
 
     def __init__(self, stream: WorkerStream, starts: ThreadPoolExecutor, steps: ThreadPoolExecutor) -> None:
         self._stream = stream
         self._starts = starts
         self._steps = ThreadedSteps(stream, steps)
-        self._started = False
+        self._started = self._released = False
+        #: Steps read ahead, then one end: `_END`, or the exception the stream ended with.
+        self._buffer: asyncio.Queue[Any] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
 
     def __aiter__(self) -> _AsyncWorkerSteps:
         return self
 
     async def __anext__(self) -> list[Any]:
-        if not self._started:
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_ahead())
+        step = await self._buffer.get()
+        if step is _END:
+            self._buffer.put_nowait(_END)  # asked again, it is still over
+            raise StopAsyncIteration
+        if isinstance(step, BaseException):
+            self._buffer.put_nowait(step)
+            raise step
+        return step  # type: ignore[no-any-return]
+
+    async def _read_ahead(self) -> None:
+        try:
             await run_in_executor(self._starts, self._stream.start)
             self._started = True
-        return await self._steps.__anext__()
+            async for step in self._steps:
+                if self._buffer.qsize() >= STREAM_BUFFER:
+                    await self._release()
+                    self._buffer.put_nowait(
+                        ClientDisconnected(f"the client fell {STREAM_BUFFER} steps behind its stream, which was closed")
+                    )
+                    return
+                self._buffer.put_nowait(step)
+            self._buffer.put_nowait(_END)
+        except Exception as exc:  # the stream's own failure (a model error, a dead worker): the client's to read
+            self._buffer.put_nowait(exc)
 
-    async def aclose(self) -> None:
+    async def _release(self) -> None:
+        """Close the stream: the worker closes the model's generator and is idle again, once."""
+        if self._released:
+            return
+        self._released = True
         if self._started:
             await self._steps.aclose()
         else:
             self._stream.close()  # safe while `start` still waits for a worker: it hands the worker back
+
+    async def aclose(self) -> None:
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.cancel()
+            await asyncio.wait([reader])  # it is over before the stream closes (a step in progress settles then)
+        await self._release()
 
 
 def _stream_hook(hook: Hook | None) -> Hook:

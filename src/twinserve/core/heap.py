@@ -1,23 +1,11 @@
 """The garbage collector's pauses, kept short while a process serves.
 
-CPython's full collection walks every object the collector tracks, and a serving process holds a great many that
-live as long as it does: its imports and its models (numpy, scikit-learn, pydantic, uvicorn...: 130,000 objects
-for the built-in iris example). Under load, full collections came every 1-2 s and each stopped the event loop (or
-every request thread: one GIL) for 50-120 ms; measured with the async server, a high-priority client beside 500
-low-priority connections, these pauses were the whole of its P99 (108 ms where its median was 21 ms). SGLang met
-the same stalls (sgl-project/sglang#9241).
-
-`settle` runs once in each serving process (a server process, a model worker), after its models have loaded and
-before it serves: one full collection, then everything still alive is frozen (`gc.freeze`), out of every later
-collection's walk. What serving creates is collected as before, and the youngest generation is collected per
-`YOUNG_THRESHOLD` allocations rather than CPython's 700: a request's objects are mostly still in flight at a
-collection, so a small threshold moved them to the older generations, each pass walking them again; measured in
-the same run, the collector's time fell from ~65 ms to ~10 ms a second. Ray Serve's replicas settle too. Not done
-in a process that merely builds an app (the tests' in-process apps): freezing is for processes that serve from then
-on.
-
-Frozen objects are never collected: a model unloaded while the server runs would leave its reference cycles
-behind. `collect_all` (after an unload) unfreezes, collects and freezes again.
+A full collection walks every tracked object, and a serving process holds many that live as long as it does (its
+imports and models), so under load full collections stopped the event loop (or, through the GIL, every request
+thread) long enough to dominate tail latency. `settle` runs once per serving process after its models load: one
+full collection, then `gc.freeze` keeps what is alive out of every later walk, and the youngest generation is
+collected less often (`YOUNG_THRESHOLD`), since a request's objects are mostly still in flight at a collection.
+Frozen objects are never collected, so `collect_all` (after an unload) unfreezes, collects and freezes again.
 """
 
 from __future__ import annotations

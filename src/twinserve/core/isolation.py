@@ -1,25 +1,11 @@
 """Failure isolation: when `predict` raises for a batch of several requests, find the failing ones by bisection.
 
-A batch that failed as a whole is re-run split in two halves (by request: a request's instances stay together,
-and a request fails if any of its instances does); each half that fails again is split again, until every
-request is either answered or has failed alone. With k failing requests among m, that is at most
-2·k·⌈log2 m⌉ re-runs, and never more than the budget (`--isolate-max-reruns`): requests still unresolved
-when it runs out fail with the error of the smallest batch they were in.
-
-Only errors the model's own code raised are bisected: `ModelFailed` (it raised) and a `ClientError` it raised on
-purpose to reject an instance (`ValidationFailed`, say). The rest fail the batch as a whole:
-- `OutputMismatch`: a wrong output count breaks the one-output-per-input contract of the call itself; it says
-  nothing about which instance is at fault, and a predict that miscounts usually does so for every batch, where
-  bisection would spend 2m-1 calls to fail every request anyway. (A half that miscounts during bisection fails
-  its own requests, unsplit.)
-- `WorkerDied`: an instance that crashes its model worker (segfault, OOM) would kill one worker per re-run, and
-  each replacement reloads the model while the pool serves everyone else with fewer workers; 503 is retryable.
-- anything else (shutdown, a deadline): not the model's doing.
-
-A model whose `predict` must not run twice on the same instance (it writes somewhere, or counts) opts out with a
-class attribute `isolate_failures = False`; `--no-isolate-failures` turns isolation off for every model.
-
-`Bisection` is the pure policy; `bisect` and `abisect` drive it over a blocking or a coroutine predict.
+A failed batch is re-run in halves (by request, whose instances stay together) until every request is answered
+or has failed alone, within a budget (`--isolate-max-reruns`); requests left unresolved fail with the error of the
+smallest batch they were in. Only errors the model's own code raised are bisected (`ModelFailed`, a `ClientError`
+it raised): an `OutputMismatch` says nothing about which instance is at fault, a `WorkerDied` would kill a worker
+per re-run, and anything else is not the model's doing. A model whose `predict` must not run twice on an instance
+opts out with `isolate_failures = False`. `Bisection` is the pure policy; `bisect` and `abisect` drive it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Failed-authentication lockout per client address: a pure policy (addresses and a clock in, decisions out).
 
-After `limit` failures from one address within `window_s` seconds, that address is locked out for `window_s`
-seconds: every request it makes is refused (429 + Retry-After) before any key is compared, a correct key
-included, so a guesser learns nothing while locked out and makes at most `limit` guesses a window. Like
-fail2ban's jail or django-axes' lockout, but in memory and per server process.
-
-Memory is bounded: at most `max_tracked` addresses are remembered, least recently seen dropped first (an
-attacker who controls more addresses than that could make a dropped address guess again; he can guess from each
-of them anyway). Each address holds at most `limit` timestamps.
-
-Failures are also counted for the log in aggregate: `report()` hands back one `FailureReport` per interval that
-had any, never one line per failure, so a flood of guesses cannot flood the log.
+After `limit` failures from one address within `window_s`, that address is refused (429 + Retry-After) for
+`window_s` before any key is compared, so a guesser makes at most `limit` guesses a window and learns nothing
+while locked out. Memory is bounded (`max_tracked` addresses, least recently seen dropped first), and failures
+are reported in aggregate per interval (`report()`), so a flood of guesses cannot flood the log.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Handing freed heap memory back to the operating system, where the C library can (glibc's `malloc_trim`).
 
 Once a large block has been freed, glibc raises its mmap threshold, so later blocks of that size come from the
-heap arenas (one per thread) instead of their own mappings, and stay resident when freed. Measured with 6
-clients sending 14 MiB bodies refused with 413, twice each: the async server kept +63 MiB, and under two body
-sizes with a trim after each refused large body; the sync server (8 request threads, each with its arena) kept
-+125-180 MiB over rounds of such clients, +80-150 MiB with the trim. A trim took ~0.1 ms on a 480 MiB heap.
-Where there is no `malloc_trim` (musl, macOS), this does nothing.
+per-thread heap arenas and stay resident when freed: a server that refused large bodies kept that memory. A trim
+after such a body returns it, and is cheap. Where there is no `malloc_trim` (musl, macOS), this does nothing.
 """
 
 from __future__ import annotations

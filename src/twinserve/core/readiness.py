@@ -1,14 +1,10 @@
 """A server of several processes is ready as one: once each of them has loaded its models.
 
-Every server process answers while its models load (live, not ready) and loads them on its own. With `--workers N`
-the kernel, or gunicorn's one socket, hands a connection to any of them: a readiness probe one process answered 200
-while another still loads would send requests there that wait for that load (and a client reading a model's status
-would get 503 from one process after 200 from another). So each process, once its models have loaded, marks itself
-(`ServerReadiness.mark`: an empty file named by its pid, in a folder only the server's account may enter, which the
-starting process made with `create` and named in `TWINSERVE_READY_DIR`: gunicorn forks the workers and uvicorn
-spawns them, and the environment is all they share), and each says ready once N live processes have marked
-(`all_ready`), then for good: a worker started later to replace one that died says only its own readiness, as a
-worker that had not loaded said nothing at all before (its connections waited in the kernel's backlog).
+With `--workers N` any process may get a connection, so a readiness probe answered 200 by one process while
+another still loads would send requests to wait for that load. Each process, once loaded, marks itself (an empty
+file named by its pid, in a private folder the starting process made and named in `TWINSERVE_READY_DIR`, since
+the environment is all that forked and spawned workers share), and says ready once N live processes have marked;
+from then on for good, so a replacement worker says only its own readiness.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """One model in one process: load it once, then preprocess, batch and predict, from threads or an event loop.
 
 `ModelRuntime` knows nothing of HTTP. The sync front calls `predict`, the async fronts await `apredict`; both
-run the same hooks, the same admission and batching policy, and raise the same errors.
-
-How a request reaches `predict`:
-- sync, no batching (`--max-batch-size 1`, the default): called directly in the request thread (S3);
-- sync with batching: request threads wait while a `ThreadBatcher` gathers their instances into batches;
-- async / hybrid: coroutines wait while an `AsyncBatcher` gathers batches for the executor (inline coroutine,
-  dedicated threads, or model-worker processes).
-
-A streaming model's `stream` / `astream` skip the batcher: the request's own instances are one generator call,
-stepped in the request thread (sync), on the loop or a thread (async), or in a model worker (hybrid).
+run the same hooks, admission and batching policy, and raise the same errors. Without batching predict runs in
+the request thread (S3); with it a `ThreadBatcher` (sync) or `AsyncBatcher` (async, hybrid) gathers batches. A
+streaming model's `stream` / `astream` skip the batcher: one generator call per request.
 """
 
 from __future__ import annotations
@@ -267,14 +260,6 @@ class ModelRuntime:
         if error is not None:
             (self._async_batcher or self._thread_batcher).stats.rejected += 1  # type: ignore[union-attr]
         return error
-
-    def admits(self, priority: int = 1) -> bool:
-        """Whether the batch queue would take one more instance at `priority` now (`early_refusal`, uncounted)."""
-        batcher = self._async_batcher or self._thread_batcher
-        if batcher is None or self.cache is not None:
-            return True
-        queue = batcher.queue
-        return queue.bound.admits(queue.queued_instances, 1, priority, queue.expected_wait(1, priority))
 
     def _queue_refusal(self, priority: int) -> QueueFull | None:
         batcher = self._async_batcher or self._thread_batcher

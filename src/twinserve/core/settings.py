@@ -1,17 +1,10 @@
 """Per-model settings: the few `Config` fields one model may set for itself, over the server's own.
 
-A model sets them as a class attribute::
-
-    class Classifier(twinserve.Model):
-        settings = {"max_batch_size": 32, "max_batch_delay_ms": 2, "model_workers": 2, "timeout_ms": 500}
-
-or in the `[settings]` table of its `twinserve.toml` in a model repository (`twinserve.repository`), which wins
-over the class. Whatever neither sets comes from the server's flags. The result is one more `Config`, validated
-by `Config` itself, so every cross-field rule (`--arch hybrid` needs the process executor, the default priority
-within the levels...) holds per model exactly as it does for the server; each `ModelRuntime` reads only its own.
-
-Server-wide settings (the port, the server processes, the architecture, API keys...) are refused per model with
-an error that names the key: they describe the server, not a model.
+A model sets them as a class attribute (`settings = {"max_batch_size": 32, "timeout_ms": 500}`) or in the
+`[settings]` table of its `twinserve.toml` in a model repository, which wins over the class; the rest comes from
+the server's flags. The result is one more `Config`, validated by `Config` itself, so every cross-field rule holds
+per model as it does for the server. Server-wide settings (port, processes, architecture, API keys) are refused
+per model with an error that names the key.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def private_file(prefix: str, suffix: str = "") -> tuple[int, str]:
     removed when this process exits, not when a forked worker does (it inherits the handler too).
 
     A file at a fixed or guessable path in the shared /dev/shm would let another local account make it first and
-    take it over (issue #44): the folder, made by `mkdtemp`, is what keeps it out, together with every file made
+    take it over: the folder, made by `mkdtemp`, is what keeps it out, together with every file made
     in it later (`DesiredState`'s replacements and lock)."""
     base = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
     folder = tempfile.mkdtemp(prefix=prefix, dir=base)

@@ -1,16 +1,10 @@
 """Streaming predict calls, stepped by whoever sends the steps: one generator call per request, never batched.
 
-A stream computes a step only when its caller asks for the next one, so a step is made after the previous one
-was handed to the client's socket, and nothing more is computed once the caller stops asking. Closing a stream
-closes the model's generator (its `finally` runs) wherever it lives.
-
-- `Steps`: the blocking shape (`next()` / `close()`), used by the sync front, in model-worker processes, and
-  by `ThreadedSteps`.
-- `AsyncSteps`: the coroutine shape (`await anext()` / `await aclose()`), used by the async front.
-- `GeneratorSteps`: the model's generator stepped on the calling thread (an async generator runs on the
-  thread's own event loop).
-- `AsyncGeneratorSteps`: the model's async generator stepped on the event loop.
-- `ThreadedSteps`: a blocking `Steps` stepped on a thread pool, so the event loop never blocks on the model.
+A step is computed only when the caller asks for the next one, so nothing more is computed once it stops asking;
+closing a stream closes the model's generator (its `finally` runs) wherever it lives. `Steps` / `AsyncSteps` are
+the blocking and coroutine shapes; `GeneratorSteps` and `AsyncGeneratorSteps` step the model's generator on the
+calling thread or the event loop; `ThreadedSteps` steps a blocking `Steps` on a thread pool, so the event loop
+never blocks on the model.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """How many threads a model's math libraries may use where predict runs: the usable cores, shared among the
 predicts the server runs at once.
 
-torch, OpenBLAS, MKL and OpenMP each start one thread per core in every process that uses them, and OpenMP one
-team per thread that calls it. Two server processes computing MiniLM on two cores then run four busy threads on
-two cores, and each batch waits on the other's: more context switches and cache misses, not more work done. Ray
-Serve gives each replica `OMP_NUM_THREADS` = its CPUs; Triton has a per-model `intra_op_thread_count`.
-
-twinserve caps them at `--model-threads`, by default the usable cores (this process's CPU affinity, lowered to a
-cgroup CPU quota: a container's CPU limit) over the predicts that can run at once: processes x the predicts one
-process runs at a time (its model workers' threads, or the sync front's request threads). A cap it derives only
-lowers a library's own count, never raises it (MKL and torch start one per physical core, not per hyperthread);
-`--model-threads` sets it outright; a user who set `OMP_NUM_THREADS`, `MKL_NUM_THREADS` or
-`OPENBLAS_NUM_THREADS` chose for themselves, and nothing is changed. It applies after the model's `load()` has
-imported its libraries and before its first batch (`limit_threads`). OpenMP's setting (libgomp's, which
-scikit-learn and torch load) is the calling thread's own, so each thread that runs predict applies the cap again
-before its first batch (`cap_this_thread`, from `Placement.computing`).
+torch, OpenBLAS, MKL and OpenMP each start one thread per core in every process, so several processes computing
+at once oversubscribe the cores: more context switches and cache misses, not more work. twinserve caps them at
+`--model-threads`, by default the usable cores (CPU affinity and cgroup quota) over the predicts that can run at
+once. A derived cap only lowers a library's count; a user's own `OMP_NUM_THREADS` etc. is left alone. OpenMP's
+setting is per thread, so each thread that runs predict applies the cap again (`cap_this_thread`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The messages between the server and its model-worker processes (hybrid), and how each crosses the pipe.
 
-Server to worker: `PredictBatch` (reply `BatchReply`), `StartStream` then `NextStep`s (each replied by a
-`StepReply`) until the stream ends or the server sends `CloseStream` (no reply), `None` to exit. Worker to server,
-once: `WorkerReady`, or `WorkerFailed` when the model cannot be imported or loaded.
-
-One message is one frame on the pipe (`send` / `recv`): pickle protocol 5 with its buffers out of band, so a
-numpy array (or anything else that pickles through `PickleBuffer`) crosses as its raw bytes appended to the frame
-instead of being copied into the pickle stream and out again; a message without such buffers is a plain pickle.
-The receiver gets each array back writable, in a buffer of its own, as an in-band pickle would have given it.
-
-Pydantic models (the validated instances of most models, and often their outputs) cross as their field values:
-pydantic's own pickling (`__getstate__` / `__setstate__`) costs about ten times as much per instance, which made
-the pipe, not the model, the larger share of a small model's CPU in hybrid. A model with extra fields, private
-attributes or its own pickling takes pydantic's path.
+Server to worker: `PredictBatch`, `StartStream` / `NextStep` / `CloseStream`, `None` to exit; worker to server:
+`BatchReply`, `StepReply`, and once `WorkerReady` or `WorkerFailed`. One message is one frame: pickle protocol 5
+with buffers out of band, so a numpy array crosses as its raw bytes rather than copied through the pickle stream.
+Plain pydantic models cross as their field values, because pydantic's own pickling is much slower and made the
+pipe, not the model, the larger share of a small model's CPU.
 """
 
 from __future__ import annotations

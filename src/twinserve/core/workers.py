@@ -1,22 +1,11 @@
 """Model-worker processes for the hybrid architecture: start, feed whole batches, replace the dead (S18, S24).
 
-Each worker is a process that imports and loads the model once, then answers one batch at a time over a pipe
-(core/model_worker.py). Workers are forked from multiprocessing's fork server, a process of this process's own
-that has imported twinserve's side of a worker and nothing else (no model, no math library, no thread, no event
-loop): a worker then starts with those modules instead of importing them in a fresh interpreter, and a pool's
-workers start side by side (measured: see `PRELOAD`). The supervisor side (`ProcessPool`) hands each batch to an
-idle worker and waits for either its reply or its death: a worker that dies (OOM kill, segfault, `kill -9`) fails
-only the batch it held, with a 503, and a replacement is started in the background while the other workers keep
-serving.
-
-A stream (`WorkerStream`) holds one worker from its start to its end and pulls its steps one at a time; to stop
-it early the server sends `CloseStream`, the worker closes the model's generator and is idle again.
-
-The messages and their framing on the pipe are `twinserve.core.wire`'s. From the event loop (`acall`) a batch is
-sent and its reply read on the loop itself, woken by the pipe (or the worker's death) becoming readable: no thread
-hand-off on either side of the batch. A batch whose frame is large, or one that finds no idle worker, is sent and
-waited for on a thread instead, so the loop never blocks on a full pipe or on a worker being replaced. A reply
-whose first bytes have come is read to its end on the loop: the worker is writing the rest, a copy's time.
+Each worker imports and loads the model once, then answers one batch at a time over a pipe (core/model_worker.py).
+Workers are forked from a fork server that has imported only twinserve's side of a worker, so they start fast and
+side by side. `ProcessPool` hands each batch to an idle worker; a worker that dies fails only the batch it held
+(503) and is replaced in the background. A stream (`WorkerStream`) holds one worker from start to end. From the
+event loop (`acall`) small batches are sent and read on the loop itself, with no thread hand-off; a large frame or
+a wait for a worker goes through a thread, so the loop never blocks.
 """
 
 from __future__ import annotations
@@ -65,11 +54,8 @@ LOOP_FRAME_BYTES = 65536 - 64
 _NEXT_STEP = wire.encode(NextStep())
 
 #: What the fork server imports before forking a worker: `model_worker_main`'s own imports. Not numpy or a model's
-#: modules: a math library may start threads as it is imported, and a process with threads must not fork. Measured
-#: on 2 cores (2026-12-05): a pool of two trivial models' workers started in 0.81 s spawned one after the other,
-#: 0.18 s forked side by side; the contract suite's hybrid server (11 models, 2 HTTP workers) ready in 15.6 s -> 9.9 s.
-#: The fork server costs about 25 MiB PSS per HTTP worker, and each worker forked from it shares its pages: about
-#: 8 MiB PSS less per worker (4 workers: 373 -> 365 MiB for the whole server).
+#: modules: a math library may start threads as it is imported, and a process with threads must not fork. Forked
+#: workers start much faster than spawned ones and share the fork server's pages, which pays for its own memory.
 PRELOAD = (
     "twinserve.core.model_worker",
     "twinserve.core.device",

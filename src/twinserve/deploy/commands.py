@@ -1,17 +1,11 @@
 """`twinserve k8s`: Kubernetes (or KServe) manifests and a Dockerfile for `twinserve serve` with the same flags.
 
 Stdout gets the Deployment, Service, HorizontalPodAutoscaler (+ prometheus-adapter rules), PodMonitor and
-PrometheusRule (alerts on the SLO's burn rate, queue saturation, worker deaths and refusals) as multi-document
-YAML; or the KServe InferenceService alone with `--kserve`, the Grafana dashboard with `--dashboard`, the alerting
-rules as a plain Prometheus rules file with `--alert-rules`.
-`--out DIR` writes them all as `kubernetes.yaml`, `kserve.yaml`, `grafana-dashboard.json` and
-`prometheus-rules.yaml`, plus the image's build context: `Dockerfile`, the wheel of this twinserve (no index has
-to have it) and the model files the command names, at their relative paths: `docker build -t IMAGE DIR`.
-
-With `--model-repository DIR` the container serves the repository at /models: the image holds a copy of DIR
-(`--out` puts it in the build context), or `--repository-volume CLAIM` mounts an existing PersistentVolumeClaim
-holding it there, read-only (then the image holds no models, and `--model-control poll` follows what is copied
-onto the volume).
+PrometheusRule as multi-document YAML; or the KServe InferenceService alone with `--kserve`, the Grafana dashboard
+with `--dashboard`, the alerting rules as a plain Prometheus rules file with `--alert-rules`. `--out DIR` writes
+them all, plus the image's build context (`Dockerfile`, this twinserve's wheel, the model files the command
+names): `docker build -t IMAGE DIR`. With `--model-repository DIR` the container serves the repository at
+/models, copied into the image or mounted read-only from `--repository-volume CLAIM`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """What the image's build context carries: the model modules the command names, and the files their models read.
 
 `twinserve k8s --out DIR` lays each at its path relative to the working directory, which is its path in DIR and
-under the image's WORKDIR, where the command finds it:
-
-- `path/file.py:Class` (or `module:Class` for a `module.py` in the working directory): the file, and the files its
-  model reads: those its class declares in `files` (relative to the module's folder, read from the source: the
-  model is never imported here), or, when it declares none, every file beside the module. Beside means the
-  folder's own files, not its subfolders: a model at the top of a project would otherwise sweep the project in.
-- `pkg.mod:Class` whose package sits uninstalled in the working directory: the package folder, data files and
-  all, and any declared file outside it.
-- an installed package: nothing (twinserve's own modules are in the wheel; any other the image must install).
-- a model repository (`--model-repository DIR`, unless it comes from a volume): DIR, whole, as REPOSITORY_CONTEXT.
-
-Never carried, wherever found: `__pycache__` and bytecode, hidden files and folders (`.git`, `.env`: secrets and
-history have no place in an image), virtualenvs (a folder holding `pyvenv.cfg`: the image installs its own) and
-the --out folder itself. Each skip is reported with its reason, and so is each folder left out of a sweep.
-
-Besides what it carries, a context lists the files `deploy.needed_extras` reads for the extras the image needs:
-every carried file, the repository's even when a volume holds it, and the source of a `twinserve.*` model.
+under the image's WORKDIR: a model file with the files its class declares in `files` (read from the source, never
+imported) or else the files beside it (not subfolders, so a model at a project's top does not sweep the project
+in); an uninstalled package whole; a model repository as REPOSITORY_CONTEXT; nothing for an installed package.
+Bytecode, hidden files (`.git`, `.env`: secrets), virtualenvs and the --out folder are never carried; each skip
+is reported with its reason. The context also lists the files `deploy.needed_extras` reads.
 """
 
 from __future__ import annotations

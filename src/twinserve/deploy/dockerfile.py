@@ -1,13 +1,9 @@
 """The image the manifests run: python:3.11-slim, twinserve from its own wheel with the extras its models need, the
 model modules with the files their models read, a non-root user.
 
-`twinserve k8s --out DIR` makes DIR the image's build context (`docker build DIR`): the Dockerfile, the wheel of
-the twinserve that wrote it (`twinserve.deploy.wheel`: no index needs to have this release) and what
-`twinserve.deploy.context` found the models need: each model module the command names, with the files its model
-reads, at the same relative path under the image's WORKDIR, where the command finds them; a model repository
-(`--model-repository DIR`) as REPOSITORY_CONTEXT, copied to REPOSITORY_PATH where the command names it, unless it
-comes from a volume (`--repository-volume`). pip installs the wheel with the extras `twinserve.deploy.needed_extras`
-found. Comments in the Dockerfile say what the context carries, what it skipped, and why each extra is there.
+The build context is what `twinserve k8s --out DIR` wrote: the Dockerfile, the wheel of the twinserve that wrote
+it (so no index needs this release), and what `twinserve.deploy.context` found, at the same relative paths under
+WORKDIR. Comments in the Dockerfile say what the context carries, what it skipped, and why each extra is there.
 """
 
 from __future__ import annotations

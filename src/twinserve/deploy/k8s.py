@@ -1,16 +1,10 @@
 """Kubernetes manifests for one twinserve server: Deployment, Service, autoscaler, PodMonitor, alerts, KServe.
 
-Every object is a plain dict built from one `K8sPlan` (deploy/k8s_plan.py, with the rules that size a pod's CPU and
-memory requests), whose `Config` is the same object `twinserve serve` would build from the same flags; the
-container runs exactly `serve_command(config)`.
-
-- Autoscaling: sync on CPU utilization; async and hybrid on `twinserve_in_flight_requests` per pod (a Pods
-  metric served by prometheus-adapter, whose rule ships as a ConfigMap). Targets come from
-  `lab.advise.autoscaling_targets` with results, else `DEFAULT_CPU_UTILIZATION` / `DEFAULT_IN_FLIGHT_PER_CORE`.
-- A model repository (`--model-repository DIR`) is at `REPOSITORY_PATH` in the container: in the image (the
-  Dockerfile copies DIR there), or on an existing PersistentVolumeClaim (`repository_volume`) mounted read-only.
-- Monitoring: the PodMonitor names the scrape job after the deployment (`jobLabel`), which the alerting rules
-  (`deploy.monitoring`, a PrometheusRule) and the Grafana dashboard (`deploy.dashboard`) select on.
+Every object is a plain dict built from one `K8sPlan` (deploy/k8s_plan.py), whose `Config` is the one `twinserve
+serve` would build from the same flags; the container runs exactly `serve_command(config)`. Sync autoscales on CPU
+utilization, async and hybrid on `twinserve_in_flight_requests` per pod (via prometheus-adapter). A model
+repository is at `REPOSITORY_PATH`, in the image or on a read-only PersistentVolumeClaim. The PodMonitor names the
+scrape job after the deployment, which the alerting rules and the Grafana dashboard select on.
 """
 
 from __future__ import annotations

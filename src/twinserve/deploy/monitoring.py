@@ -1,19 +1,10 @@
 """Prometheus alerting rules for one twinserve deployment: SLO burn rate, queue saturation, worker deaths, refusals.
 
-`twinserve k8s` emits them twice, with the same groups: a plain rules file (`rule_files:` of a Prometheus you run)
-and a `PrometheusRule` for the Prometheus Operator. Everything is built from one `Scope` (which series are this
-deployment's, and its queue's capacity) and its `Objectives`.
-
-The SLO alerts follow the Google SRE workbook's "multiwindow, multi-burn-rate" alerts (chapter 5, "Alerting on
-SLOs"): an SLI is the share of bad requests, its budget is 1 - objective, and an alert fires when the budget burns
-`factor` times too fast over a long window *and* a short one (the short window ends the alert soon after the burn
-stops). Two SLIs:
-
-- availability: inference requests answered with a 5xx status (503 refusals and 504 deadlines included: the caller
-  got no answer), over every inference endpoint;
-- latency (with a P95 objective): `predict` and `infer` requests slower than the objective, read from the request
-  histogram at the largest bucket bound not above it (a histogram can only count at its bounds; rounding down
-  may alert early, never late).
+Emitted as a plain rules file and as a `PrometheusRule`, both built from one `Scope` and its `Objectives`. The SLO
+alerts are the Google SRE workbook's multiwindow, multi-burn-rate alerts: one fires when the error budget burns
+`factor` times too fast over a long window and a short one (so it ends soon after the burn stops). Two SLIs:
+inference answered with a 5xx (refusals and deadlines included: the caller got no answer), and, with a P95
+objective, requests slower than it, read at the largest histogram bound not above it (early, never late).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Which of twinserve's extras the image needs, found without running any model code.
 
-An image that installs twinserve without the extra its model imports fails at start-up (`load_sklearn needs the
-skops package`), far from the command that wrote it. So `twinserve k8s --out` reads what the build context holds
-(`deploy.context.BuildContext.scanned`):
-
-- each Python file's imports, parsed with `ast` (never imported): `skops`, `onnxruntime` and `safetensors` need
-  `safe`; `torch` needs `torch`; `opentelemetry`, `locust` and `ray` their namesakes (MODULE_EXTRAS); and the
-  twinserve helpers that need one (`load_sklearn`, `load_onnx`: `safe`; `load_torch_weights`, `to_device`:
-  `torch`), as imported names or as `twinserve.<name>`; plus string literals that name a model file (`"bc.skops"`);
-- each file's suffix: `.skops`, `.onnx`, `.safetensors` need `safe`, `.pt` and `.pth` need `torch` (FILE_EXTRAS);
-- the settings the command passes: `--tracing` needs `otel`, `--device cuda` needs `torch`.
-
-What none of these sees (a module imported by a name built at run time, a dependency of a dependency) the user
-adds with `--extra NAME`. Every choice keeps its reasons, which the Dockerfile and the command's output show.
+An image without the extra its model imports fails at start-up, far from the command that wrote it. So
+`twinserve k8s --out` reads the build context: each Python file's imports and twinserve helpers, parsed with `ast`
+(MODULE_EXTRAS), model-file suffixes and literals (FILE_EXTRAS), and the settings (`--tracing`, `--device cuda`).
+What none of these sees the user adds with `--extra NAME`. Every choice keeps its reasons, which the Dockerfile
+and the command's output show.
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """`twinserve ray`: the same model and HTTP contract on Ray Serve, one async front per replica.
 
-Each replica is a Ray Serve ASGI ingress whose app is the one `twinserve serve --arch async` runs
-(`create_asgi_app` over a `Service`), built in the replica at start-up. Ray runs the app's ASGI lifespan when the
-replica starts, so each replica loads its models once; batching is twinserve's own engine batcher inside each
-replica, with the same settings as `serve` (`@serve.batch` batches calls of a deployment method, not the ASGI
-requests the shared front handles, and would bypass twinserve's admission, deadlines and batch metrics; measured
-against a bare `@serve.batch` deployment of the same model in `benchmarks/ray_batching.py`). Ray's HTTP proxy
-routes every path to the app (`route_prefix="/"`).
-
-A model repository (`--model-repository DIR`): each replica builds the same `ModelRegistry` as `twinserve serve`,
-so it serves every model and version of DIR with the versioned routes and the repository API. DIR is read from
-the replica's node, at its absolute path: a local Ray shares this machine's; on a cluster every node needs it
-there (a shared filesystem). `--model-control poll` works per replica (each follows the folder); `explicit` is
-refused beside more than one replica, since a load would reach the one replica Ray routed it to.
-
-gRPC (`--grpc-port`): the lifespan of each replica also starts twinserve's `grpc.aio` server on that port, on the
-replica's node and event loop (replicas on one node share it through SO_REUSEPORT). Ray's own gRPC proxy is not
-used: it routes only to Ray-defined servicer methods, not to `inference.GRPCInferenceService`.
-
-Backpressure: Ray lets a replica take up to `max_ongoing_requests` requests, set above what its batcher holds
-(`replica_capacity`), so a full replica still receives the next request and its own admission answers 503 with
-twinserve's body and `Retry-After`, exactly as `twinserve serve` does. Ray's proxy queues requests only while no
-replica can take one (replicas starting, dying, scaled to zero); `--max-queued-requests` bounds that queue, and
-past it Ray itself answers 503 + `Retry-After: 1` with a plain-text body.
-
-Metrics: every replica is a separate process with its own multiprocess directory, so `/metrics` is exact for the
-replica that answered the scrape, not for the whole application: a scrape through the proxy reaches one replica.
-Summing over replicas is Prometheus's job (scrape the replicas, told apart by the `pid` label of
-`twinserve_process_resident_memory_bytes`).
-
-Request ids: Ray's proxy gives each request the client's `X-Request-ID` (else a uuid) and returns it itself; the app
-echoes the same id. A client id twinserve finds unsafe is still echoed raw by the proxy, while twinserve logs and
-answers with one of its own.
+Each replica is a Ray Serve ASGI ingress running the app of `twinserve serve --arch async`, loading its models
+once in its lifespan. Batching is twinserve's own batcher, not `@serve.batch`, which would bypass its admission,
+deadlines and batch metrics. A model repository is read from each replica's node (`explicit` model control is
+refused beside several replicas); gRPC is twinserve's own server per replica, since Ray's proxy routes only to
+Ray-defined servicers. `max_ongoing_requests` is set above a replica's batcher capacity, so twinserve's own
+admission answers 503. `/metrics` is per replica: summing over replicas is Prometheus's job.
 """
 
 from __future__ import annotations

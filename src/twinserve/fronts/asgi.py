@@ -39,11 +39,12 @@ from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.sse import AsgiEventStream
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
 from twinserve.protocol.v2 import HEADER_LENGTH
+from twinserve.service.admission import RequestHead
 from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
 from twinserve.service.drive import StreamStart, ainfer, astreamed
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import BodyRule, RequestHead
+from twinserve.service.lifecycle import BodyRule
 from twinserve.service.routes import REQUEST_ID_HEADER, ROUTES, ErrorShape, error_shape
 
 __all__ = ["create_asgi_app"]

@@ -47,9 +47,9 @@ from twinserve.protocol.oip.messages import (
     statistics_message,
 )
 from twinserve.service import drive
+from twinserve.service.admission import RequestHead
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import RequestHead
 
 __all__ = [
     "GRPC_CODES",

@@ -2,7 +2,7 @@
 
 grpcio decodes a request with the deserializer a method handler names; when it raises, grpcio logs the exception
 with its traceback ("Exception deserializing request!") and ends the call with INTERNAL, for every message: a
-client sending garbage, before it is authenticated, wrote 1.65 MB of log in 2,000 messages (issue #44). So each
+client sending garbage, before it is authenticated, could fill the log. So each
 handler's deserializer is wrapped, through grpc.aio's documented server interceptor, to return a `Malformed` marker
 instead of raising, and the handler's behaviour to refuse a marked call with INVALID_ARGUMENT: a bad message is the
 client's fault, not the server's. The refusals are counted per method and logged as one line per interval

@@ -6,11 +6,12 @@ error body, when the stream fails after its first step was sent). Everything up 
 responses here write the steps from the first on. A stream's exchange stays open until its last event: each
 response here closes it, exactly once, after closing the model's generator.
 
-A client that stops reading would hold its stream, and in hybrid the model worker computing it, for as long as its
-connection lasts: the event loop's writes wait for the socket to drain. So each event must be taken within
-`--read-timeout-s` (the write deadline; sync's socket timeout bounds its writes the same way); past it, the
-generator is closed, the request counted as the client's failure (499), and the connection closed: the response
-ends without its last chunk, which is how an ASGI app has uvicorn drop a connection mid-response.
+A client that stops reading would hold its stream for as long as its connection lasts: the event loop's writes wait
+for the socket to drain. So each event must be taken within `--read-timeout-s` (the write deadline; sync's socket
+timeout bounds its writes the same way); past it, the generator is closed, the request counted as the client's
+failure (499), and the connection closed: the response ends without its last chunk, which is how an ASGI app has
+uvicorn drop a connection mid-response. In hybrid the model worker is let go sooner, once the client is a buffer
+of steps behind (core/executors.py).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class AsgiEventStream:
                 last = SSE_END
         except _Stalled as stalled:
             exchange.failed(ClientDisconnected(str(stalled)))  # logged as the stream closes, below
+        except ClientDisconnected as behind:  # it fell too far behind (core/executors.py): no last event to send
+            exchange.failed(behind)
         except Exception as exc:
             last = sse_error(exchange.failed(exc), exchange.request_id)
         finally:

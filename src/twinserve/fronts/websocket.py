@@ -48,9 +48,9 @@ from twinserve.errors import (
 from twinserve.fronts.asgi_reply import AsgiReply
 from twinserve.protocol.websocket import BinaryMessage, MessageError, WebSocketCodec
 from twinserve.service import drive
+from twinserve.service.admission import RequestHead, admit_socket
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange, decode_off_loop
-from twinserve.service.lifecycle import RequestHead
 from twinserve.service.routes import error_shape
 
 __all__ = [
@@ -390,7 +390,7 @@ def websocket_endpoint(service: Service, sockets: OpenSockets) -> Callable[[WebS
                     "(--ws-max-per-client): close one first",
                     headers={"Retry-After": "1"},
                 )
-            runtime = service.admit_socket(websocket.path_params["model"])
+            runtime = admit_socket(service, websocket.path_params["model"])
         except TwinserveError as exc:
             await deny_handshake(websocket, service, exc)
             return

@@ -28,11 +28,12 @@ from twinserve.errors import (
 from twinserve.fronts.sse import SSE_HEADERS, WsgiEventStream
 from twinserve.protocol.v2 import HEADER_LENGTH
 from twinserve.service import drive
+from twinserve.service.admission import RequestHead
 from twinserve.service.compression import compress_reply
 from twinserve.service.contract import Reply, Service
 from twinserve.service.cors import merge_vary
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import DECIDED, BodyRule, RequestHead
+from twinserve.service.lifecycle import DECIDED, BodyRule
 from twinserve.service.routes import EVENT_STREAM, MODEL_NAME_PATTERN, REQUEST_ID_HEADER, ROUTES, error_shape
 
 __all__ = ["BACKLOG_ENVIRON", "create_wsgi_app"]

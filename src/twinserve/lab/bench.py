@@ -2,11 +2,8 @@
 
 Each server is started the way a user starts it (`twinserve serve`, a subprocess on a free loopback port) and
 measured from outside: load from `loadgen` (or wrk, or Locust), its process tree from psutil, its own /metrics.
-
-Over a model repository (`--model-repository DIR`) each architecture's server serves the whole repository, and
-the levels are driven at one model after another (`BenchTarget`): each model's default version over the
-unversioned routes, or a named version over the versioned ones. Each (server, model, version) is one `Run`,
-labelled with the model and version.
+Over a model repository each architecture's server serves the whole repository, and the levels are driven at one
+model (and version) after another (`BenchTarget`), each one `Run`.
 """
 
 from __future__ import annotations

@@ -77,9 +77,9 @@ def curve(rows: Sequence[Ceiling], threads: int | None = None) -> list[Ceiling]:
 
 def machine_ceiling(rows: Sequence[Ceiling], cpus: int) -> tuple[float, int, Ceiling] | None:
     """The most instances/s the model computes in-process on `cpus` cores: for each measurement, as many processes
-    as its busy cores leave room for, times its rate; (instances/s, processes, the measurement). Two MiniLM
-    processes capped at a thread each (2 x 432) beat one on both cores (717); a single-threaded forest's
-    measurement counts once per core."""
+    as its busy cores leave room for, times its rate; (instances/s, processes, the measurement). Two processes
+    capped at a thread each can beat one on both cores; a single-threaded model's measurement counts once per
+    core."""
     best: tuple[float, int, Ceiling] | None = None
     for row in rows:
         processes = room(cpus, row.cores)
@@ -121,7 +121,7 @@ def measure(
             if rows and max(r.cores for r in rows) < MULTI_THREADED:
                 break
             cap_threads(cap)
-            # The threads a cap retires spin a while before they sleep (OpenBLAS: ~0.1 s), and that CPU time would
+            # The threads a cap retires spin a while before they sleep (OpenBLAS does), and that CPU time would
             # count as this cap's cores.
             time.sleep(SETTLE_S)
         rows += _time_batches(spec.predict, pool, sizes, budget_s, cap)

@@ -1,18 +1,12 @@
 """NVIDIA perf_analyzer against twinserve's Open Inference Protocol (V2) endpoint: installed, run and read here.
 
-The binary ships inside PyPI's `tritonclient` wheel (`<wheel>.data/data/bin/perf_analyzer`) and links
-`libcudart.so.12` (from the `nvidia-cuda-runtime-cu12` wheel; no GPU is used over HTTP) and Debian's
-`libb64.so.0d` (`libb64-0d`, from `scripts/system-deps.sh`). Both wheels are downloaded with pip, never installed
-(the venv's own tritonclient is newer and conflicts), and the two files are unpacked into a tools folder:
-`$TWINSERVE_TOOLS_DIR`, else `<venv>/tools`, else `$XDG_CACHE_HOME/twinserve/tools`. Newer wheels' binaries need
-glibc 2.38, hence the pins.
+The binary and the `libcudart.so.12` it links are unpacked from pinned PyPI wheels (downloaded, never installed:
+the venv's own tritonclient is newer and conflicts, and newer binaries need a newer glibc) into a tools folder
+(`$TWINSERVE_TOOLS_DIR`, else `<venv>/tools`, else the XDG cache); `libb64` comes from `scripts/system-deps.sh`.
 
     python -m twinserve.lab.perf_analyzer install            # idempotent; prints the binary's path
     python -m twinserve.lab.perf_analyzer measure URL MODEL --concurrency 1,8 --duration 5
-    python -m twinserve.lab.perf_analyzer measure URL MODEL --grpc 127.0.0.1:8001  # over gRPC (-i grpc)
     python -m twinserve.lab.perf_analyzer -- -m iris -u 127.0.0.1:8000 ...   # any perf_analyzer arguments
-
-`scripts/perf-analyzer.sh` runs this module; `twinserve bench --driver perf_analyzer` and the tests use it too.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ class TreeSampler:
     """Samples the memory and CPU of a process and all its descendants in a thread.
 
     RSS and CPU every `interval` seconds (CPU summed over the tree as a percentage of one core); PSS and USS every
-    `kernel_interval` seconds and once at the end: reading them walks each process's page tables (about 2 ms for a
-    process holding a scikit-learn model), too much to do four times a second beside a measured server.
+    `kernel_interval` seconds and once at the end: reading them walks each process's page tables, too costly to do
+    several times a second beside a measured server.
 
     `roles` (pid -> role, from the server's /metrics) names the processes that announce themselves (`server`,
     `model_worker`); of the others, the root is the `supervisor` (gunicorn's arbiter, uvicorn's process manager:

@@ -223,7 +223,7 @@ class Verdict(_Model):
     source: str  # the article's point, e.g. "S20" (lab.verdicts.SOURCES has its words)
     holds: bool | None  # None: these measurements cannot tell
     evidence: str
-    #: For a claim with a magnitude: the claimed one ("5-10% lower") and the measured one ("44% lower").
+    #: For a claim with a magnitude: the claimed one ("5-10% lower") and the measured one, in the same words.
     claimed: str | None = None
     measured: str | None = None
 

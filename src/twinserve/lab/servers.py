@@ -1,14 +1,9 @@
 """Servers started the way a user starts them (a command, as a subprocess) and watched from outside.
 
-The one server-process helper of the project: the lab's bench, the tests and `benchmarks/` all start their
-servers with it. A server is ready once a condition holds (its health endpoint answers 200), never after a fixed
-sleep; a server that exits or never becomes ready fails loudly with what it printed; a server is stopped by its
-PID (SIGTERM, then SIGKILL after a grace period) and whatever it left behind in its own session goes with it.
-
-twinserve binds the port itself (`--port 0`) and says which one it got in its start-up line (see
-`twinserve.servers.announce`), so there is no window between picking a free port and binding it in which another
-process can take it. Servers that cannot do that (Redis, Ray's proxy, the benchmarks' peers) get a port picked
-here with `free_port`.
+The one server-process helper of the project (the lab, the tests and `benchmarks/` use it). A server is ready once
+a condition holds, never after a fixed sleep; one that exits or never becomes ready fails loudly with what it
+printed; stopping it (SIGTERM, then SIGKILL) takes its whole session. twinserve binds `--port 0` itself and
+announces its port, so no other process can take it in between; other servers get one from `free_port`.
 """
 
 from __future__ import annotations
@@ -134,8 +129,8 @@ def announced_url(output: str) -> str | None:
 @functools.cache
 def loopback() -> httpx.Client:
     """The client of the lab's small requests to the servers it runs (readiness polls, scrapes): `httpx.get` builds
-    a TLS context per call, loading the CA bundle (~21 ms of CPU), and a poll 20 times a second made that a load of
-    its own beside the server starting. No connection is kept between requests, as with `httpx.get`."""
+    a TLS context per call, loading the CA bundle, and frequent polls made that a CPU load of its own beside the
+    server starting. No connection is kept between requests, as with `httpx.get`."""
     return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 

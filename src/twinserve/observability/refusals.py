@@ -1,12 +1,10 @@
 """Requests shed by admission control, logged in aggregate: one line per interval, never one per refusal; and in the
-same way the requests the HTTP server could not read (`UNPARSED`: 400 `malformed_http`, 414, 431, before any route).
+same way the requests the HTTP server could not read (`UNPARSED`: 400 `malformed_http`, 414, 431).
 
-Under overload a server may refuse thousands of requests a second (503 `queue_full`, 429 `rate_limited`, 504
-`deadline_unmeetable`); a log line each would cost as much as the refusal itself and bury everything else. Each
-refusal is still a request-log event at debug level, and counted in `twinserve_rejected_requests_total`; at info
-level the log gets one warning per interval with the counts per model and reason. The first refusal after a
-quiet interval is logged at once, so a lone refusal is not held back; what is held is logged when the process
-exits (observability/tally.py keeps the counts).
+Under overload a log line per refusal would cost as much as the refusal and bury everything else. Each refusal is
+still a debug-level request-log event and counted in `twinserve_rejected_requests_total`; at info level one
+warning per interval gives the counts per model and reason. The first refusal after a quiet interval is logged
+at once, and what is held is logged when the process exits (observability/tally.py keeps the counts).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Every served request's metric writes, summed per interval: one write per metric and interval, not per request.
 
-A request served by the async front was counted in nine multiprocess metric writes (its latency histogram's bucket
-and sum, the requests counter, its priority's and version's outcome, its queue wait's bucket and sum, the in-flight
-gauge up and down); prometheus-client's multiprocess values cost about 2 µs a write (a lock, a pid check and an
-mmap write), so that was about 18 µs, near a tenth of twinserve's own CPU per request. `MetricSums` adds each
-write to a dict entry instead (observability/tally.py), and writes the sums at most every 50 ms: the first after
-a quiet interval at once, the rest at the interval's end, and all of them before this process renders `/metrics`
-or reads its totals, and whenever the process's last request in flight ends (its first one's in-flight gauge move
-is written at once). A scrape answered by another process sees them at most an interval late (only while this one
-has requests in flight), as it sees the early refusals'.
-
-A histogram's observation is summed into its bucket and its sum, and written with the histogram's own values
-(prometheus-client keeps them as `_buckets` and `_sum`, the fields `observe` writes);
-tests/unit/observability/test_sums.py renders both ways side by side, so a change there fails a test, not a scrape.
+A request makes several multiprocess metric writes, and prometheus-client's multiprocess writes (a lock, a pid
+check and an mmap write each) were a large share of twinserve's own CPU per request. `MetricSums` adds each write
+to a dict entry instead (observability/tally.py) and writes the sums each interval, and always before this
+process renders `/metrics` or reads its totals, or when its last in-flight request ends; another process's scrape
+sees them at most an interval late. Histograms are written through prometheus-client's own `_buckets` and `_sum`
+fields; tests/unit/observability/test_sums.py renders both ways, so a change there fails a test, not a scrape.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Counts (and other sums) kept in a plain dict and handed on at most once an interval: for events too frequent
 to count one metric write each.
 
-A request refused from its head (fronts/early.py) costs a few microseconds of Python besides its metrics, and
-prometheus-client's multiprocess counters cost about as much again per `inc()` (a lock, a pid check and an mmap
-write each; a refusal is counted in four or five). Under a flood that is a tenth of what each refusal costs.
-`Tally` adds 1 to a dict entry instead, and writes the sums at most every `interval_s` (50 ms by default): the
-first event after a quiet interval at once, the rest when the interval ends (the tally's writer thread), and
-everything on demand (`flush`, before `/metrics` renders, and when the process exits). A scrape of another process
-sees its counts at most an interval late. The same shape serves a log written in aggregate
-(observability/refusals.py): one line an interval, with the seconds it covers; and every served request's metrics
-(observability/sums.py).
+A multiprocess counter's `inc()` costs about as much as refusing a request early, so under a flood the metrics
+would be a large share of each refusal. `Tally` adds to a dict entry instead and writes the sums at most every
+`interval_s`: the first event after a quiet interval at once, the rest at the interval's end, everything on
+demand (`flush`, before `/metrics` renders, at exit). The same shape serves the aggregate refusal log
+(observability/refusals.py) and every served request's metrics (observability/sums.py).
 """
 
 from __future__ import annotations
@@ -78,8 +74,8 @@ class Tally(Generic[K]):
     def _wake_writer(self) -> None:
         """Have this tally's writer thread write the held counts when the interval ends. One thread for the
         tally's life (started again in a forked child, where it does not run): a `threading.Timer` per interval
-        made its caller wait for a new thread to start, and under a contended GIL that took gthread's poller
-        8-10% of its time (py-spy, sync under 500 connections)."""
+        made its caller wait for a new thread to start, which under a contended GIL took a visible share of
+        gthread's poller."""
         if self._writer is None or not self._writer.is_alive():
             self._writer = threading.Thread(target=self._write_when_due, name="twinserve-tally", daemon=True)
             self._writer.start()

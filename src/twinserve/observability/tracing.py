@@ -1,24 +1,11 @@
 """OpenTelemetry spans for every request, off unless `--tracing` (the `otel` extra).
 
-Off, nothing here imports OpenTelemetry and no span object is ever made: the fronts and the batcher only find
-`RequestContext.trace` to be None. On, each serving process (gunicorn worker, uvicorn worker) sets up its own
-TracerProvider once it runs, exporting through a BatchSpanProcessor chosen by the standard variables:
-
-    OTEL_TRACES_EXPORTER    otlp (default; OTLP/HTTP, which reads OTEL_EXPORTER_OTLP_*), console, none
-    OTEL_SERVICE_NAME       service.name (default here: twinserve); OTEL_RESOURCE_ATTRIBUTES for the rest
-    OTEL_TRACES_SAMPLER, OTEL_BSP_*, OTEL_PROPAGATORS, OTEL_SDK_DISABLED    as the SDK reads them
-
-Each request is one SERVER span named after its route (`POST /v1/models/{model}:predict`), continuing the
-caller's trace when a `traceparent` header comes in, with children:
-
-    preprocess   the model's preprocess hook, when it has one
-    queue_wait   from enqueue to the start of the request's batch (made when the batch starts)
-    predict      the batch's compute: each request of a shared batch gets its own predict span over the same
-                 interval, so each trace is complete; the first request's one lists every request id of the
-                 batch and the others link to it (linear in the batch size, however large)
-
-In the hybrid architecture `predict` is timed in the server process around the model-worker call. The first
-request's predict span is the current span while a batch computes, so spans a model makes itself nest under it.
+Off, nothing here imports OpenTelemetry and `RequestContext.trace` is None. On, each serving process sets up its
+own TracerProvider with a BatchSpanProcessor, configured by the standard `OTEL_*` variables (exporter `otlp` by
+default, `service.name` twinserve). Each request is one SERVER span named after its route, continuing an incoming
+`traceparent`, with children `preprocess`, `queue_wait` and `predict`; each request of a shared batch gets its own
+predict span over the same interval (the first lists the batch's request ids, the others link to it), and it is
+the current span while the batch computes, so a model's own spans nest under it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Tensors of the Open Inference Protocol (V2): datatypes as numpy arrays, and a model's tensors bound to its types.
 
-A `TensorBinding` says which tensors a model takes and returns and how rows become instances and outputs become
-rows; row i of the batch dimension is always instance i. A model's declared `inputs` / `outputs` (and its
-`from_tensors` / `to_tensors` hooks) win; otherwise the tensors are derived from its instance and output types:
+A `TensorBinding` says which tensors a model takes and returns; row i of the batch dimension is instance i. A
+model's declared `inputs` / `outputs` (and `from_tensors` / `to_tensors` hooks) win; otherwise the tensors are
+derived from its types:
 
     instance type                                input tensor `input`
     pydantic model, every field an int           INT64 [-1, n_fields], columns in field order
@@ -16,8 +16,7 @@ rows; row i of the batch dimension is always instance i. A model's declared `inp
     str | bool | int | float, lists of them      one tensor `output`, typed as above
     anything else                                BYTES [-1] `output`, each element one output as JSON text
 
-Arrays convert with vectorised numpy calls (`np.asarray(data)` then a checked cast), never per element in Python,
-except BYTES, whose elements are Python strings (binary elements that are not UTF-8: bytes).
+Arrays convert with vectorised numpy calls, never per element in Python, except BYTES (Python strings).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The V1 (TF-Serving / KServe V1) codec: `{"instances": [...]}` in, `{"predictions": [...]}` out; or TF-Serving's
-columnar `{"inputs": ...}` in, `{"outputs": ...}` out (TF-Serving REST API guide, "Request format": a request holds
-one of the two, never both).
+columnar `{"inputs": ...}` in, `{"outputs": ...}` out (a request holds one of the two, never both).
 
-Columnar inputs are a list of instances, or an object of named inputs whose values are lists of one length (the
-batch): `{"inputs": {"a": [1, 2], "b": [3, 4]}}` is the rows `[{"a": 1, "b": 3}, {"a": 2, "b": 4}]`. The outputs
-go back the same way: an object of named lists when every prediction is an object with the same keys, else the
-list.
-
-Parsing and validation happen in one pass in pydantic-core straight from the request bytes, so malformed JSON
-(400) and schema violations (422, naming the instance index and field) come from the same call. Validation is
-pydantic's strict JSON mode (`json_strictness`): a value must be of the JSON type its field takes, so `true` or
-`"1.5"` for a float is a 422, as TF-Serving's REST API refuses them for a float tensor.
+Columnar inputs are a list of instances or an object of equal-length named lists (the batch's columns); outputs
+go back the same way when every prediction is an object with the same keys. Parsing and validation are one
+pydantic-core pass over the request bytes, so malformed JSON (400) and schema violations (422, naming instance
+and field) come from one call. Validation is strict JSON mode, as TF-Serving refuses `true` or `"1.5"` for a float.
 """
 
 from __future__ import annotations

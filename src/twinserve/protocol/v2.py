@@ -1,12 +1,9 @@
 """The Open Inference Protocol (KServe V2) codec, with Triton's binary tensor data extension. Transport-free.
 
-An inference request carries named tensors (`{"id", "parameters", "inputs": [{name, shape, datatype, data}],
-"outputs": [{name}]}`); each is checked against the model's tensors (unknown name, shape or datatype: 400),
-decoded to numpy in one vectorised call, and its rows become the instances `ModelRuntime.predict` gets, as a V1
-request's would; the outputs go back the same way. With the binary extension (what `tritonclient` sends by
-default) the JSON header is followed by raw tensor bytes: `Inference-Header-Content-Length` says where it ends.
-
-Errors have the V2 body `{"error": "message"}`; their status comes from the one exception tree.
+A request's named tensors are checked against the model's (unknown name, shape or datatype: 400), decoded to numpy
+in one vectorised call, and their rows become the instances `ModelRuntime.predict` gets, as a V1 request's would;
+outputs go back the same way. With the binary extension (tritonclient's default) the JSON header is followed by
+raw tensor bytes, `Inference-Header-Content-Length` saying where it ends. Errors have the V2 body `{"error": ...}`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """WebSocket stream messages, transport-free: what one message says and how its answer is written.
 
-A stream carries any number of independent requests, each answered as soon as it is ready (not in order), so
-every message names itself with an `id` the answer repeats.
-
-Text messages carry the V1 contract:
-
-    -> {"id": "a1", "instances": [...]}
-    <- {"id": "a1", "predictions": [...]}
-    <- {"id": "a1", "error": {"code": "validation_failed", "message": "...", "request_id": "a1"[, "details"]}}
-
-Binary messages carry the Open Inference Protocol with Triton's binary tensor data, framed as
+A stream carries independent requests, each answered when ready (not in order), so every message names itself
+with an `id` the answer repeats (`null` when the id cannot be read). Text messages carry the V1 contract
+(`{"id", "instances"}` -> `{"id", "predictions"}` or `{"id", "error": {...}}`). Binary messages carry a V2
+inference request with Triton's binary tensor data, framed as
 
     4-byte big-endian unsigned N | N bytes of JSON header | tensor bytes
 
-where the header is a V2 inference request (`{"id", "inputs": [{"name", "datatype", "shape",
-"parameters": {"binary_data_size": B}}], "outputs"?, "parameters"?}`) and the tensor bytes are each binary input's
-B bytes, in the order of `inputs` (inputs with JSON `data` take none). The answer has the same frame; its header is
-a V2 inference response (outputs as binary data unless asked otherwise) or `{"id", "error": {...}}` with no bytes.
-
-Errors have the codes and messages of the HTTP contract. A message whose id cannot be read (not JSON, say) is
-answered with `"id": null`.
+and are answered in the same frame. Errors have the codes and messages of the HTTP contract.
 """
 
 from __future__ import annotations
@@ -54,8 +42,8 @@ class TextMessage:
     instances: list[Any]
 
 
-#: Only a message's id: pydantic-core reads past the other keys without building them, so the id of a message of
-#: 5 million instances costs ~8 MiB to find instead of the ~350 MiB a full parse builds.
+#: Only a message's id: pydantic-core reads past the other keys without building them, so finding the id of a huge
+#: message costs a small fraction of the memory a full parse builds.
 _MessageId = create_model("MessageId", __config__=ConfigDict(extra="ignore"), id=(Any, None))
 
 

@@ -1,23 +1,11 @@
 """Loading and unloading repository models while the server runs (`--model-control explicit`, Triton's meaning).
 
-**Load** `name` reads its folder again, imports and loads every version its policy serves *beside* the ones
-serving now, and only then puts them in their place: requests keep going to the old versions until the new ones
-are ready (a version that fails to load is UNAVAILABLE with its reason, as at start-up; the others serve). The
-old versions are then drained and closed. **Unload** stops admission to every version of `name`, waits for the
-requests inside to finish (up to `--graceful-timeout`), closes them, and leaves the model UNAVAILABLE with the
-reason "unloaded".
-
-Both run on the request that asked for them, off every other request's path: in the sync front that request's
-own thread, in the async fronts on threads (imports) and the model's own executor (loads), never blocking the
-event loop. Changes to one server process are serialised, and identical loads merge: a load of `name` asked while
-another of it waits its turn joins that one and answers with its result (it reads the folder after both were
-asked), so eight loads of a model that takes 15 s cost one or two loads, not eight. In the sync front a change
-holds its request's thread while it waits: at most half of `--threads` may, the next is refused with 503
-`queue_full` and `Retry-After`, so predicts always keep threads (issue #44: eight slow loads took every thread and
-a predict on another model timed out).
-
-With several server processes, the one that took a change publishes it and the others apply it through their own
-`ModelControl` (repository/desired.py).
+A load reads the model's folder again and loads the versions its policy serves beside the ones serving now; only
+once they are ready do they take the requests, and the old ones are drained and closed (a version that fails is
+UNAVAILABLE with its reason). An unload stops admission, drains (up to `--graceful-timeout`) and closes. Both run
+off every other request's path; changes are serialised and identical waiting loads merge into one. In the sync
+front a change holds its request's thread, so at most half of `--threads` may (then 503 `queue_full`), leaving
+threads for predicts. Other server processes follow through repository/desired.py.
 """
 
 from __future__ import annotations

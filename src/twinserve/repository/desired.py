@@ -1,23 +1,11 @@
 """`--model-control explicit` over several server processes: every process follows the loads and unloads that any
 one of them was asked for.
 
-A load or unload reaches the one process that took the request. That process applies it, then publishes it in a
-small file every process of the server shares: the *desired state* of each model changed so far (loaded or not)
-with a generation number, one counter for the whole server. Every other process looks at the file's size and
-modification time a few times a second (one `stat`) and, when it changed, reads it and applies each model's
-change newer than the one it applied last, through the same `ModelControl` (so the repository folder stays the
-source of the files: a load reads the folder again in each process). A worker started later (a replacement)
-applies the whole file once it has loaded the folder.
-
-A model's traffic policy set through the API (repository/traffic.py) travels the same way, as its own kind of
-change in the same file and generation order.
-
-Each process therefore reaches the state the API answered within a fraction of a second; the answer itself comes
-once the process that took it has changed (docs/repository.md).
-
-The starting process makes the file (`create`), in a folder only the server's account may enter, and names it in
-`TWINSERVE_REPOSITORY_STATE`, as `core/shared.py` does for the rate limits' slots: gunicorn forks the workers and
-uvicorn spawns them, and the environment is all they share.
+The process that took a change applies it, then publishes it in a small shared file: each model's desired state
+(and traffic policy) with one generation counter for the server. The others `stat` the file a few times a second
+and apply every change newer than their last through their own `ModelControl`, reading the folder again
+themselves; a replacement worker applies the whole file once loaded. The starting process makes the file in a
+private folder and names it in `TWINSERVE_REPOSITORY_STATE`, the environment being all its workers share.
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@
     DIR/<model>/<version>/model.py   numbered version folders; a version's files live beside its model.py
     DIR/<model>/model.py             (no version folder: the model folder itself is version 1)
 
-The folder's name is the served model name. `versions` is the version policy (Triton's): `"all"` (the default:
-every version folder present), `{latest = N}` (the N highest numbers) or `{specific = [1, 3]}`. The highest
-served number is the default version, the one the unversioned routes use.
-
-A folder that cannot be read (bad TOML, no `model` key, a policy naming no present version...) becomes a
-`ModelFolder` with its `error` set: that model is unavailable with that reason, and the others are served.
+The folder's name is the served model name; `versions` is Triton's version policy (`"all"`, `{latest = N}`,
+`{specific = [...]}`), and the highest served number is the default version. A folder that cannot be read
+becomes a `ModelFolder` with its `error` set: that model is unavailable with that reason, the others served.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """`--model-control poll` (Triton's meaning): the repository folder is watched, and a model whose folder changed is
 loaded again, a new folder loaded, a removed one unloaded.
 
-A change is seen from the files alone: each model folder's fingerprint is the path, size and modification time
-of every file under it, read every `--repository-poll-s` seconds (a few `stat` calls per file, no reads). The
-loads and unloads are `ModelControl`'s, so a changed model keeps serving its old versions until the new ones are
-ready, and a removed one drains first.
-
-The folder is the source of truth, so with several server processes each one polls it and reaches the same
-state by itself (a few seconds apart at most). The sync front polls on a thread of each worker process, the async
-fronts in a task on the event loop (the imports and loads go off it, as for an explicit load).
+A change is seen from file metadata alone (path, size and mtime of every file, every `--repository-poll-s`); the
+loads and unloads are `ModelControl`'s, so a changed model serves its old versions until the new ones are ready.
+The folder is the source of truth, so each server process polls it and reaches the same state by itself.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Every model and version one server process knows, with its state: what the fronts serve and the repository
-index lists.
+"""Every model and version one server process knows, with its state (Triton's: LOADING, READY, UNLOADING,
+UNAVAILABLE): what the fronts serve and the repository index lists.
 
-Models come either from MODEL arguments (`strict`: a model that fails to import or load stops the server, as
-it always has) or from a model repository (`--model-repository`, repository/layout.py): there a version that
-fails to import or load is UNAVAILABLE, and every other keeps serving. The states are Triton's: LOADING, READY,
-UNLOADING, UNAVAILABLE.
-
-A failure's reason, which clients read (the index, a load's answer, every 503 for that model), says only what
-failed: the settings file, the import, or `load()`, and the exception's type (`failure_reason`). Its text goes to
-the log: a model's code may put a secret in its message, and the text names the server's files.
-
-`runtimes` maps each model name to its default version's runtime, the one the unversioned routes use: the
-highest version number that is ready (while the server starts, the highest one loading). The dict is updated
-in place, so a `Service` holding it sees every change.
-
-A server answers before its models have loaded (`starting`): live at once, ready once they have; a request for a
-model still LOADING waits for it within its deadline (repository/residency.py).
+A model from a MODEL argument that fails stops the server; in a model repository a failing version is
+UNAVAILABLE and the others serve. A failure's reason, which clients read, says only what failed and the
+exception's type: its text goes to the log, since a model may put a secret in it. `runtimes` maps each name to its
+default version's runtime (the highest ready), updated in place so a `Service` holding it sees every change.
 """
 
 from __future__ import annotations

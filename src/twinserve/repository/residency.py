@@ -1,23 +1,10 @@
 """Which models are loaded in this server process, and requests that wait for the one they ask for.
 
-**Waiting.** A request for a model (or version) that is LOADING waits for it to be READY, up to its deadline
-(`X-Request-Timeout-Ms`, else the model's `timeout_ms`, else `--timeout-ms`; a request with none waits at most
-`--max-timeout-ms`), and then goes on as any other; past its deadline it gets 504 `deadline_exceeded`, and when
-the load fails, 503 `model_unavailable` with the reason (the registry's lookup answers it). The sync front waits
-in the request's own thread on a `threading.Condition`, the async fronts on an `asyncio.Event`: the loop keeps
-serving. Both also look again every `_LOOK_S`, for loads this module did not start (the server's start, an
-explicit load). The server answers while its models load (repository/registry.py `starting`): an unversioned
-request waits for its model's default version then, the highest one, not for a lower one that loaded sooner.
-
-**Loading on demand** (`--max-loaded-models N`, a model repository): at start the first N models by name load,
-every other is UNAVAILABLE with the reason `cold`; a request for a `cold` or `evicted` model loads it, off its
-own path (a thread in the sync front, a task on the loop in the async ones), and waits as above. Before a load,
-while N models are loaded, the least recently used one is unloaded (drained first, as an unload is) and left
-`evicted`: never one with requests inside or waiting if another can go. Loads on demand are serialised, so at
-most N models are loaded at once; an explicit load (`--model-control explicit`) is the operator's and is not
-refused, and the next load on demand brings the count back to N. A model unloaded explicitly (reason
-`unloaded`) stays unloaded until an explicit load: the operator's decision wins over the requests'. Each server
-process keeps its own recency and its own N.
+A request for a LOADING model waits for READY up to its deadline (then 504), or gets 503 `model_unavailable` when
+the load fails; the async fronts wait on an `asyncio.Event`, so the loop keeps serving. With
+`--max-loaded-models N` only N models are loaded at once: a request for a `cold` or `evicted` model loads it off
+its own path, unloading the least recently used idle one first. An explicit load is the operator's and is not
+refused; a model unloaded explicitly stays unloaded until an explicit load. Each process keeps its own recency.
 """
 
 from __future__ import annotations

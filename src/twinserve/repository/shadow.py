@@ -1,16 +1,10 @@
 """Shadow traffic: a request already answered by its primary version is computed again by the model's shadow
 version (repository/traffic.py), off the request's path, and the two outputs are compared.
 
-The primary's answer never waits for the shadow and never changes: `ShadowRunner.submit` only hands the job on.
-In the async and hybrid architectures (their HTTP and gRPC fronts run on an event loop) the job is a task on that
-loop; in the sync architecture (request threads, and its gRPC server's loop whose calls block threads) it goes to a
-small queue served by background threads. Both are bounded: a job that
-finds them full is dropped and counted as such, never waited for.
-
-Each job's outcome is counted in `twinserve_shadow_requests_total{model, primary, shadow, outcome}` (agree,
-disagree, error, dropped) and the shadow's time less the primary's in
-`twinserve_shadow_latency_difference_seconds`; a disagreement is logged, at most once per `LOG_INTERVAL_S` per
-model (with how many were not logged since).
+The primary's answer never waits for the shadow and never changes: `ShadowRunner.submit` only hands the job to a
+bounded task set (event loop) or queue (sync threads), and a job that finds it full is dropped and counted. Each
+outcome is counted in `twinserve_shadow_requests_total`, the latency difference in
+`twinserve_shadow_latency_difference_seconds`; disagreements are logged at most once per `LOG_INTERVAL_S`.
 """
 
 from __future__ import annotations

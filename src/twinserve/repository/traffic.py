@@ -1,17 +1,13 @@
 """Traffic split and shadow traffic across the versions of one model: a pure policy, no server in it.
-
-A model's `[traffic]` table (its `twinserve.toml`, or the repository API at run time, which changes the parts it
-names and keeps the others: `TrafficPolicy.updated`) reads
+A model's `[traffic]` table (its `twinserve.toml`, or the repository API at run time) reads
 
     split = {"1" = 90, "2" = 10}       # weights, by version: where the unversioned routes send each request
     sticky_header = "X-Session-Id"     # optional: requests with the same value of this header go to one version
     shadow = {version = "3", share = 0.2}  # optional: a share of requests also computed by version 3, compared
 
-`TrafficPolicy.primary` draws the version of one request: by a stable hash of its sticky key when it has one (the
-same key, the same version, in every process and after a restart: not Python's salted `hash()`), else at random.
-Only versions ready now share the traffic (their weights renormalised); with none ready, or no split, the model's
-default version answers. `TrafficPolicy.shadowed` decides whether a request is mirrored to the shadow version, from
-its own hash of the key (a sticky client is shadowed always or never) or at random.
+A sticky key picks its version by a stable hash (the same in every process and after a restart, unlike Python's
+salted `hash()`), else at random; only ready versions share the traffic, and the shadow decision hashes the key
+too, so a sticky client is shadowed always or never.
 """
 
 from __future__ import annotations

@@ -19,11 +19,9 @@ from twinserve.core.admission import Admission
 from twinserve.core.readiness import ServerReadiness
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import (
-    ModelNotReady,
     NotStreaming,
     PayloadTooLarge,
     TwinserveError,
-    UnsupportedMediaType,
     error_payload,
 )
 from twinserve.observability.context import RequestContext, close_request, open_request
@@ -34,7 +32,6 @@ from twinserve.observability.sums import Writes, metric_sums
 from twinserve.observability.tracing import Headers, Tracer
 from twinserve.protocol.codecs import ModelCodecs
 from twinserve.protocol.v1 import dumps
-from twinserve.protocol.v2 import BINARY
 from twinserve.repository import ModelRegistry
 from twinserve.repository.desired import RepositoryFollower
 from twinserve.repository.poll import RepositoryPoller
@@ -53,7 +50,6 @@ from twinserve.service.response import http1_response
 from twinserve.service.routes import (
     HTML,
     JSON,
-    JSON_MEDIA_TYPE,
     QUIET_ENDPOINTS,
     REQUEST_ID_HEADER,
     ROUTES,
@@ -86,11 +82,6 @@ _ids = itertools.count()
 _reset_ids()
 os.register_at_fork(after_in_child=_reset_ids)  # gunicorn forks its workers after importing this module
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-#: V2 bodies may also be a JSON header followed by binary tensor data.
-_V2_TYPE = re.compile(r"^application/(?:(?:[\w.+-]+\+)?json|octet-stream)$")
-#: What `curl -d` sends (TF-Serving's own examples use it): read as JSON when it parses (from a page on another
-#: site it is refused first: `Service.check_site`).
-_FORM_TYPE = "application/x-www-form-urlencoded"
 _ROUTE_PATHS: dict[str, str] = {}
 for _route in ROUTES:
     _ROUTE_PATHS.setdefault(_route.name, _route.path)  # a V2 route before its `/versions/{version}` twin
@@ -382,42 +373,9 @@ class Service(OpenInferenceHandlers):
             raise NotStreaming(f"model {model!r} does not stream (its predict is not a generator): use :predict")
         return runtime
 
-    def admit(
-        self,
-        runtime: ModelRuntime,
-        endpoint: str,
-        content_type: str | None,
-        content_length: int | None,
-    ) -> bool:
-        """Checks that need only the request line and headers, done before the body is read: the rate limit,
-        the media type (V2 bodies may also be binary), the declared size, readiness. True for a form type: the
-        body is read as JSON if it parses, and the exchange answers 415, not 400, when it does not (a body with
-        no media type at all is JSON's, malformed or not: 400).
-
-        A form type (or none) from a page on another site was refused before (`check_site`): this opens no
-        cross-site request forgery."""
-        self.admission.rate()
-        media_type = content_type.split(";", 1)[0].strip().lower() if content_type else ""
-        lenient = media_type in ("", _FORM_TYPE)
-        if not lenient and not (_V2_TYPE if endpoint == "infer" else JSON_MEDIA_TYPE).match(media_type):
-            expected = f"{JSON} or {BINARY}" if endpoint == "infer" else JSON
-            raise UnsupportedMediaType(f"Content-Type must be {expected}, got {media_type!r}")
-        if content_length is not None and content_length > self.max_body_bytes:
-            raise self.too_large()
-        if not runtime.ready:
-            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers=dict(NOT_READY_HEADERS))
-        return media_type == _FORM_TYPE
-
     def first_chunk(self, context: RequestContext, model: str) -> None:
         """Note a stream's time to first step."""
         metrics().first_chunk_seconds.labels(model).observe(time.perf_counter() - context.started)
-
-    def admit_socket(self, model: str) -> ModelRuntime:
-        """`admit` for a WebSocket handshake: the model exists and is ready."""
-        runtime = self.runtime(model)
-        if not runtime.ready:
-            raise ModelNotReady(f"model {runtime.name!r} is still loading", headers=dict(NOT_READY_HEADERS))
-        return runtime
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds the {self.max_body_bytes}-byte limit (--max-body-bytes)")

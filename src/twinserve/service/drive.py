@@ -40,8 +40,9 @@ from typing import Any, Generic, TypeVar
 
 from twinserve.core.runtime import ModelRuntime
 from twinserve.core.streams import AsyncSteps, Steps, step_or_none
+from twinserve.service.admission import RequestHead
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import BodyRule, RequestHead
+from twinserve.service.lifecycle import BodyRule
 from twinserve.service.reply import Reply
 
 __all__ = [

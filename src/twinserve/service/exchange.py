@@ -6,10 +6,8 @@ order, whatever the transport:
 1. **open** (`Exchange.open`): the request id (the client's, if safe), the request context that model code and log
    lines see, the trace, the in-flight gauge; the `Host` checked (`Service.check_host`, before a preflight);
    `authenticate` when the path needs a key, from the client's address (the auth-failure lockout);
-2. **admit**: every check that needs only the head, before a byte of the body is read: shedding (the sync
-   front's backlog), the model (404, `:stream` on a non-streaming model, V2 version), the rate limit, the media
-   type, the declared size, readiness, then the deadline (the level and the model stand as the HTTP server
-   decided them from the head under a crowd, `RequestHead.decided`: a request is admitted once);
+2. **admit**: the one admission decision (service/admission.py), from the head before a byte of the body is read,
+   or the sync poller's, taken as made (`RequestHead.decided`);
    a request for a model that is loading (or, under `--max-loaded-models`, not loaded) first waits for it, up to
    that deadline (`wait_admit`, `aadmit`);
 3. **decode** the body, its content codings undone (service/compression.py), with the endpoint's codec (V1
@@ -46,8 +44,9 @@ from twinserve.errors import (
     internal_error,
 )
 from twinserve.repository.shadow import ShadowJob
-from twinserve.service.compression import inflate, request_codings
-from twinserve.service.lifecycle import MOVES, IllegalTransition, RequestHead, Stage, admit_head, head_level
+from twinserve.service.admission import RequestHead, admit, head_level
+from twinserve.service.compression import inflate
+from twinserve.service.lifecycle import MOVES, IllegalTransition, Stage
 from twinserve.service.reply import Reply, error_reply
 from twinserve.service.routes import JSON, QUIET_ENDPOINTS, ErrorShape
 
@@ -230,17 +229,15 @@ class Exchange:
         return self.admit(head)
 
     def admit(self, head: RequestHead) -> ModelRuntime:
-        """Admit the request from its head alone (OPEN -> ADMITTED); the body is read only after this returns. A
-        refusal raises and leaves the exchange OPEN, for the front to `fail`."""
+        """Admit the request from its head alone (OPEN -> ADMITTED; service/admission.py), unless the sync poller
+        admitted it already (`head.decided`, taken as made); the body is read only after this returns. A refusal
+        raises and leaves the exchange OPEN, for the front to `fail`."""
         if self.stage not in _MAY_ADMIT:
             raise IllegalTransition(self.stage, _ADMITTED)
         service = self.service
-        decided = head.decided
-        if decided is None:
-            runtime, shadow = admit_head(service, head, self.key_id, self.context)
-        else:  # the server decided from this head before the app (lifecycle.Decided): taken as made
-            runtime, shadow = decided.runtime, decided.shadow
-            self.context.priority = decided.priority
+        admitted = head.decided or admit(service, head, self.key_id, self.context, deadline=self.deadline)
+        self.context.priority = admitted.priority
+        runtime, shadow = admitted.runtime, admitted.shadow
         if head.backlog is not None:
             self._threaded = True
         self.model = runtime.name
@@ -253,17 +250,7 @@ class Exchange:
             self.context.priority = head_level(service.admission, head, self.key_id, runtime)
         self.runtime = runtime  # from here on, `close` lets it go
         self._shadow = shadow
-        endpoint, priority = head.endpoint, self.context.priority
-        self._lenient = service.admit(runtime, endpoint, head.content_type, head.content_length)
-        self._codings = request_codings(head.content_encoding)  # 415 for a coding twinserve cannot undo
-        if endpoint != "stream":  # streams are stepped one by one, not batched
-            # Asked again where the server asked already: not a second admission but the batch queue's own refusal
-            # (`BatchQueue.put` decides it), previewed before the body is read. Under a flood the queue fills
-            # between the head's parse and the app's turn; skipping this sent those requests on to read and decode
-            # their bodies, only to be refused then (hybrid's flood: 0.78-0.94x the goodput, 2026-12-06).
-            runtime.refuse_early(priority)
-        if self.deadline is None:  # else it waited for its model: the deadline it waited under stands
-            self.deadline = service.admission.deadline(head.timeout, runtime.config.timeout_ms)
+        self._lenient, self._codings, self.deadline = admitted.lenient, admitted.codings, admitted.deadline
         self.stage = _ADMITTED
         return runtime
 

@@ -17,13 +17,13 @@ from twinserve.fronts.early import EarlyRefusal, Head, Refusal
 from twinserve.servers.sync.admission import PollerAdmission
 from twinserve.servers.sync.http import Request
 from twinserve.servers.sync.threads import LevelledThreadPool
-from twinserve.service.lifecycle import Decided
+from twinserve.service.admission import Admitted
 
 
 class _Early:
     """What the poller asks of `EarlyRefusal`, under a crowd that never ends; each verdict is `answer`."""
 
-    def __init__(self, answer: Refusal | Decided | None) -> None:
+    def __init__(self, answer: Refusal | Admitted | None) -> None:
         self.service = self  # `PollerAdmission` reads `early.service.admission`
         self.admission = Admission(Config(max_queue_wait_ms=0))  # nothing held: each request goes on or is refused
         self.answer, self.asked = answer, 0
@@ -31,7 +31,7 @@ class _Early:
     def crowded(self, backlog: int | None = None) -> bool:
         return True
 
-    def verdict(self, *head: Any) -> Refusal | Decided | None:
+    def verdict(self, *head: Any) -> Refusal | Admitted | None:
         self.asked += 1
         return self.answer
 
@@ -68,7 +68,7 @@ def _gate(early: _Early, pool: LevelledThreadPool) -> tuple[PollerAdmission, lis
 
 
 def test_a_request_decided_from_its_head_is_not_asked_about_again(pool: LevelledThreadPool) -> None:
-    decided = Decided(2, cast(Any, object()))
+    decided = Admitted(2, cast(Any, object()))
     early = _Early(decided)
     gate, submitted, answered = _gate(early, pool)
     request = _request()
@@ -81,7 +81,7 @@ def test_a_request_decided_from_its_head_is_not_asked_about_again(pool: Levelled
 
 
 def test_a_whole_request_not_decided_before_is_decided_once_when_it_is_let_in(pool: LevelledThreadPool) -> None:
-    decided = Decided(1, cast(Any, object()))
+    decided = Admitted(1, cast(Any, object()))
     early = _Early(decided)
     gate, submitted, _ = _gate(early, pool)
     request = _request()

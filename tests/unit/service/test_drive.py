@@ -16,9 +16,10 @@ from tests.unit.service.echo import echo_service
 from twinserve.core.runtime import ModelRuntime
 from twinserve.errors import ClientDisconnected, PayloadTooLarge
 from twinserve.service import drive
+from twinserve.service.admission import RequestHead
 from twinserve.service.contract import Service
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import BodyRule, RequestHead, Stage
+from twinserve.service.lifecycle import BodyRule, Stage
 
 MODEL = "drive-echo"
 

@@ -19,13 +19,16 @@ from twinserve.errors import (
     ModelNotFound,
     PayloadTooLarge,
     QueueFull,
+    RateLimited,
     RequestTimeout,
+    TwinserveError,
     UnsupportedMediaType,
 )
+from twinserve.service.admission import Admitted, RequestHead, admit
 from twinserve.service.contract import Service
 from twinserve.service.cors import merge_vary
 from twinserve.service.exchange import Exchange
-from twinserve.service.lifecycle import MOVES, Decided, IllegalTransition, RequestHead, Stage, admit_head
+from twinserve.service.lifecycle import MOVES, IllegalTransition, Stage
 
 MODEL = "lifecycle-echo"
 PATH = f"/v1/models/{MODEL}:predict"
@@ -157,24 +160,18 @@ def test_admission_reads_the_head_alone(service: Service) -> None:
     coded.close()
 
 
-def test_what_the_server_decided_from_the_head_is_not_decided_again(service: Service) -> None:
-    """A head the HTTP server let in under a crowd (fronts/early.py) carries its `Decided`: the exchange takes its
-    level and model as made (the head's own `X-Priority` and route are not asked again), and still decides what
-    the server did not (here: the declared size)."""
+def test_what_the_sync_poller_admitted_is_not_decided_again(service: Service) -> None:
+    """A head the sync poller admitted under a crowd (fronts/early.py) carries its `Admitted`: the exchange takes it
+    as made (the head's own `X-Priority`, route and size are not asked again): a request is admitted once."""
     runtime = service.runtimes[MODEL]
     decided = _open(service)
-    assert decided.admit(_head(priority="1", decided=Decided(3, runtime))) is runtime
-    assert decided.context.priority == 3 and _stage(decided) is Stage.ADMITTED
+    assert decided.admit(_head(priority="1", decided=Admitted(3, runtime, deadline=12.5))) is runtime
+    assert (decided.context.priority, decided.deadline, _stage(decided)) == (3, 12.5, Stage.ADMITTED)
     decided.close()
 
     elsewhere = _open(service)  # a route the exchange would refuse (404) if it asked again
-    assert elsewhere.admit(RequestHead("predict", "no-such-model", decided=Decided(2, runtime))) is runtime
+    assert elsewhere.admit(RequestHead("predict", "no-such-model", decided=Admitted(2, runtime))) is runtime
     elsewhere.close()
-
-    too_large = _open(service)
-    with pytest.raises(PayloadTooLarge):
-        too_large.admit(_head(content_length=1001, decided=Decided(2, runtime)))
-    too_large.close()
 
 
 def test_the_body_rule_judges_what_a_front_read(service: Service) -> None:
@@ -205,17 +202,38 @@ class _Level:
     priority = 0
 
 
-def test_the_head_alone_decides_level_backlog_and_model_for_both_callers(service: Service) -> None:
-    """`admit_head`: what `Exchange.admit` and the refusal before the app (fronts/early.py) both decide from."""
+def test_the_head_alone_decides_level_backlog_and_model(service: Service) -> None:
+    """`admit` (service/admission.py): what `Exchange.admit` and the sync poller (fronts/early.py) both call."""
     level = _Level()
-    runtime, shadow = admit_head(service, RequestHead("predict", MODEL, priority="2"), None, level)
-    assert (runtime, shadow, level.priority) == (service.runtimes[MODEL], None, 2)
+    admitted = admit(service, RequestHead("predict", MODEL, priority="2"), None, level)
+    assert (admitted.runtime, admitted.shadow, admitted.priority, level.priority) == (
+        service.runtimes[MODEL],
+        None,
+        2,
+        2,
+    )
     shed = _Level()
     with pytest.raises(QueueFull):  # past --max-queue requests waiting for a thread: before the model is looked up
-        admit_head(service, RequestHead("predict", "no-such-model", priority="3", backlog=10**6), None, shed)
+        admit(service, RequestHead("predict", "no-such-model", priority="3", backlog=10**6), None, shed)
     assert shed.priority == 3  # written before the refusal, which is counted at it
     with pytest.raises(ClientError, match="X-Priority must be a whole number"):
-        admit_head(service, RequestHead("predict", MODEL, priority="9"), None, _Level())
+        admit(service, RequestHead("predict", MODEL, priority="9"), None, _Level())
+
+
+def test_a_refused_request_takes_no_rate_limit_token() -> None:
+    """The rate limit is decided last: a request any other check refuses (415, 413, 404) leaves its token."""
+    with echo_service(MODEL, rate_limit=1, rate_burst=1) as limited:
+        for head in (
+            RequestHead("predict", MODEL, content_type="text/csv"),
+            RequestHead("predict", MODEL, content_length=10**9),
+            RequestHead("predict", "no-such-model"),
+        ):
+            with pytest.raises(TwinserveError) as refused:
+                admit(limited, head, None, _Level())
+            assert refused.value.status in (404, 413, 415)
+        admit(limited, RequestHead("predict", MODEL), None, _Level())  # the one token, still there
+        with pytest.raises(RateLimited):
+            admit(limited, RequestHead("predict", MODEL), None, _Level())
 
 
 def test_the_moves_are_the_ones_drawn() -> None:

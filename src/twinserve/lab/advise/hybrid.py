@@ -1,20 +1,10 @@
-"""Why hybrid trails async for this model, from what the bench measured (issue #15: within 10%, or say why).
+"""Why hybrid trails async for this model, from what the bench measured: it should come close, or say why.
 
-Hybrid runs predict in model-worker processes; async in a thread of the server process. Both batch alike, so for
-the same model the difference is what hybrid adds per batch: pickling the batch and its outputs, a pipe each
-way, a worker's wake-up, and more processes sharing the cores. The two are compared at one load both measured
-(hybrid's best level within the objective, where async measured the same load; else each one's best level):
-
-- CPU per request: the whole process tree's CPU (percent of one core) over its throughput. Hybrid's extra
-  microseconds are the hop's cost in CPU, taken from the model's share of the cores.
-- Time per batch as each server timed it (`twinserve_inference_duration_seconds` over the level, with its batch
-  sizes): in hybrid from handing the batch to a worker until its outputs are back, in async the model in a
-  thread. Slower batches at no more CPU per request mean hybrid waits, not works: for its workers, or for cores
-  its extra processes share. The in-process ceiling (the model alone, its libraries on every core) at that batch
-  size is the floor.
-
-Nothing here is a guess: a line is written only for the measurements present, and none when hybrid is within
-`GAP` of async or either never met the SLO.
+Both batch alike, so the difference is what hybrid adds per batch (pickling, a pipe each way, a worker's wake-up,
+more processes sharing the cores). At one load both measured, it compares CPU per request (the process tree's CPU
+over throughput: hybrid's hop in CPU) and time per batch as each server timed it, against the in-process ceiling
+as the floor: slower batches at no more CPU per request mean hybrid waits, not works. A line is written only for
+the measurements present, and none when hybrid is within `GAP` of async or either never met the SLO.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ from twinserve.lab.results import Ceiling, Level
 
 __all__ = ["GAP", "hybrid_trails"]
 
-#: Hybrid is explained once its capacity is below async's by more than this share (the issue's 10%).
+#: Hybrid is explained once its capacity is below async's by more than this share.
 GAP = 0.10
 
 

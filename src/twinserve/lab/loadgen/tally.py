@@ -74,7 +74,7 @@ class LevelResult:
 class _Histogram:
     """An HdrHistogram of microseconds, fed through a dict of exact counts.
 
-    hdrh buckets each value in pure Python, about 1.5 µs a value; a dict update is a tenth of that. The dict is
+    hdrh buckets each value in pure Python, far slower than a dict update, which would slow the generator. The dict is
     folded into the histogram whenever it grows large, and before any reading. The mean comes from an exact sum, not
     from hdrh, which walks every bucket for it.
     """

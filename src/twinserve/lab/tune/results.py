@@ -1,12 +1,9 @@
 """Reading `twinserve tune`'s results.json back: its probes as tune's own `ProbeResult`s, and the winner's capacity
 as the bench `Results` that the advisor's autoscaling rule (`lab.advise.autoscaling_targets`) reads.
 
-`twinserve k8s --results` takes either file (or the folder holding it). For tune's, the winner is one bench run
-whose one level is the probe tune's capacity rests on (results.json's `capacity`: the figure tune's summary
-states, `summary.capacity`), so the HPA's per-pod target is that probe's requests in flight by Little's law
-(async, hybrid) or its CPU (sync), times `advise.HEADROOM`; memory from its PSS per process and role. At another
-SLO than tune's (`k8s --slo-p95-ms`) the capacity is found again from the probes by the same rule, and the basis
-says so.
+`twinserve k8s --results` takes either file. For tune's, the winner becomes one bench run whose one level is the
+probe tune's capacity rests on, so the HPA's target is that probe's requests in flight (Little's law) or CPU, and
+memory its PSS per process. At another SLO (`k8s --slo-p95-ms`) the capacity is found again by the same rule.
 """
 
 from __future__ import annotations

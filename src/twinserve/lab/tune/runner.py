@@ -40,16 +40,15 @@ __all__ = [
 #: Batch sizes the in-process curve is measured at.
 CEILING_SIZES = [1, 8, 32]
 #: Kept back from the budget for what the search's clock does not see: stopping the last probe's server (SIGTERM,
-#: drain, exit), and probes and server starts that take a little longer than estimated. Without it a search that
-#: used its whole budget ended about a second past it (26 s of 25.5 s; 338 s of 337 s): a second, or a hundredth
-#: of the budget where that is more.
+#: drain, exit), and probes and server starts that take a little longer than estimated; without it a search that
+#: used its whole budget ended past it. A second, or a hundredth of the budget where that is more.
 STOP_S = 1.0
 STOP_SHARE = 0.01
-#: A fresh server answers its first second or so slower than the rest: in the full grid on io, the first probe
-#: at 100 req/s missed the objective on 3 points of 22 where the same rate met at once after it on the same
-#: server. A probe on a server just started is warmed this much longer (its cost is counted in the start's).
+#: A fresh server answers its first second or so slower than the rest, so a first probe could miss the objective
+#: at a rate the same server then met. A probe on a server just started is warmed this much longer (its cost is
+#: counted in the start's).
 FRESH_WARMUP_S = 1.0
-#: Measured server start-up plus its first probe's longer warm-up is unknown before the first probe: assume this
+#: Server start-up plus its first probe's longer warm-up is unknown before the first probe: assume this
 #: much per server started.
 DEFAULT_OVERHEAD_S = 3.0 + FRESH_WARMUP_S
 

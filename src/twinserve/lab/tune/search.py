@@ -1,19 +1,10 @@
 """`twinserve tune`'s search policy: successive halving over the candidates, as a pure function.
 
-`next_step(plan, results, spent_s)` looks at every probe result so far and the time spent, and answers the next
-`Probe` to run or the final `Decision`. It starts nothing and reads no clock, so tests feed it made-up results;
-`runner` is the driver that runs each probe against a real server and calls it again.
-
-The plan: rung 0 probes the first `n0` candidates (all of them when the budget allows; else the most promising
-by prior) for `base_s` seconds each; every next rung keeps the better half and doubles the seconds, until one
-is left. That one is repeated, and its spread is compared with the runner-up's score: within it, the machine
-was too noisy to decide.
-
-A candidate's score at a stage:
-- with a target rate: the P95 at that rate, negated (higher is better), or -inf when the probe missed the goal;
-- without one: its capacity, the highest rate that met the goal, found by a short search: double (or halve, or
-  drop to just under what an overloaded server answered) from a start until the goal is met on one side and
-  missed on the other, then bisect (geometric mean).
+`next_step(plan, results, spent_s)` answers the next `Probe` to run or the final `Decision`; it starts nothing
+and reads no clock, so tests feed it made-up results. Rung 0 probes the first `n0` candidates for `base_s`
+seconds; each next rung keeps the better half and doubles the seconds, until one is left, which is repeated: a
+runner-up within its spread means the machine was too noisy to decide. A score is, with a target rate, the
+negated P95 at it (-inf on a miss); without one, the capacity found by doubling or halving, then bisection.
 """
 
 from __future__ import annotations
@@ -255,8 +246,8 @@ def _next_rate(done: Sequence[ProbeResult], goal: Goal, start: float, steps: int
     assert hi is not None
     lower = hi / factor
     # Only misses so far. An overloaded server still answered what it could: that rate bounds its capacity, a far
-    # better next guess than a halving when the prior was far off (MiniLM's was 4x: its predict already uses
-    # every core, so more processes do not add up).
+    # better next guess than a halving when the prior was far off (as for a predict that already uses every core,
+    # where more processes do not add up).
     answered = max(r.throughput_rps for r in done if r.probe.rate == hi)
     if 0 < SATURATED * answered < lower:
         lower = SATURATED * answered

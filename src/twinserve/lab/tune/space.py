@@ -1,30 +1,11 @@
 """What `twinserve tune` searches: the settings worth a real server, pruned with what is known of the model.
 
-Known before any server starts: the model's in-process batch curve (`twinserve.lab.ceiling`: rows/s at batch
-sizes 1, 8, 32), hence its single-request service time, and the machine's cores. From those:
-
-- the batch size tried is the largest measured one whose predict takes at most a third of the P95 objective
-  (32 for a fast model, 8 for MiniLM at 200 ms); batching is searched only when that batch does clearly more
-  rows/s than a batch of 1 (else no batch size above 1 and no batch delay: a batch would only make requests wait
-  for each other); the delay tried is a share of the P95 objective, and at least one service time;
-- processes (sync and async workers, hybrid model workers) go up to the cores, no further: predict is CPU work;
-- sync threads per worker follow Little's law: in-flight requests = arrival rate x time in the server, shared
-  over the workers, with some headroom, and never fewer than one (nor than the batch size, which a worker's
-  threads fill);
-- hybrid is dropped when one predict is shorter than a hop to a model process and back;
-- async and hybrid without batching are dropped once batching pays (their batches form only under load);
-- with a target rate, a setting whose processes cannot reach it even at the model's in-process speed is dropped.
-
-Each candidate gets a prior: the throughput its processes could reach at that speed. It orders the survivors,
-so that when the budget cannot cover them all, the most promising are probed. The speed is the one measured under
-the math-thread cap the server gives each computing process (its share of the cores, `twinserve.core.threads`):
-two MiniLM processes on two cores compute on one thread each, and do 2 x 432 rows/s at batch 32 where one process
-on both cores does 717; priced at the uncapped curve, they counted as one process, and tune picked one.
-
-A model with per-model settings of its own (`own`) starts the search from them: for each architecture, one
-candidate "as the model sets it" (its batching, model workers and executor; processes up to the cores) comes
-first, whatever its prior, so it is always measured. Its other keys (timeout, cache, queue...) stay in every
-candidate, and hybrid is dropped when the model asks for an executor other than processes.
+Known before any server starts: the model's in-process batch curve (`twinserve.lab.ceiling`) and the machine's
+cores. From those the batch size, delay, processes and sync threads (Little's law) are bounded, and settings that
+cannot pay are dropped (batching that does not raise rows/s, hybrid when predict is shorter than the hop, a target
+rate out of reach). Each candidate's prior, its throughput at the model's speed under the math-thread cap its
+processes get (priced uncapped, several capped processes looked like one), orders the survivors. A model's own
+settings give each architecture a first candidate "as the model sets it", always measured.
 """
 
 from __future__ import annotations
@@ -124,8 +105,8 @@ def _batchings(facts: ModelFacts, size: int, slo_p95_ms: float | None) -> list[t
         return [(1, 0.0)]
     # The delay worth trying: a share of the latency objective (SLO_SHARE), which every request can afford to
     # spend waiting for company; at least one service time (a shorter wait rarely lets a batch fill). On a fast
-    # model the service time alone is far too short: with tabular (0.1 ms) tune tried 0.5 ms and its pick served
-    # 0.74x the grid's best, a 2 ms delay (benchmarks/tune_vs_grid.py, docs/tuning.md).
+    # model the service time alone is far too short: tune then picked a delay that served well below the grid's
+    # best (benchmarks/tune_vs_grid.py, docs/tuning.md).
     share = SLO_SHARE * slo_p95_ms if slo_p95_ms is not None else 0.0
     delay = round(min(max(facts.single_ms, share, 0.5), 20.0), 1)
     return [(1, 0.0), (size, 0.0), (size, delay)]

@@ -1,12 +1,9 @@
 """What `twinserve tune` tunes: a MODEL, or one model of a `--model-repository`; and how a candidate reaches it.
 
-A model's own per-model settings (its class's `settings`, a repository's `[settings]` table over them:
-`twinserve.core.settings`) win over the server's flags. So for such a model, the model-level knobs of a
-candidate (`MODEL_KNOBS`) cannot go on the command line: each candidate is served from a scratch repository
-holding that model alone, whose `twinserve.toml` has the model's own settings with the candidate's knobs over
-them. Its version folders are links to the user's (a repository model), or a one-line `model.py` importing the
-class (a MODEL with a `settings` attribute), so the model's code and files are the user's own. A model with no
-settings of its own is served as before: MODEL and every knob as a flag.
+A model's own per-model settings win over the server's flags, so for such a model a candidate's model-level
+knobs (`MODEL_KNOBS`) are served from a scratch repository holding that model alone, whose `twinserve.toml` puts
+the knobs over the model's own settings; its code and files stay the user's (links or a one-line import). A model
+with no settings of its own is served with MODEL and every knob as a flag.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """What a `twinserve tune` run's evidence supports, in numbers and words: the winner's capacity (the one figure
 tune's summary, its results.json and `twinserve k8s` state), every other candidate against it, and the verdict.
 
-Pure, like the search policy: it reads the plan, the probes and the decision, and starts nothing, so tests feed it
-made-up results.
-
-**The capacity** rests on the winner's final measurements: the last rung it ran and each repeat. It is the
-highest rate the winner met the goal at in those, with no probe of them missing at that rate or below, and met at
-it or above in as many of them as any such rate is (normally all: the lowest of their capacities). A rate that
-met once and missed once is not a capacity. With a target rate it is the target (tune searched no higher), where
-no final probe missed it. The probe it rests on is the one at that rate with the highest P95: its figures size
-`twinserve k8s`'s autoscaler.
-
-**Every other candidate** is set against the winner's load (its capacity, or the target rate):
-
-- *clearly behind*: it missed the goal at that load or below (or its server did not start), and met it at no
-  rate as high;
-- *too close to call*: it met the goal at that load or above (with a target: at a P95 within the winner's);
-- *slower* (a target only): it met the goal at the target too, at a P95 above every one of the winner's;
-- *not searched at the winner's load*: any other: never probed (the budget), or probed only below that load (its
-  capacity search stopped short of it, or it was dropped at a rung) or missed only above it.
+Pure, like the search policy: tests feed it made-up results. The capacity is the highest rate the winner met the
+goal at in its final rung and repeats with no miss at or below it (a rate that met once and missed once is not a
+capacity); with a target rate, the target. Its basis probe sizes `twinserve k8s`'s autoscaler. Every other
+candidate is *clearly behind*, *too close to call*, *slower* (target only) or *not searched at the winner's load*.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Open Inference Protocol messages over gRPC <-> the V2 codec's bytes. Transport-free.
 
-A `ModelInferRequest` becomes the request the V2 codec reads over HTTP with Triton's binary extension, without
-the bytes between (`infer_message`, for `V2Codec.decode_message`): the JSON header's object, whose inputs all
-carry `binary_data_size`, and their data. `raw_input_contents` are that data as sent; typed `contents` are packed
-to the same little-endian layout with one numpy call per tensor. So gRPC, REST JSON and REST binary requests are
-checked and decoded by the one codec, with the same messages and statuses (`infer_body` is the REST body itself).
-
-Outputs are always asked for as binary data and answered in `raw_output_contents`, as Triton's gRPC server does
-(tritonclient's `as_numpy` reads either form): `response_message` builds the reply from what the codec gives
-(`V2Codec.encode_message`), again with no JSON between; `infer_response` is its twin over the REST reply's bytes.
+A `ModelInferRequest` becomes what the V2 codec reads over HTTP with Triton's binary extension (`infer_message`),
+with typed `contents` packed to the same little-endian layout by one numpy call per tensor, so gRPC, REST JSON and
+REST binary requests are checked and decoded by one codec, with the same messages and statuses. Outputs are
+always answered as binary data in `raw_output_contents`, as Triton's gRPC server does (`response_message`);
+`infer_body` and `infer_response` are the twins over the REST bodies.
 """
 
 from __future__ import annotations

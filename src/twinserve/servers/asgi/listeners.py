@@ -14,6 +14,8 @@ import socket
 import sys
 from typing import Any
 
+from twinserve.servers.asgi.accept import listen_on
+
 __all__ = ["ReusePortListener", "balanced_listener"]
 
 
@@ -27,8 +29,9 @@ class ReusePortListener(socket.socket):
 
 
 def _bound(family: int, host: str, port: int) -> socket.socket:
-    """A new `SO_REUSEPORT` socket bound to (host, port): one more listener of the group, which uvicorn listens on."""
-    return _bind(socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP), host, port)
+    """A new `SO_REUSEPORT` socket bound to (host, port): one more listener of the group, which uvicorn listens on
+    (and this worker accepts bursts from: servers/asgi/accept.py)."""
+    return listen_on(_bind(socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP), host, port))
 
 
 def _bind(sock: socket.socket, host: str, port: int) -> socket.socket:

@@ -7,7 +7,8 @@ httptools, no header limit; xinference wraps it the same way against slowloris, 
 - a request target past `--max-request-line` (414), a header field past `--max-header-bytes`, more than
   `--max-header-count` of them, or a head past their sum while it arrives (431);
 - what llhttp refuses answered 400 `malformed_http` with twinserve's body, after the answers to the requests read
-  before it (RFC 9112 section 9.3.2), counted once when no app saw it.
+  before it (RFC 9112 section 9.3.2), counted once when no app saw it;
+- the connections waiting behind a new one accepted with it (servers/asgi/accept.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
+from twinserve.servers.asgi.accept import accept_waiting
 from twinserve.servers.http1 import Limits
 from twinserve.servers.served import Served
 from twinserve.service.contract import raw_error_response
@@ -59,6 +61,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_deadline()
+        accept_waiting(self.loop, self._sibling)  # the connections behind it in the accept queue (accept.py)
+
+    def _sibling(self) -> BoundedHttpToolsProtocol:
+        """A protocol for another connection of the same server."""
+        return BoundedHttpToolsProtocol(self.config, self.server_state, self.app_state, self.loop, served=self.served)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_deadline()

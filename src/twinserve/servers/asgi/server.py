@@ -27,6 +27,7 @@ from twinserve.observability.metrics import start_memory_sampler
 from twinserve.observability.tracing import setup_tracing
 from twinserve.repository import ModelRegistry
 from twinserve.servers import announce
+from twinserve.servers.asgi.accept import listen_on
 from twinserve.servers.asgi.listeners import balanced_listener
 from twinserve.servers.asgi.protocol import BoundedHttpToolsProtocol
 from twinserve.servers.served import Served
@@ -173,6 +174,8 @@ def run(config: Config) -> None:
     sock = _listener(config) if settings.workers > 1 else None
     if sock is None:
         sock = settings.bind_socket()
+        if settings.workers == 1:  # served in this process: it accepts a burst at once (servers/asgi/accept.py)
+            listen_on(sock)
     announce(config, sock.getsockname()[1])
     server = uvicorn.Server(settings)
     try:

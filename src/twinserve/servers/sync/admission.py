@@ -19,7 +19,7 @@ request it has read whole (servers/sync/http.py):
 
 A request let in here (handed over, or released) has waited its turn: the thread that takes it does not refuse it
 for the backlog behind it, which only the requests behind it will wait for. What the poller decided is decided
-once: the request carries its `Decided` (service/lifecycle.py) to the app, which takes it as made; a request whose
+once: the request carries its `Admitted` (service/admission.py) to the app, which takes it as made; a request whose
 body is still on its way is decided from its head, once, not again as each piece of its body arrives, nor when it
 is whole. A held request is decided again only at the end of its wait, with that wait counted. Where the app must
 see every request first (API keys or CORS on: `EarlyRefusal.active`), the poller neither refuses nor holds, and
@@ -106,7 +106,7 @@ class PollerAdmission:
         return self._decide(request, None if self._admission.backlog.max_wait else self._pool.counted())
 
     def _decide(self, request: Request, backlog: int | None, spent: float = 0.0) -> Refusal | None:
-        """The request's refusal from its head, else None, its `Decided` (if any: else the app decides) kept for
+        """The request's refusal from its head, else None, what it admitted (if any: else the app decides) kept for
         the app."""
         verdict = self._early.verdict(request.method.encode(), request.target, request.headers, backlog, spent)
         if isinstance(verdict, Refusal):

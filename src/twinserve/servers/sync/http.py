@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from twinserve.servers.http1 import HeadReader, Limits
-from twinserve.service.lifecycle import Decided
+from twinserve.service.admission import Admitted
 
 __all__ = ["SERVER", "Request", "RequestReader", "environ_of", "response_head"]
 
@@ -55,7 +55,7 @@ class Request:
     #: Answered from its head (a refusal while crowded): its body is dropped as it comes, never acted on.
     answered: bool = False
     #: Let in by the poller's admission from its head (servers/sync/admission.py): the app takes it as made.
-    decided: Decided | None = None
+    decided: Admitted | None = None
 
     def header(self, name: bytes) -> bytes | None:
         return next((value for key, value in self.headers if key == name), None)

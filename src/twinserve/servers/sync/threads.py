@@ -1,10 +1,7 @@
 """The sync worker's request threads, taking requests by priority level instead of first come, first served.
 
-gunicorn's gthread worker handed each readable connection to a `concurrent.futures.ThreadPoolExecutor`, whose queue
-is first come, first served: a request at level 1 handed over behind a thread's worth of level-3 requests waited for
-all of them to be taken up first. Measured (sync, wrk: 8 connections at `X-Priority: 1` beside 500 at level 3), a
-high priority's time in that queue was 12 ms at the median and 36 ms at P99, and its time held in the poller before
-(waiting for the queue to have room, behind lows that had it) 17 / 65 ms.
+A first-come pool (gunicorn's gthread hands connections to a `ThreadPoolExecutor`) makes a request at level 1,
+handed over behind a thread's worth of level-3 requests, wait for all of them to be taken up first.
 
 `LevelledThreadPool` is the worker's pool (servers/sync/worker.py): threads and futures, but each thread takes the
 waiting request of the highest level next (1 the highest), and the longest waiting within a level.

@@ -4,8 +4,7 @@ gunicorn runs it as it runs any worker class (`worker_class`): the arbiter forks
 gunicorn loaded (`self.wsgi`) on the listening sockets it was given (`self.sockets`), calling `notify()` as its
 heartbeat and stopping when `alive` turns false (SIGTERM) within `graceful_timeout`. What it needs of the service
 behind the app comes with its application (`self.app.served`, servers/served.py). Nothing else of gunicorn's
-is used: no subclass of its gthread or sync workers, none of their internals (issue #42: those changed in 27.0
-and every earlier gunicorn crashed twinserve at import).
+is used: no subclass of its gthread or sync workers, none of their internals (those change between releases).
 
 One poller thread owns the sockets: it accepts, reads each request's head *and body* (servers/sync/http.py), and
 hands whole requests to the request threads, which run the app and write its answer, then give a kept-alive
