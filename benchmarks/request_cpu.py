@@ -8,9 +8,10 @@ processes, divided by the requests answered: the front, the codec, the batcher, 
 To compare two checkouts (before/after a change), name each one's `src/` with `--src`; each runs in its own
 subprocess, alternating, and the medians and their ratio are printed.
 
-Each request's scope carries the `twinserve.disconnect` extension that twinserve's own HTTP protocol published
-until it ran on uvicorn's (the body taken whole, the client's departure polled), so that an older checkout is
-measured on the path its `twinserve serve` took; newer checkouts ignore it. `--no-extension` leaves it out.
+Each request's scope carries what twinserve's protocol under uvicorn publishes (its `twinserve.disconnect`
+extension: the body taken whole, the client's departure polled), so the path measured is the one `twinserve serve`
+takes; `--no-extension` measures the path under another ASGI server (a watcher task per request, the body
+streamed).
 
 CPU time on a shared 2-core machine varies by 15% or more from run to run, which hides a 5% change.
 `--instructions` counts instructions instead (valgrind's callgrind, about 60x slower): each checkout runs at
@@ -103,7 +104,7 @@ async def _measure(
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
         }
-        if extension:  # as an older checkout's own HTTP protocol published it (see the module)
+        if extension:  # as servers/asgi/protocol.py publishes it: the body arrived whole, the client stays
 
             def take_body() -> bytes | None:
                 nonlocal sent

@@ -235,9 +235,10 @@ def errors_page() -> str:
         rows.append([name, status, _code(cls.code) if sent else "", summary])
     intro = (
         "Every error twinserve answers with is one class of the tree in `twinserve.errors`, and the class fixes "
-        "its status and code, so every architecture answers the same fault the same way. V1 routes answer "
-        '`{"error": "message", "code", "request_id"[, "details"]}`, V2 routes `{"error": "message"}`, every other '
-        'route `{"error": {"code", "message", "request_id"[, "details"]}}`, all with the same status '
+        "its status and code, so every architecture answers the same fault the same way. V1 routes and the model "
+        "repository's (`/v2/repository/...`) answer "
+        '`{"error": "message", "code", "request_id"[, "details"]}`, the other V2 routes `{"error": "message"}`, '
+        'every other route `{"error": {"code", "message", "request_id"[, "details"]}}`, all with the same status '
         "([Error bodies](../http-contract.md#error-bodies)). Classes without a status never reach a client: they "
         "stop the server at start-up. "
         "A model may raise any `ClientError` subclass (e.g. `twinserve.ValidationFailed`) to refuse an instance."

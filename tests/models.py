@@ -475,3 +475,59 @@ class Inflate(twinserve.Model):
 
     def predict(self, batch: list[int | str]) -> list[str]:
         return [item if isinstance(item, str) else "x" * item for item in batch]
+
+
+class _Point(BaseModel):
+    x: float
+    y: float
+
+
+def _returned(spec: Any) -> Any:
+    """The value a `Returns` instance describes (tests/contract/test_equal_answers.py)."""
+    if not isinstance(spec, dict):
+        return spec
+    kind = spec["kind"]
+    if kind == "array":
+        values = spec["values"]
+        if spec["dtype"].startswith("complex"):  # [real, imag] pairs: JSON has no complex numbers
+            values = [complex(*pair) for pair in values]
+        array = np.array(values, dtype=spec["dtype"]).reshape(spec["shape"])
+        view = spec.get("view")
+        if view == "transposed":
+            return array.T
+        if view == "strided":
+            return array[..., ::2]
+        return array
+    if kind == "scalar":
+        return np.array(spec["value"], dtype=spec["dtype"])[()]
+    if kind == "zero-d":
+        return np.array(spec["value"], dtype=spec["dtype"])
+    if kind == "list":
+        return [_returned(item) for item in spec["items"]]
+    if kind == "dict":
+        return {key: _returned(value) for key, value in spec["items"].items()}
+    if kind == "bytes":
+        return spec["value"].encode()
+    if kind == "pydantic":
+        return _Point(x=spec["x"], y=spec["y"])
+    if kind == "torch":
+        import torch
+
+        return torch.tensor(spec["values"], dtype=getattr(torch, spec["dtype"]))
+    raise ValueError(f"no such kind {kind!r}")
+
+
+class Returns(twinserve.Model):
+    """Returns what each instance describes: a numpy array of a dtype, shape and view (plain, transposed, strided),
+    a numpy scalar, a 0-d array, a list or dict of them, bytes, a pydantic model, a torch tensor. With `column` in
+    the first instance, the whole batch's answer is one column of a numpy table: a strided view, the everyday
+    `proba[:, 0]`."""
+
+    name = "returns"
+
+    def predict(self, batch: list[Any]) -> Any:
+        first = batch[0]
+        if isinstance(first, dict) and "column" in first:
+            table = np.arange(2 * len(batch)).astype(first["column"]).reshape(len(batch), 2)
+            return table[:, 0]
+        return [_returned(spec) for spec in batch]

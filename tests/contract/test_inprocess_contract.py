@@ -197,6 +197,15 @@ def _openapi(answer: Answer) -> None:
 def _docs(answer: Answer) -> None:
     assert answer.content_type.startswith("text/html")
     assert 'url: "/openapi.json"' in answer.text
+    assert "https://" not in answer.text  # its assets are the server's own: /docs works without internet
+
+
+def _asset(media_type: str) -> Callable[[Answer], None]:
+    def check(answer: Answer) -> None:
+        assert answer.content_type.startswith(media_type) and len(answer.body) > 10_000
+        assert answer.headers["cache-control"] == "public, max-age=86400"
+
+    return check
 
 
 def _metrics(answer: Answer) -> None:
@@ -225,6 +234,18 @@ def _code(code: str) -> Callable[[Answer], object]:
 
 def _v2(words: str) -> Callable[[Answer], object]:
     return lambda answer: v2_error(answer, words)
+
+
+def _repository_error(words: str) -> Callable[[Answer], object]:
+    """The model repository's error (an extension, not the Open Inference Protocol): V1's flat body, whose `error`
+    is the message Triton's and KServe's clients read, with the code and request id every other error has."""
+
+    def check(answer: Answer) -> None:
+        body = answer.json()
+        assert words in body["error"] and set(body) == {"error", "code", "request_id"}, body
+        error(answer, "model_control_off")
+
+    return check
 
 
 def _constant(answer: Answer) -> Any:
@@ -311,13 +332,13 @@ CASES = [
          check=_repository_index),
     # MODEL arguments (and --model-control none) load at start only.
     Case("repository-load-off", "repository_load", "POST", "/v2/repository/models/iris/load", 400, json={},
-         check=_v2("--model-control none")),
+         check=_repository_error("--model-control none")),
     Case("repository-unload-off", "repository_unload", "POST", "/v2/repository/models/iris/unload", 400, json={},
-         check=_v2("--model-control none")),
+         check=_repository_error("--model-control none")),
     Case("repository-traffic", "repository_traffic", "GET", "/v2/repository/models/iris/traffic", 200,
          check=lambda a: a.json()["traffic"] == {"split": {}, "sticky_header": None, "shadow": None}),
     Case("repository-set-traffic-off", "repository_set_traffic", "POST", "/v2/repository/models/iris/traffic", 400,
-         json={"split": {"1": 1}}, check=_v2("--model-control none")),
+         json={"split": {"1": 1}}, check=_repository_error("--model-control none")),
     Case("v2-infer", "infer", "POST", "/v2/models/iris/infer", 200, json=IRIS_V2, check=_v2_infer),
     Case("v2-infer-version", "infer", "POST", "/v2/models/iris/versions/1/infer", 200, json=IRIS_V2,
          check=_v2_infer),
@@ -335,6 +356,8 @@ CASES = [
     Case("v2-unknown-route", "", "GET", "/v2/no-such-extension", 404, check=_v2("no route")),
     Case("openapi", "openapi", "GET", "/openapi.json", 200, check=_openapi),
     Case("docs", "docs", "GET", "/docs", 200, check=_docs),
+    Case("docs-css", "docs_css", "GET", "/docs/swagger-ui.css", 200, check=_asset("text/css")),
+    Case("docs-js", "docs_js", "GET", "/docs/swagger-ui-bundle.js", 200, check=_asset("text/javascript")),
     Case("metrics", "metrics", "GET", "/metrics", 200, check=_metrics, same=_constant),
 ]  # fmt: skip
 

@@ -46,13 +46,14 @@ def test_a_table_reads_into_a_policy_and_back() -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ({"split": {"1": 0}}, "weight of version 1 must be a positive finite number"),
-        ({"split": {"1": math.inf, "2": 1}}, "positive finite number"),  # it took everything (issue #44)
-        ({"split": {"1": math.nan}}, "positive finite number"),
+        ({"split": {"1": 0}}, "at least one version needs a weight above 0"),
+        ({"split": {"1": 0, "2": 0}}, "at least one version needs a weight above 0"),
+        ({"split": {"1": math.inf, "2": 1}}, "weight of version 1 must be a finite number, 0 or more"),
+        ({"split": {"1": math.nan}}, "finite number, 0 or more"),
         ({"shadow": {"version": "2", "share": math.nan}}, "share must be a number from 0 to 1"),
-        ({"split": {"1": -3}}, "positive finite number"),
-        ({"split": {"1": True}}, "positive finite number"),
-        ({"split": {"1": "ten"}}, "positive finite number"),
+        ({"split": {"1": -3}}, "finite number, 0 or more"),
+        ({"split": {"1": True}}, "finite number, 0 or more"),
+        ({"split": {"1": "ten"}}, "finite number, 0 or more"),
         ({"split": {"one": 1}}, "'one' is not a version number"),
         ({"split": [1, 2]}, "must map versions to weights"),
         ({"split": {"1": 1, "7": 1}}, "traffic names version(s) 7, not served (versions: 1, 2)"),
@@ -83,6 +84,14 @@ def test_the_draw_falls_into_each_versions_share() -> None:
     assert {policy.primary(None, {"2"}, draw=d) for d in (0.0, 0.5, 0.99)} == {"2"}
     assert policy.primary(None, {"3"}) is None
     assert TrafficPolicy().primary(None, ready) is None
+
+
+def test_a_weight_of_zero_drains_a_version_that_stays_loaded() -> None:
+    """The usual way to drain a version (issue #55): weight 0 sends it no unversioned request at any draw or key."""
+    policy = TrafficPolicy.parse({"split": {"1": 0, "2": 100}}, ["1", "2"])
+    assert {policy.primary(None, {"1", "2"}, draw=d) for d in (0.0, 0.3, 0.999999)} == {"2"}
+    assert {policy.primary(f"user-{i}", {"1", "2"}) for i in range(50)} == {"2"}
+    assert policy.primary(None, {"1"}) is None  # only the drained one ready: the default answers
 
 
 def test_random_draws_keep_the_split_within_binomial_bounds() -> None:
@@ -146,8 +155,8 @@ def test_the_settings_file_carries_the_traffic_table(tmp_path: Path) -> None:
     ("traffic", "message"),
     [
         ('split = {"1" = 90, "3" = 10}', "traffic names version(s) 3, not served (versions: 1, 2)"),
-        ('split = {"1" = 0}', "must be a positive finite number"),
-        ('split = {"1" = inf, "2" = 1}', "must be a positive finite number"),  # TOML's inf took every request
+        ('split = {"1" = 0}', "at least one version needs a weight above 0"),
+        ('split = {"1" = inf, "2" = 1}', "must be a finite number, 0 or more"),  # TOML's inf took every request
         ('shadow = {version = "2", share = 2}', "share must be a number from 0 to 1"),
     ],
 )

@@ -237,10 +237,22 @@ def test_the_api_changes_the_split(tmp_path: Path, arch: str) -> None:
         assert app.request("GET", path, headers={"X-API-Key": USER}).status == 200
         refused = app.request("POST", path, json={"split": {"1": 1}}, headers={"X-API-Key": USER})
         assert refused.status == 403 and "admin API key" in refused.text
+        # The repository's errors have the code and request id every other error has (issue #55).
+        assert refused.json()["code"] == "forbidden" and refused.json()["request_id"] == refused.headers["x-request-id"]
         assert app.request("POST", path, json={"split": {"1": 1}}).status == 401
         changed = app.request("POST", path, json={"split": {"1": 1}}, headers=admin)
         assert changed.status == 200, changed.text
         assert changed.json()["traffic"]["split"] == {"1": 1}
+        # The default version (2) now gets no unversioned request: said in the answer.
+        assert changed.json()["warnings"] == [
+            "model 'scaler': its default version 2 gets no unversioned request; the traffic split sends them to "
+            "version 1"
+        ]
+        assert versions() == {1}
+        drained = app.request("POST", path, json={"split": {"1": 0, "2": 1}}, headers=admin)  # 1 loaded, drained
+        assert drained.status == 200 and "warnings" not in drained.json(), drained.text
+        assert versions() == {2}
+        assert app.request("POST", path, json={"split": {"1": 1}}, headers=admin).status == 200
         assert versions() == {1}
         assert app.request("GET", path, headers=admin).json()["traffic"]["split"] == {"1": 1}
         # A bad policy is refused and the old one stays.

@@ -9,8 +9,8 @@ FastAPI is not used: its per-request dependency and validation machinery duplica
 in one pass, and its router was routed around on the hot path. `/docs` and `/openapi.json` come from the shared
 route table, built from each model's own schemas.
 
-A request whose client leaves while it waits is never computed: a watcher task awaiting `http.disconnect` cancels
-its wait.
+A request whose client leaves while it waits is never computed: the server tells (fronts/disconnect.py) or a
+watcher task awaiting `http.disconnect` does.
 
 `:stream` answers with Server-Sent Events written straight to ASGI (`AsgiEventStream`): one step is computed at a
 time, only while the client is there; when uvicorn reports `http.disconnect` the step in progress is cancelled
@@ -34,7 +34,7 @@ from twinserve.errors import ClientDisconnected, TwinserveError, UpgradeRequired
 from twinserve.fronts.asgi_lifespan import AsgiLifespan
 from twinserve.fronts.asgi_middleware import CorsMiddleware, TrustedHostsMiddleware
 from twinserve.fronts.asgi_reply import AsgiReply
-from twinserve.fronts.disconnect import predict_unless_gone, unless_disconnected
+from twinserve.fronts.disconnect import arrived_body, predict_unless_gone, unless_disconnected
 from twinserve.fronts.dispatch import ROUTE_ERRORS, Dispatcher
 from twinserve.fronts.sse import AsgiEventStream
 from twinserve.fronts.websocket import OpenSockets, websocket_endpoint
@@ -59,8 +59,14 @@ async def _read_body(request: Request, rule: BodyRule) -> bytes:
     uvicorn bounds no read: a body that has not arrived whole within `--read-timeout-s` gets 408 and its
     connection closed, instead of holding the request open forever (slowloris). The bound is on the whole body,
     not on each pause, so a byte every few seconds does not keep it open either; the sync architecture's
-    gunicorn workers apply the same deadline.
+    gunicorn workers apply the same deadline. A body that had all arrived when the app first ran (most) is taken
+    whole from the server (`arrived_body`): there is nothing left to wait for.
     """
+    arrived = arrived_body(request)
+    if arrived is not None:  # whole: only the rule's limit to compare (the hot path: no call for one comparison)
+        if len(arrived) > rule.max_bytes:
+            raise rule.too_large()
+        return arrived
     chunks: list[bytes] = []
     size = 0
     try:
@@ -317,6 +323,8 @@ def _endpoints(service: Service) -> dict[str, Endpoint]:
         "repository_set_traffic": repository_set_traffic,
         "openapi": plain(service.openapi),
         "docs": plain(service.docs),
+        "docs_css": plain(lambda: service.docs_asset("docs_css")),
+        "docs_js": plain(lambda: service.docs_asset("docs_js")),
         "metrics": plain(service.metrics),
     }
 

@@ -165,6 +165,8 @@ def create_wsgi_app(service: Service) -> Flask:
         ),
         "openapi": lambda: _respond(service.openapi()),
         "docs": lambda: _respond(service.docs()),
+        "docs_css": lambda: _respond(service.docs_asset("docs_css")),
+        "docs_js": lambda: _respond(service.docs_asset("docs_js")),
         "metrics": lambda: _respond(service.metrics()),
     }
     for route in ROUTES:

@@ -5,7 +5,8 @@ check and an mmap write each) were a large share of twinserve's own CPU per requ
 to a dict entry instead (observability/tally.py) and writes the sums each interval, and always before this
 process renders `/metrics` or reads its totals, or when its last in-flight request ends; another process's scrape
 sees them at most an interval late. Histograms are written through prometheus-client's own `_buckets` and `_sum`
-fields; tests/unit/observability/test_sums.py renders both ways, so a change there fails a test, not a scrape.
+fields, since prometheus-client has no public way to add many observations at once;
+tests/unit/observability/test_sums.py renders both ways, so a change there fails a test, not a scrape.
 """
 
 from __future__ import annotations

@@ -282,6 +282,18 @@ class ModelRegistry:
         entry = self._versions.get(name, {}).get(version) if version is not None and version != primary else None
         return entry.runtime if entry is not None and entry.state == "READY" else None
 
+    def unsplit_default(self, name: str) -> str | None:
+        """Why `name`'s default version gets no unversioned request, when its traffic split gives it no weight (a
+        version loaded as the new default under an older split, say); else None."""
+        policy, runtime = self.traffic.get(name), self.runtimes.get(name)
+        if policy is None or not policy.split or runtime is None or policy.split.get(runtime.spec.version, 0) > 0:
+            return None
+        sent = ", ".join(version for version, weight in policy.split.items() if weight > 0)
+        return (
+            f"model {name!r}: its default version {runtime.spec.version} gets no unversioned request; the traffic "
+            f"split sends them to version {sent}"
+        )
+
     def set_traffic(self, name: str, traffic: TrafficPolicy | None) -> None:
         """Spread `name`'s requests by `traffic` from now on (None: its default takes them); ModelNotFound for a
         model this registry does not know, ValueError for a version it does not serve."""

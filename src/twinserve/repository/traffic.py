@@ -41,7 +41,7 @@ class Shadow:
 class TrafficPolicy:
     """How one model's unversioned requests are spread over its versions (see the module docstring)."""
 
-    #: Version -> weight (> 0); empty: the default version takes every request.
+    #: Version -> weight (0: drained, loaded but sent no unversioned request); empty: the default takes them all.
     split: Mapping[str, float] = field(default_factory=dict)
     sticky_header: str | None = None
     shadow: Shadow | None = None
@@ -103,7 +103,7 @@ class TrafficPolicy:
         """The version that answers a request with sticky `key` (None: none), among the `ready` versions; None
         when the split names none of them (the default version answers). `draw` in [0, 1) replaces the random
         draw of a request without a key (tests)."""
-        weights = [(version, weight) for version, weight in self._ranked() if version in ready]
+        weights = [(version, weight) for version, weight in self._ranked() if weight > 0 and version in ready]
         if not weights:
             return None
         total = sum(weight for _, weight in weights)
@@ -144,12 +144,15 @@ def _split(value: Any) -> dict[str, float]:
         name = str(version)
         if not name.isdigit() or int(name) < 1:
             raise ValueError(f"traffic.split: {name!r} is not a version number")
-        # Finite: an infinite weight (TOML's `inf`) would take every request and make the others' shares NaN.
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
+        # Finite: an infinite weight (TOML's `inf`) would take every request and make the others' shares NaN. Zero
+        # drains a version that stays loaded (a versioned request still reaches it).
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
             raise ValueError(
-                f"traffic.split: the weight of version {name} must be a positive finite number, got {weight!r}"
+                f"traffic.split: the weight of version {name} must be a finite number, 0 or more, got {weight!r}"
             )
         split[str(int(name))] = float(weight)
+    if split and not any(split.values()):
+        raise ValueError("traffic.split: at least one version needs a weight above 0")
     return split
 
 

@@ -11,6 +11,9 @@ Transport-free, like the rest of the exchange: the fronts hand over header value
 - A reply is gzipped (`compress_reply`) when the client's `Accept-Encoding` gives gzip a non-zero q-value and the
   body is at least `GZIP_MIN_BYTES`: below that, the gzip header and the CPU cost more than they save.
   Server-Sent Events never come through here (each event must reach the client when it is written).
+
+Starlette's GZipMiddleware is ASGI's alone and inflates no request; the sync front needs the same answers, so both
+fronts call these functions.
 """
 
 from __future__ import annotations

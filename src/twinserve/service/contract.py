@@ -42,7 +42,7 @@ from twinserve.service.clients import ForwardedFor
 from twinserve.service.cors import cors_policy
 from twinserve.service.hosts import check_site, host_policy
 from twinserve.service.lifecycle import BodyRule
-from twinserve.service.openapi import openapi_document, secure, swagger_page
+from twinserve.service.openapi import SWAGGER_ASSETS, openapi_document, secure, swagger_asset, swagger_page
 from twinserve.service.reply import NOT_READY_HEADERS, Reply, error_reply
 from twinserve.service.repository_api import RepositoryApi
 from twinserve.service.request_counts import RequestCounts
@@ -94,7 +94,7 @@ def _open_paths(config: Config) -> frozenset[str]:
     if not config.metrics_auth:
         names.add("metrics")
     if config.public_docs:
-        names |= {"openapi", "docs"}
+        names |= {"openapi", "docs", "docs_css", "docs_js"}
     return frozenset(route.path for route in ROUTES if route.name in names)
 
 
@@ -195,6 +195,11 @@ class Service(OpenInferenceHandlers):
 
     def docs(self) -> Reply:
         return Reply(200, swagger_page("/openapi.json", "twinserve"), content_type=HTML)
+
+    def docs_asset(self, name: str) -> Reply:
+        """A Swagger UI file (`SWAGGER_ASSETS`), cacheable for a day: it changes only with the package."""
+        media_type = SWAGGER_ASSETS[name][1]
+        return Reply(200, swagger_asset(name), {"Cache-Control": "public, max-age=86400"}, content_type=media_type)
 
     def metrics(self) -> Reply:
         self.counts.flush()

@@ -6,6 +6,7 @@ schema and a ready-to-send example body for it, and its V2 metadata and infer pa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -198,7 +199,7 @@ def openapi_document(
     error_responses = {code: _json({"$ref": _REF.format(model="V1Error")}, text) for code, text in _ERRORS.items()}
     paths: dict[str, Any] = {}
     for route in ROUTES:
-        if "{model}" in route.path or route.name in ("openapi", "docs"):
+        if "{model}" in route.path or route.name in ("openapi", "docs", *SWAGGER_ASSETS):
             continue
         responses = _GLOBAL_RESPONSES.get(route.name, {"200": _json({})})
         paths[route.path] = {route.method.lower(): {"operationId": route.name, "responses": responses}}
@@ -281,14 +282,29 @@ def secure(document: dict[str, Any], open_paths: frozenset[str]) -> dict[str, An
 
 _SWAGGER = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<link rel="stylesheet" href="/docs/swagger-ui.css"></head>
 <body><div id="swagger-ui"></div>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script src="/docs/swagger-ui-bundle.js"></script>
 <script>SwaggerUIBundle({{url: "{url}", dom_id: "#swagger-ui"}});</script>
 </body></html>
 """
+#: The Swagger UI files the page loads, served from the `swagger-ui-bundle` package (no CDN: /docs works on a
+#: machine without internet), by the asset's route name, with their media types.
+SWAGGER_ASSETS = {
+    "docs_css": ("swagger-ui.css", "text/css; charset=utf-8"),
+    "docs_js": ("swagger-ui-bundle.js", "text/javascript; charset=utf-8"),
+}
 
 
 def swagger_page(openapi_url: str, title: str) -> bytes:
-    """Swagger UI for the document at `openapi_url` (the browser fetches the UI's assets from a CDN)."""
+    """Swagger UI for the document at `openapi_url`; its assets are `swagger_asset`'s."""
     return _SWAGGER.format(title=title, url=openapi_url).encode()
+
+
+@functools.cache
+def swagger_asset(name: str) -> bytes:
+    """The bytes of the Swagger UI file `SWAGGER_ASSETS[name]` names, read from its package once."""
+    from swagger_ui_bundle import swagger_ui_path
+
+    asset: bytes = (swagger_ui_path / SWAGGER_ASSETS[name][0]).read_bytes()
+    return asset

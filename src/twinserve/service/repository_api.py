@@ -7,6 +7,7 @@ waiting (the sync front in the request's thread, the async fronts as coroutines:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -23,6 +24,8 @@ from twinserve.service.auth import key_id
 from twinserve.service.reply import Reply
 
 __all__ = ["RepositoryApi"]
+
+logger = logging.getLogger("twinserve.repository")
 
 
 class RepositoryApi:
@@ -88,7 +91,7 @@ class RepositoryApi:
             raise MalformedRequest(str(exc)) from None
         if self._desired is not None:  # the server's other processes follow
             self._desired.publish_traffic(model, described)
-        return Reply(200, dumps({"name": model, "traffic": described}))
+        return Reply(200, dumps({"name": model, "traffic": described, **self._warnings(model)}))
 
     def control(self, key: str | None, action: str = "loading and unloading models") -> ModelControl:
         """The model control, for a request whose API key id is `key`: 403 unless it is the admin key (when keys
@@ -114,7 +117,16 @@ class RepositoryApi:
                 if e["reason"]
             )
             raise ModelUnavailable(f"model {model!r} did not load: {reasons or 'no version to load'}")
-        return Reply(200, dumps({"name": model, "versions": entries}))
+        return Reply(200, dumps({"name": model, "versions": entries, **self._warnings(model)}))
+
+    def _warnings(self, model: str) -> dict[str, list[str]]:
+        """`{"warnings": [...]}` where the change leaves `model`'s default version without unversioned traffic
+        (also logged); else nothing."""
+        warning = self.registry.unsplit_default(model)
+        if warning is None:
+            return {}
+        logger.warning(warning)
+        return {"warnings": [warning]}
 
 
 def _json_object(body: bytes) -> Any:

@@ -79,6 +79,8 @@ ROUTES: tuple[Route, ...] = (
     Route("repository_set_traffic", "POST", "/v2/repository/models/{model}/traffic"),
     Route("openapi", "GET", "/openapi.json"),
     Route("docs", "GET", "/docs"),
+    Route("docs_css", "GET", "/docs/swagger-ui.css"),  # Swagger UI's own files, from the package: no CDN
+    Route("docs_js", "GET", "/docs/swagger-ui-bundle.js"),
     Route("metrics", "GET", "/metrics"),
 )
 
@@ -97,12 +99,19 @@ ErrorShape = Literal["twinserve", "v1", "v2"]
 
 
 def error_shape(path: str) -> ErrorShape:
-    """The error body a request for `path` gets: by its protocol's prefix, whether or not a route matches it."""
+    """The error body a request for `path` gets: by its protocol's prefix, whether or not a route matches it. The
+    model repository's routes (an extension, not the Open Inference Protocol) answer V1's, whose `error` is the
+    message Triton's and KServe's clients read, with the `code` and `request_id` every other error has."""
+    if path.startswith(_REPOSITORY):
+        return "v1"
     if is_v2(path):
         return "v2"
     if path == "/v1" or path.startswith("/v1/"):
         return "v1"
     return "twinserve"
+
+
+_REPOSITORY = "/v2/repository/"
 
 
 def is_v2(path: str) -> bool:

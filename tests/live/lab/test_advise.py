@@ -63,6 +63,26 @@ def test_target_throughput_and_memory_cap() -> None:
     assert advice.choice is not None and advice.choice.run.label == "async"
 
 
+def test_the_pick_comes_with_its_serve_command_and_each_other_option_with_why_not() -> None:
+    """issue #55: the advice names the command that runs its pick, and one reason for each option left out."""
+    heavy = run("async workers=2", "async", [level(8, 3000, 10, rss=800)], workers=2)
+    light = run("async workers=1", "async", [level(8, 2900, 10, rss=300)], workers=1)
+    slow = run("sync", "sync", [level(8, 900, 20, rss=200)])
+    late = run("hybrid", "hybrid", [level(8, 2000, 90)])
+    advice = advise(results(heavy, light, slow, late), 50)
+    assert advice.choice is not None and advice.choice.run is light
+    served = results(heavy).model
+    assert f"Serve it: twinserve serve {served} --arch async --workers 1" in advice.lines
+    assert "- async workers=2: 3,000 req/s" in next(line for line in advice.lines if line.startswith("- async w"))
+    assert next(line for line in advice.lines if line.startswith("- async w")).endswith("but more memory.")
+    assert next(line for line in advice.lines if line.startswith("- sync:")).endswith(
+        "69% less throughput than async workers=1."
+    )
+    assert "- hybrid: never met P95 <= 50 ms without errors." in advice.lines
+    capped = advise(results(heavy, slow), 50, max_memory_mib=300)
+    assert next(line for line in capped.lines if line.startswith("- async")).endswith("over the 300 MiB memory cap.")
+
+
 def test_the_advise_command_reads_a_results_file(tmp_path: Path) -> None:
     sync = run("sync", "sync", [level(8, 900, 20)])
     asyn = run("async", "async", [level(8, 2500, 8)])

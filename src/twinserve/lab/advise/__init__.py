@@ -7,14 +7,18 @@ and treats capacities within `TIE` of each other as equal, preferring the one th
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
+from twinserve.config import Config, load_config
 from twinserve.lab.advise.hybrid import hybrid_trails
 from twinserve.lab.ceiling import machine_ceiling
 from twinserve.lab.options import Option
 from twinserve.lab.results import Level, Results, Run
+from twinserve.lab.settings_writer import serve_command as command_of
 
-__all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "advise", "autoscaling_targets"]
+__all__ = ["HEADROOM", "TIE", "Advice", "AutoscalingTargets", "advise", "autoscaling_targets", "serve_command"]
 
 TIE = 0.05  # capacities this close (relative) are a tie on this noisy a measurement; memory decides
 #: Autoscaling targets sit this far below what one server sustained within the SLO, so new pods start
@@ -64,6 +68,31 @@ def _efficiency(results: Results, option: Option) -> str:
     )
 
 
+def serve_command(results: Results, run: Run) -> str:
+    """The `twinserve serve` command that runs `run`'s architecture and settings on the model bench measured."""
+    where: dict[str, Any] = (
+        {"model_repository": results.repository} if results.repository else {"models": [results.model]}
+    )
+    settings: dict[str, Any] = {
+        name: value for name, value in run.settings.items() if value is not None and name in Config.model_fields
+    }
+    return shlex.join(command_of(load_config(arch=run.arch, **where, **settings)))
+
+
+def _excluded(option: Option, advice: Advice, target_rps: float | None, max_memory_mib: float | None) -> str | None:
+    """Why `option`, which met the latency objective, is not the pick; None when nothing was picked."""
+    if target_rps is not None and option.capacity < target_rps:
+        return f"below the {target_rps:g} req/s target"
+    if max_memory_mib is not None and (option.memory_mib is None or option.memory_mib > max_memory_mib):
+        return f"over the {max_memory_mib:g} MiB memory cap" if option.memory_mib is not None else "memory unmeasured"
+    choice = advice.choice
+    if choice is None or not advice.meets:
+        return None
+    if option.capacity >= choice.capacity * (1 - TIE):
+        return "as fast within the noise, but more memory"
+    return f"{1 - option.capacity / choice.capacity:.0%} less throughput than {choice.run.label}"
+
+
 def advise(
     results: Results, slo_p95_ms: float, target_rps: float | None = None, max_memory_mib: float | None = None
 ) -> Advice:
@@ -99,6 +128,7 @@ def advise(
                 f"{others} reached within {TIE:.0%} of that throughput, a tie on this measurement; "
                 f"{choice.run.label} uses the least memory."
             )
+        advice.lines.append(f"Serve it: {serve_command(results, choice.run)}")
     elif within:
         closest = max(within, key=lambda o: o.capacity)
         advice.choice = closest
@@ -125,7 +155,8 @@ def advise(
         if option is None:
             advice.lines.append(f"- {run.label}: never met P95 <= {slo_p95_ms:g} ms without errors.")
         else:
-            advice.lines.append(f"- {run.label}: {option.describe()}.")
+            why = _excluded(option, advice, target_rps, max_memory_mib)
+            advice.lines.append(f"- {run.label}: {option.describe()}{'; ' + why if why else ''}.")
     for run in results.runs:
         if run.error is not None:
             advice.lines.append(f"- {run.label}: could not be measured ({run.error.splitlines()[0]}).")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -59,17 +60,40 @@ def _ranked(r: Ranked | None) -> dict[str, Any] | None:
     }
 
 
+def portable_model(target: str) -> str:
+    """MODEL as it resolves from any folder: a model file's path made absolute, and a module that is importable
+    only from the folder tune ran in (not from an installed package) named by its file."""
+    module, sep, attr = target.rpartition(":")
+    if not sep or not module:
+        return target
+    if module.endswith(".py"):
+        return f"{Path(module).resolve()}:{attr}"
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return target
+    origin = None if found is None or found.origin is None else Path(found.origin).resolve()
+    here = Path.cwd().resolve()
+    if origin is None or not origin.is_relative_to(here) or "site-packages" in origin.parts or "." in module:
+        return target
+    return f"{origin}:{attr}"
+
+
 def winner_config(outcome: TuneOutcome) -> Config | None:
     """The winner as `serve`'s Config: every setting, or for a model with settings of its own the server-wide
-    ones alone (its knobs go in its own [settings]: `winner_model_settings`)."""
+    ones alone (its knobs go in its own [settings]: `winner_model_settings`). The model is named so that
+    `serve --config` finds it from any folder (`portable_model`, an absolute repository path)."""
     winner = outcome.decision.winner
     if winner is None:
         return None
     subject = outcome.request.subject
     if subject is None or not subject.per_model:
-        return load_config(models=[outcome.request.model], arch=winner.candidate.arch, **winner.candidate.settings)
+        model = portable_model(outcome.request.model)
+        return load_config(models=[model], arch=winner.candidate.arch, **winner.candidate.settings)
     where: dict[str, Any] = (
-        {"model_repository": subject.repository} if subject.repository is not None else {"models": [subject.model]}
+        {"model_repository": str(Path(subject.repository).resolve())}
+        if subject.repository is not None
+        else {"models": [portable_model(subject.model)]}
     )
     return load_config(arch=winner.candidate.arch, **where, **server_level(winner.candidate))
 

@@ -3,17 +3,20 @@ request's head, bounds on its size, and twinserve's JSON error for what the pars
 
 `HttpToolsProtocol` is uvicorn's own, as shipped; this subclass only adds (uvicorn has no head deadline and, with
 httptools, no header limit; xinference wraps it the same way against slowloris, xorbitsai/inference #5213):
-- `--read-timeout-s` from a connection's start, or from a request's first byte, until its head is whole;
+- `--read-timeout-s` from a connection's start, or from a request's first read, until its head is whole;
 - a request target past `--max-request-line` (414), a header field past `--max-header-bytes`, more than
   `--max-header-count` of them, or a head past their sum while it arrives (431);
 - what llhttp refuses answered 400 `malformed_http` with twinserve's body, after the answers to the requests read
   before it (RFC 9112 section 9.3.2), counted once when no app saw it;
-- the connections waiting behind a new one accepted with it (servers/asgi/accept.py).
+- the connections waiting behind a new one accepted with it (servers/asgi/accept.py);
+- each request's arrival in its scope (`DISCONNECT_EXTENSION`): whether its client has gone, and its body once it
+  has all arrived, so the app needs no watcher task nor `receive` for them (fronts/disconnect.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 from uvicorn.config import Config as UvicornConfig
@@ -21,12 +24,42 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from twinserve.errors import HeadersTooLarge, MalformedHttp, TwinserveError, UriTooLong
+from twinserve.fronts.disconnect import DISCONNECT_EXTENSION
 from twinserve.servers.asgi.accept import accept_waiting
 from twinserve.servers.http1 import Limits
 from twinserve.servers.served import Served
 from twinserve.service.contract import raw_error_response
 
 __all__ = ["BoundedHttpToolsProtocol"]
+
+#: Body bytes an `_Arrival` keeps for the app to take whole; past them the app reads through `receive`.
+_WHOLE_BODY = 65536
+
+
+class _Arrival:
+    """One request's body as it arrives and whether its client has gone, as the app reads them
+    (`DISCONNECT_EXTENSION`). It holds nothing of the connection: the scope holds it, and nothing it holds holds
+    the scope."""
+
+    __slots__ = ("chunks", "complete", "gone", "size", "wait")
+
+    def __init__(self, expect_continue: bool) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.complete = self.gone = False
+        #: Behind `Expect: 100-continue` the body is the client's to send once asked (through `receive`).
+        self.wait = expect_continue
+
+    def disconnected(self) -> bool:
+        return self.gone
+
+    def body(self) -> bytes | None:
+        """The whole body, taken once; None while any of it is still to come (or was taken, or was too large)."""
+        if not self.complete or self.gone or self.wait or self.size > _WHOLE_BODY:
+            return None
+        self.wait = True
+        body, self.chunks = b"".join(self.chunks), []
+        return body
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -57,6 +90,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._owed: bytes | None = None
         self._owed_after: Any = None
         self._previous: Any = None
+        #: The arrivals of the requests read and not answered yet, oldest first; the one being read, last.
+        self._arrivals: deque[_Arrival] = deque()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,6 +104,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_deadline()
+        for arrival in self._arrivals:
+            arrival.gone = True
+        self._arrivals.clear()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -83,14 +121,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self._head_bytes > self.limits.max_head:
                 self._refusal = HeadersTooLarge()
                 self.send_400_response("head too large")
+            elif self._head_timer is None:  # a head that arrives whole in one read costs no timer
+                self._arm_head_deadline()
 
     # -- llhttp's callbacks --------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = self._in_message = True
         self._head_bytes = self._header_count = 0
-        if self._head_timer is None:  # else the connection's own deadline, from before its first byte, holds
-            self._arm_head_deadline()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -112,10 +150,23 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._cancel_head_deadline()
         self._previous = self.cycle
+        arrival = _Arrival(self.expect_100_continue)
+        self._arrivals.append(arrival)
+        self.scope["extensions"] = {DISCONNECT_EXTENSION: {"disconnected": arrival.disconnected, "body": arrival.body}}
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._arrivals:
+            arrival = self._arrivals[-1]
+            arrival.size += len(body)
+            if arrival.size <= _WHOLE_BODY:
+                arrival.chunks.append(body)
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        if self._arrivals:
+            self._arrivals[-1].complete = True
         super().on_message_complete()
 
     # -- refusals ------------------------------------------------------------------------------------------------
@@ -142,6 +193,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def on_response_complete(self) -> None:
+        if self._arrivals:
+            self._arrivals.popleft()
         super().on_response_complete()
         if self._owed is not None and self._owed_after.response_complete and not self.transport.is_closing():
             self.transport.write(self._owed)
