@@ -21,12 +21,7 @@ import sys
 from pathlib import Path
 
 MODEL, NAME = "twinserve.examples.tabular:Classifier", "iris"
-BODY = {
-    "inputs": [
-        {"name": name, "shape": [1], "datatype": "FP64", "data": [value]}
-        for name, value in (("sepal_length", 5.1), ("sepal_width", 3.5), ("petal_length", 1.4), ("petal_width", 0.2))
-    ]
-}
+BODY = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [5.1, 3.5, 1.4, 0.2]}]}
 
 _CHILD = r"""
 import http.client, json, os, signal, sys, threading, time

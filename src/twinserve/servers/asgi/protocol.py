@@ -9,6 +9,7 @@ httptools, no header limit; xinference wraps it the same way against slowloris, 
 - what llhttp refuses answered 400 `malformed_http` with twinserve's body, after the answers to the requests read
   before it (RFC 9112 section 9.3.2), counted once when no app saw it;
 - the connections waiting behind a new one accepted with it (servers/asgi/accept.py);
+- a response's head and body written in one send (`_OneWritePerTurn`), as a response's bytes were before;
 - each request's arrival in its scope (`DISCONNECT_EXTENSION`): whether its client has gone, and its body once it
   has all arrived, so the app needs no watcher task nor `receive` for them (fronts/disconnect.py).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,6 +32,38 @@ from twinserve.servers.served import Served
 from twinserve.service.contract import raw_error_response
 
 __all__ = ["BoundedHttpToolsProtocol"]
+
+
+class _OneWritePerTurn:
+    """A connection's transport whose writes within one turn of the event loop go out as one: uvicorn writes a
+    response's head and its body apart, a send each, where one would do. Everything else is the transport's."""
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self.flush)
+        else:
+            self._pending.append(data)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending:
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
 
 #: Body bytes an `_Arrival` keeps for the app to take whole; past them the app reads through `receive`.
 _WHOLE_BODY = 65536
@@ -94,7 +127,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._arrivals: deque[_Arrival] = deque()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(cast(asyncio.Transport, _OneWritePerTurn(transport, self.loop)))
         self._arm_head_deadline()
         accept_waiting(self.loop, self._sibling)  # the connections behind it in the accept queue (accept.py)
 
