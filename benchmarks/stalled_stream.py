@@ -1,10 +1,10 @@
 """A predict beside a `:stream` client that stops reading, in hybrid with one model worker; checkouts side by side.
 
-Each checkout (`--src DIR/src`) serves the test models `Drip` (a stream of large steps, endless here) and `Echo`
-with `--model-workers 1 --read-timeout-s 30`. One client opens a stream and never reads it (a 4 KiB receive
-buffer); once the stream has begun, another client sends `:predict` to `Echo` and the seconds until its answer are
-printed. A server that holds the model worker for the stalled client answers it only after the write deadline
-(30 s); one that lets the worker go answers it at once. Run it alone.
+Each checkout (`--src DIR/src`) serves the test model `Drip` (a stream of large steps, endless here) with
+`--model-workers 1 --read-timeout-s 30`. One client opens a stream and never reads it (a 4 KiB receive buffer);
+once the stream has begun, another client sends `:predict` to the same model (its one worker) and the seconds
+until its answer are printed. A server that holds the model worker for the stalled client answers it only after
+the write deadline (30 s); one that lets the worker go answers it at once. Run it alone.
 
     python benchmarks/stalled_stream.py [--src OLD/src --src NEW/src]
 """
@@ -25,7 +25,7 @@ import httpx
 from twinserve.lab.servers import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = [f"{ROOT / 'tests' / 'models.py'}:Drip", f"{ROOT / 'tests' / 'models.py'}:Echo"]
+MODELS = [f"{ROOT / 'tests' / 'models.py'}:Drip"]
 
 
 def _measure(src: str) -> float:
@@ -45,9 +45,9 @@ def _measure(src: str) -> float:
             while not steps.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
             started = time.monotonic()
-            answer = httpx.post(
-                f"http://127.0.0.1:{server.port}/v1/models/echo:predict", json={"instances": [1]}, timeout=60
-            )
+            beside = {"instances": [{"dir": trace + "/beside", "steps": 2}]}  # the same model: its one worker
+            Path(trace, "beside").mkdir()
+            answer = httpx.post(f"http://127.0.0.1:{server.port}/v1/models/drip:predict", json=beside, timeout=60)
             waited = time.monotonic() - started
             if answer.status_code != 200:
                 sys.exit(f"{src}: the predict was answered {answer.status_code}: {answer.text[:200]}")
