@@ -304,7 +304,7 @@ extra_errors() {
 contract_layer() {
     local venv=$1 out
     out=$(dirname "$venv")/contract-$(basename "$venv").log
-    "$UV" pip install -q --python "$venv/bin/python" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.6" \
+    "$UV" pip install -q --python "$venv/bin/python" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.6" "hypothesis>=6.100" \
         >"$out" 2>&1 || fail "pytest into $venv"
     # On both cores: the extras' virtualenvs meanwhile mostly wait on the network and the disk.
     (cd "$ROOT" && timeout 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 tests/contract) \
