@@ -429,7 +429,8 @@ def test_every_server_process_serves_the_same_repository(tmp_path: Path, arch: s
             return seen
 
         before = ("broken", "1", "UNAVAILABLE"), ("scaler", "1", "READY"), ("scaler", "2", "READY")
-        assert answers() == {(2, *before)}
+        first = answers()
+        assert first == {(2, *before)}, f"{first}\n{server.log_tail(80)}"  # the reason, if a version failed to load
         _versions(root / "scaler", 'model = "model.py:Scaler"\n', (3,))
         after = (3, *before, ("scaler", "3", "READY"))
         seen: list[set[tuple[Any, ...]]] = []
