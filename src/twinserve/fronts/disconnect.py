@@ -2,7 +2,7 @@
 request's state in the ASGI scope (`DISCONNECT_EXTENSION`), polled when a batch is formed, and the body when it
 has all arrived; under another server (Ray Serve, test transports) a watcher task per request awaits
 `http.disconnect` and cancels the request's wait. The extension spares each request that task and the body's
-read through `receive`, a measured share of the async front's throughput (docs/results.md).
+read through `receive`, which the async front's throughput needs (docs/results.md, 2026-12-08).
 """
 
 from __future__ import annotations

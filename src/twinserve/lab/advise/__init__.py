@@ -69,7 +69,7 @@ def _efficiency(results: Results, option: Option) -> str:
 
 
 def serve_command(results: Results, run: Run) -> str:
-    """The `twinserve serve` command that runs `run`'s architecture and settings on the model bench measured."""
+    """The `twinserve serve` command that runs `run`'s architecture and settings on the bench's model."""
     where: dict[str, Any] = (
         {"model_repository": results.repository} if results.repository else {"models": [results.model]}
     )

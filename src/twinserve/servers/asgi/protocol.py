@@ -61,6 +61,9 @@ class _OneWritePerTurn:
         self.flush()
         self._transport.close()
 
+    def is_closing(self) -> bool:  # asked on every response: not through __getattr__
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
